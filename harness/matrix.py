@@ -1,0 +1,81 @@
+"""The matrix: every phase x dtype x tp x graph_mode x sm cell of a plan, and what happens to it here.
+
+Each cell gets exactly one decision before it runs: run it, run it expecting failure, skip it
+because the plan excludes it, or skip it because this machine cannot run it ("not run here").
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .hardware import Hardware
+from .plan import AXES, Plan
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    phase: str
+    dtype: str
+    tp: int
+    graph_mode: str
+    sm: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.phase}-{self.dtype}-tp{self.tp}-{self.graph_mode}-{self.sm}"
+
+    def axes(self) -> dict:
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    @classmethod
+    def from_id(cls, cell_id: str) -> "Cell":
+        phase, dtype, tp, graph_mode, sm = cell_id.split("-")
+        return cls(phase, dtype, int(tp.removeprefix("tp")), graph_mode, sm)
+
+
+# Decision kinds; "run" and "xfail" execute, the others are skipped with their reason.
+RUN, XFAIL, EXCLUDED, NOT_RUN = "run", "xfail", "excluded", "not_run"
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str
+    reason: str = ""
+
+
+def expand(plan: Plan) -> list[Cell]:
+    m = plan.matrix
+    return [Cell(*values) for values in itertools.product(m["phase"], m["dtype"], m["tp"], m["graph_mode"], m["sm"])]
+
+
+def decide(plan: Plan, cell: Cell, hw: Hardware, max_cpu_ranks: int) -> Decision:
+    axes = cell.axes()
+    for rule in plan.excludes:
+        if rule.matches(axes):
+            return Decision(EXCLUDED, f"excluded by the plan (line {rule.line}): {rule.why}")
+    why_not = not_runnable_here(cell, hw, max_cpu_ranks)
+    if why_not:
+        return Decision(NOT_RUN, why_not)
+    for rule in plan.expects:
+        if rule.matches(axes):
+            return Decision(XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
+    return Decision(RUN)
+
+
+def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
+    """Why this machine cannot run the cell ("" if it can). These cells are 'not run here', not unsupported."""
+    if cell.sm != hw.sm:
+        return f"needs {cell.sm}; this machine is {hw.sm}" + (f" ({hw.gpu})" if hw.has_cuda else "")
+    if cell.graph_mode == "cuda_graph" and not hw.has_cuda:
+        return "cuda_graph needs a CUDA device; this machine has none"
+    if cell.dtype.startswith("fp8") and cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda:
+        return "fp8_e4m3fnuz is the ROCm fp8 format; this machine is CUDA"
+    if cell.tp > 1:
+        return "the tensor-parallel runner is not available in this version"
+    if cell.tp > 1:
+        if hw.has_cuda and cell.tp > hw.device_count:
+            return f"needs {cell.tp} GPUs; this machine has {hw.device_count}"
+        if not hw.has_cuda and cell.tp > max_cpu_ranks:
+            return f"needs {cell.tp} ranks; CPU runs allow at most {max_cpu_ranks} (--max-cpu-ranks)"
+    return ""

@@ -1,0 +1,138 @@
+"""Comparing one output with the reference: metadata first, then values, with the statistics the report shows.
+
+torch.testing.assert_close does the value check with the tolerance; this module adds what it
+does not: poison left in the output, NaN/Inf where the reference is finite, ULP distance, and an
+fp64 tie-break for borderline failures (whoever is closer to the exact result wins).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .plan import Plan, Tolerance
+
+# vLLM's kernel-test defaults (tests/kernels/allclose_default.py, vllm.ir tolerances); fp8 and int8 as vLLM IR.
+DEFAULT_TOLERANCE = {
+    "fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2),
+    "fp8_e4m3fn": Tolerance(0.1, 0.1), "fp8_e4m3fnuz": Tolerance(0.1, 0.1), "int8": Tolerance(1.0, 0.0),
+}
+# A failure within this many tolerances is "borderline" and gets judged against fp64.
+BORDERLINE = 4.0
+
+
+def tolerance_for(plan: Plan, dtype: str, vllm_default: Tolerance | None = None) -> Tolerance:
+    """Plan override first, then vLLM's own table for the op (when vllm is installed), then the defaults."""
+    return plan.tolerance.get(dtype) or vllm_default or DEFAULT_TOLERANCE[dtype]
+
+
+@dataclass
+class Stats:
+    """Worst errors seen over a cell's examples."""
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: int | None = None
+    worst_output: str = ""
+
+    def add(self, name: str, abs_err: float, rel_err: float, ulp: int | None):
+        if abs_err > self.max_abs or not self.worst_output:
+            self.worst_output = name
+        self.max_abs, self.max_rel = max(self.max_abs, abs_err), max(self.max_rel, rel_err)
+        if ulp is not None:
+            self.max_ulp = max(self.max_ulp or 0, ulp)
+
+    def as_dict(self) -> dict:
+        return {"max_abs": _finite(self.max_abs), "max_rel": _finite(self.max_rel), "max_ulp": self.max_ulp,
+                "output": self.worst_output}
+
+
+def _finite(x: float):
+    return x if x == x and abs(x) != float("inf") else str(x)
+
+
+@dataclass
+class Mismatch(AssertionError):
+    """A comparison that failed, with the message a user reads."""
+
+    message: str
+    stats: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place, for fp16/bf16/fp32 (finite elements only)."""
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not finite.any():
+        return 0
+
+    def ordered(t):  # map float bit patterns onto a monotonic integer line
+        i = t[finite].contiguous().view(bits).to(torch.int64)
+        return torch.where(i < 0, -(i & (2 ** (8 * t.element_size() - 1) - 1)), i)
+
+    return int((ordered(a) - ordered(b)).abs().max().item())
+
+
+def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, int | None]:
+    """(max abs error, max rel error, max ULP distance or None) over elements where both are finite."""
+    if actual.numel() == 0:
+        return 0.0, 0.0, 0
+    a, e = actual.double(), expected.double()
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    if not finite.any():
+        return 0.0, 0.0, None
+    diff = (a - e).abs()[finite]
+    rel = diff / e.abs()[finite].clamp_min(torch.finfo(torch.float32).tiny)
+    ulp = ulp_distance(actual, expected) if actual.dtype in (torch.float16, torch.bfloat16, torch.float32) else None
+    return float(diff.max()), float(rel.max()), ulp
+
+
+def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: Stats,
+            exact64: torch.Tensor | None = None, check_strides: bool = False) -> None:
+    """Raise Mismatch unless `actual` matches `expected` in metadata and values within `tol`."""
+    if not isinstance(actual, torch.Tensor):
+        raise Mismatch(f"output '{name}': expected a tensor, got {type(actual).__name__}")
+    if actual.shape != expected.shape:
+        raise Mismatch(f"output '{name}': shape {tuple(actual.shape)}, reference {tuple(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        raise Mismatch(f"output '{name}': dtype {actual.dtype}, reference {expected.dtype}")
+    if check_strides and actual.numel() > 1 and actual.stride() != expected.stride():
+        raise Mismatch(f"output '{name}': strides {actual.stride()}, reference {expected.stride()}")
+    abs_err, rel_err, ulp = errors(actual, expected)
+    stats.add(name, abs_err, rel_err, ulp)
+    bad = ~torch.isfinite(actual) & torch.isfinite(expected)
+    if bad.any():
+        n, total = int(bad.sum()), actual.numel()
+        hint = " (the output was poisoned with NaN before the call: were these elements written?)" \
+            if actual.dtype.is_floating_point and torch.isnan(actual[bad]).all() else ""
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise Mismatch(f"output '{name}': {n} of {total} elements are NaN/Inf where the reference is finite, "
+                       f"first at index {first}{hint}", {"max_abs": "nan", "max_rel": "nan", "max_ulp": None})
+    try:
+        torch.testing.assert_close(actual, expected, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
+        return
+    except AssertionError as exc:
+        detail = str(exc).strip().splitlines()
+    msg = (f"output '{name}': max abs error {abs_err:.3g}, max rel error {rel_err:.3g}"
+           + (f", {ulp} ULP" if ulp is not None else "") + f" (atol {tol.atol:g}, rtol {tol.rtol:g}); "
+           + " ".join(line.strip() for line in detail[1:4]))
+    if exact64 is not None and abs_err <= BORDERLINE * (tol.atol + tol.rtol * float(expected.abs().max())):
+        # Borderline: the kernel passes if it is no further from the exact result than the reference is.
+        kernel_err = float((actual.double() - exact64).abs().max())
+        ref_err = float((expected.double() - exact64).abs().max())
+        if kernel_err <= ref_err + tol.atol:
+            return
+        msg += f"; against fp64 the kernel is off by {kernel_err:.3g}, the reference by {ref_err:.3g}"
+    raise Mismatch(msg, {"max_abs": abs_err, "max_rel": rel_err, "max_ulp": ulp})
+
+
+def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
+    """An input the op does not declare as mutated must be bit-identical after the call."""
+    same = before.shape == after.shape and bool(
+        (before == after).logical_or(before.isnan() & after.isnan() if before.is_floating_point() else False).all())
+    if not same:
+        raise Mismatch(f"input '{name}' was modified by the op, which does not declare it in op.mutates")

@@ -1,0 +1,117 @@
+"""Fused residual add + RMSNorm, in place, rounded as vLLM's native RMSNorm with residual:
+
+    s = x.float() + residual.float();  residual <- s.to(dtype)
+    x <- (s * rsqrt(mean(s^2) + eps)).to(dtype) * weight
+
+The variance is taken on the fp32 sum s (as forward_native does), not on the rounded residual.
+Layout follows Triton's tutorial 05-layer-norm: one program per row.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+# A row whose block would exceed this many bytes is processed in chunks (tutorial 05's limit).
+MAX_FUSED_BYTES = 65536
+
+
+@triton.jit
+def _fused_add_rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    x_row_stride,
+    res_row_stride,
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    # int64 row index: row * stride overflows int32 on large (or strided) activations.
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    res_row = res_ptr + row * res_row_stride
+    if SINGLE_PASS:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < hidden
+        # x and residual are streamed once: evict first; weight is shared by all rows: keep it.
+        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        s = x + r
+        tl.store(res_row + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
+        # Padded lanes are 0, so they add nothing; divide by the true width, not BLOCK.
+        var = tl.sum(s * s, axis=0) / hidden
+        rstd = tl.rsqrt(var + eps)
+        # vLLM rounds the normalised row to the activation dtype before the weight multiply.
+        y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+        tl.store(x_row + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Wide rows: pass 1 only reads (the fp32 sum cannot be stored anywhere), pass 2
+        # re-reads x and residual (mostly from L2), recomputes s and writes both outputs.
+        # Each chunk is loaded before it is overwritten, so the in-place update is safe.
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for off in range(0, hidden, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < hidden
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            s = x + r
+            acc += s * s
+        var = tl.sum(acc, axis=0) / hidden
+        rstd = tl.rsqrt(var + eps)
+        for off in range(0, hidden, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < hidden
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            s = x + r
+            tl.store(res_row + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
+            y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+            tl.store(x_row + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_config(hidden: int, elem_size: int):
+    """(BLOCK, single_pass, num_warps) for a row of `hidden` elements of `elem_size` bytes."""
+    block = triton.next_power_of_2(hidden)
+    max_block = MAX_FUSED_BYTES // elem_size
+    single_pass = block <= max_block
+    block = min(block, max_block)
+    # About 8-16 elements per thread: 16-byte vector accesses with several in flight.
+    num_warps = min(max(block // 256, 1), 16)
+    return block, single_pass, num_warps
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    """In place: residual <- x + residual; x <- RMSNorm(x + residual) * weight. One launch."""
+    num_tokens, hidden = x.shape
+    if num_tokens == 0:
+        return
+    block, single_pass, num_warps = _launch_config(hidden, x.element_size())
+    # Row strides are passed so strided views (last dim contiguous) need no copy.
+    _fused_add_rms_norm_kernel[(num_tokens,)](
+        x,
+        residual,
+        weight,
+        x.stride(0),
+        residual.stride(0),
+        hidden,
+        eps,
+        BLOCK=block,
+        SINGLE_PASS=single_pass,
+        num_warps=num_warps,
+    )
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's RMSNorm.forward_native with residual; returns (out, new_residual), inputs untouched."""
+    orig_dtype = x.dtype
+    xf = x.float()
+    xf = xf + residual.float()
+    new_residual = xf.to(orig_dtype)
+    var = xf.pow(2).mean(dim=-1, keepdim=True)
+    xf = xf * torch.rsqrt(var + eps)
+    return xf.to(orig_dtype) * weight, new_residual

@@ -1,0 +1,351 @@
+"""Deliberately broken rms_norm variants: the harness must catch every one.
+
+Each has the signature of `kernels.rms_norm.rms_norm` (out, x, weight, eps) -> None unless its
+docstring says otherwise, and carries exactly ONE bug, named in its docstring. The kernels are
+copies of the real one (single-pass, one row per program) with that bug planted.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.rms_norm import rms_norm as correct  # the real kernel, for "a correct kernel passes"
+from kernels.rms_norm import rms_norm as _real_rms_norm
+
+
+def _config(hidden: int):
+    block = triton.next_power_of_2(hidden)
+    return block, min(max(block // 256, 1), 16)
+
+
+# ----------------------------------------------------------------------------- wrong results
+
+
+@triton.jit
+def _no_load_mask_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    # BUG: no mask / other on the loads: lanes >= hidden read the next row (or past the buffer)
+    # and their squares land in the sum.
+    x = tl.load(x_ptr + row * x_row_stride + cols).to(tl.float32)
+    w = tl.load(w_ptr + cols).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def no_load_mask(out, x, weight, eps):
+    """Bug: unmasked loads; the padded block reads past the row (wrong when hidden is not a power of 2)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _no_load_mask_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
+def _eps_dropped_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    # BUG: eps is dropped: rsqrt(0) = inf on an all-zero row, so 0 * inf = NaN.
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def eps_dropped(out, x, weight, eps):
+    """Bug: rsqrt(mean(x^2)) without eps (NaN on all-zero rows; otherwise visible only for large eps)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _eps_dropped_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
+def _mean_over_block_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    # BUG: mean over the padded block width, not the row width.
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / BLOCK + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def mean_over_block(out, x, weight, eps):
+    """Bug: divides the sum of squares by BLOCK instead of hidden (wrong unless hidden is a power of 2)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _mean_over_block_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
+def _fp16_square_sum_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    # BUG: squares and their sum in fp16 (tl.sum keeps fp16): overflows to inf once
+    # x^2 > 65504 (|x| > 256) and loses bits on long rows.
+    x16 = x.to(tl.float16)
+    ssq = tl.sum(x16 * x16, axis=0)
+    rstd = tl.rsqrt(ssq.to(tl.float32) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def fp16_square_sum(out, x, weight, eps):
+    """Bug: accumulates the squares in fp16 (inf at large values, imprecise on long rows)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _fp16_square_sum_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
+def _row_stride_ignored_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    # BUG: assumes x is contiguous (row stride == hidden).
+    x = tl.load(x_ptr + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def row_stride_ignored(out, x, weight, eps):
+    """Bug: uses hidden as x's row stride (right on contiguous x, wrong on strided views)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _row_stride_ignored_kernel[(n,)](out, x, weight, out.stride(0), hidden, eps, BLOCK=block, num_warps=warps)
+
+
+ROWS_PER_PROGRAM = 4
+
+
+@triton.jit
+def _tail_rows_dropped_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, num_tokens, hidden, eps,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr,
+):
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    for i in range(ROWS):
+        row = tl.program_id(0).to(tl.int64) * ROWS + i
+        # (one comparison, not mask & ...: the interpreter mis-types & of a scalar and a block)
+        m = cols < tl.where(row < num_tokens, hidden, 0)
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+        y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+        tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def tail_rows_dropped(out, x, weight, eps):
+    """Bug: 4 rows per program but num_tokens // 4 programs: the last num_tokens % 4 rows
+    are never written."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    grid = (n // ROWS_PER_PROGRAM,)  # BUG: should be triton.cdiv(n, ROWS_PER_PROGRAM)
+    _tail_rows_dropped_kernel[grid](
+        out, x, weight, out.stride(0), x.stride(0), n, hidden, eps,
+        BLOCK=block, ROWS=ROWS_PER_PROGRAM, num_warps=warps,
+    )
+
+
+@triton.jit
+def _writes_input_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    xn = (x * rstd).to(x_ptr.dtype.element_ty)
+    # BUG: the normalised row is also written back into the input.
+    tl.store(x_ptr + row * x_row_stride + cols, xn, mask=mask)
+    y = xn.to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def writes_input(out, x, weight, eps):
+    """Bug: `out` is right, but x is overwritten with the normalised (pre-weight) values."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _writes_input_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+def wrong_out_dtype(out, x, weight, eps) -> torch.Tensor:
+    """Bug: (out, x, weight, eps) -> Tensor: leaves `out` unwritten and returns a new float32 tensor."""
+    result = torch.empty(x.shape, dtype=torch.float32, device=x.device)  # BUG: fp32, not out
+    _real_rms_norm(result, x, weight, eps)
+    return result
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def raises(out, x, weight, eps):
+    """Fault: the launcher raises a Python exception."""
+    raise ValueError(f"unsupported hidden size {x.shape[-1]}")
+
+
+@triton.jit
+def _returns_nan_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    # BUG: row 0 comes out all NaN.
+    y = tl.where(row == 0, float("nan"), y)
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def returns_nan(out, x, weight, eps):
+    """Fault: writes NaN into every element of row 0 (other rows correct)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _returns_nan_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
+def _reads_far_out_of_bounds_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    # BUG: x is read 2**40 elements past its start, unmasked: an illegal address on a GPU,
+    # a segfault (or junk) under the interpreter.
+    far = x_ptr + (1 << 40)
+    x = tl.load(far + row * x_row_stride + cols).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def reads_far_out_of_bounds(out, x, weight, eps):
+    """Fault: unmasked load 2**40 elements beyond x (illegal memory access / segfault)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _reads_far_out_of_bounds_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
+def _never_returns_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x_row = x_ptr + row * x_row_stride
+    # BUG: spins forever. (bits | 1) is never 0 for any value (NaN included), and the
+    # volatile re-load keeps the compiler from deleting the loop.
+    bits = tl.load(x_row).to(tl.float32).to(tl.int32, bitcast=True)
+    while (bits | 1) != 0:
+        bits = tl.load(x_row, volatile=True).to(tl.float32).to(tl.int32, bitcast=True)
+    x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def never_returns(out, x, weight, eps):
+    """Fault: the kernel never terminates (hangs the GPU / the interpreter's Python process)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _never_returns_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+def allocates_too_much(out, x, weight, eps):
+    """Fault: asks for a 1 PiB scratch buffer (raises on CPU and on CUDA), then would compute correctly."""
+    scratch = torch.empty(1 << 50, dtype=torch.uint8, device=x.device)  # BUG
+    del scratch
+    _real_rms_norm(out, x, weight, eps)
+
+
+# ----------------------------------------------------------------------------- graph-mode bugs
+
+
+def host_sync(out, x, weight, eps):
+    """Bug: a device->host sync (.item()) on every call; results are right, CUDA-graph capture fails."""
+    if x.shape[0] == 0:
+        return
+    peak = x.abs().max().item()  # BUG: host sync, data-dependent launch decision
+    if peak > 1e30:
+        raise ValueError("input too large")
+    _real_rms_norm(out, x, weight, eps)
+
+
+_CACHE: dict = {}
+
+
+def cached_output(x, weight, eps) -> torch.Tensor:
+    """Bug: functional (x, weight, eps) -> Tensor that returns a module-level buffer reused across
+    calls of the same shape, so a later call overwrites an earlier call's result."""
+    key = (tuple(x.shape), x.dtype, x.device)
+    if key not in _CACHE:
+        _CACHE[key] = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = _CACHE[key]  # BUG: shared, not fresh
+    _real_rms_norm(out, x, weight, eps)
+    return out
