@@ -35,6 +35,8 @@ def pytest_addoption(parser):
                          "none: run in the pytest process (for debuggers)")
     group.addoption("--max-cpu-ranks", action="store", type=int, default=4, metavar="N",
                     help="largest tensor-parallel size run on a machine without GPUs (gloo ranks; default 4)")
+    group.addoption("--bench", action="store_true", default=False,
+                    help="also collect benchmark items (kernel vs reference eager / compiled / vLLM)")
     group.addoption("--no-report", action="store_true", default=False,
                     help="do not regenerate reports/<op>/PLAN.md at the end of the run")
 
@@ -73,6 +75,12 @@ def _sigterm_as_interrupt(signum, frame):
 
 def _state(config) -> dict | None:
     return config.stash.get(_STATE_KEY, None)
+
+
+def record(config, section: str, key: str, rec: dict) -> None:
+    """Store one result ('cells' or 'benchmarks') in this run's results file."""
+    rec = {**rec, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _state(config)["recorder"].record(section, key, rec)
 
 
 def pytest_collect_file(file_path: Path, parent):
@@ -177,7 +185,6 @@ def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     if not isinstance(item, CellItem):
         return
-    state = _state(item.config)
     if report.when == "setup" and report.skipped:
         status = item.decision.kind  # excluded / not_run
         rec = {"status": status, "reason": item.decision.reason}
@@ -195,8 +202,7 @@ def pytest_runtest_makereport(item, call):
     else:
         return
     rec.update(item.cell.axes())
-    rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    state["recorder"].record("cells", item.cell.id, rec)
+    record(item.config, "cells", item.cell.id, rec)
 
 
 def pytest_sessionfinish(session, exitstatus):
