@@ -73,11 +73,11 @@ def _per_token_elements(arg: Arg, sizes: dict) -> int:
 
 
 @st.composite
-def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1) -> int:
+def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_sizes: bool = True) -> int:
     """A size the plan names, or an awkward one (odd, not a power of two) up to the plan's largest."""
     awkward = st.integers(0, max(choices) // (2 * multiple_of)).map(lambda k: (2 * k + 1) * multiple_of)
     planned = st.sampled_from([c for c in choices if c % multiple_of == 0] or [multiple_of])
-    return draw(st.one_of(planned, awkward))
+    return draw(st.one_of(planned, awkward) if awkward_sizes else planned)
 
 
 @st.composite
@@ -110,7 +110,8 @@ def layouts(draw, args: tuple[Arg, ...]) -> dict:
 def examples(draw, plan: Plan, cell: Cell, device: str, tp_multiple: dict | None = None) -> Example:
     """One call of the op for this cell. `tp_multiple` maps size symbols to the multiple TP sharding needs."""
     tp_multiple = tp_multiple or {}
-    sizes = {sym: draw(size_values(choices, tp_multiple.get(sym, 1)), label=sym) for sym, choices in plan.sizes.items()}
+    sizes = {sym: draw(size_values(choices, tp_multiple.get(sym, 1), plan.numerics.awkward_sizes), label=sym)
+             for sym, choices in plan.sizes.items()}
     cap = token_cap(plan, sizes, device)
     num_tokens, decode_tokens = draw(token_counts(cell.phase, plan, cap), label="tokens")
     return Example(

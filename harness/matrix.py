@@ -72,8 +72,6 @@ def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
     if cell.dtype.startswith("fp8") and cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda:
         return "fp8_e4m3fnuz is the ROCm fp8 format; this machine is CUDA"
     if cell.tp > 1:
-        return "the tensor-parallel runner is not available in this version"
-    if cell.tp > 1:
         if hw.has_cuda and cell.tp > hw.device_count:
             return f"needs {cell.tp} GPUs; this machine has {hw.device_count}"
         if not hw.has_cuda and cell.tp > max_cpu_ranks:

@@ -111,7 +111,7 @@ class TorchCompile:
         torch._dynamo.config.cache_size_limit = 1024  # never fall back to eager silently
         if hasattr(torch._dynamo.config, "recompile_limit"):
             torch._dynamo.config.recompile_limit = 1024
-        self.compiles, self.seen_keys, self.checked = 0, set(), False
+        self.compiles, self.seen_keys, self.opcheck_failure = 0, set(), None
         self.facts = {"compiles": 0, "shapes": 0, "opcheck": None}
 
         def count_compiles(gm, example_inputs):
@@ -125,14 +125,15 @@ class TorchCompile:
 
     def __call__(self, values: dict, example: Example):
         args = [values[n] for n in self.names]
-        if not self.checked:  # opcheck once: schema (declared mutations), fake tensor, autograd, aot dispatch
-            self.checked = True
+        if self.opcheck_failure is None:  # opcheck once: schema (declared mutations), fake tensor, aot dispatch
             try:
                 torch.library.opcheck(self.op, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+                self.opcheck_failure = ""
             except Exception as exc:
-                self.facts["opcheck"] = "failed"
-                raise Mismatch(f"torch.library.opcheck failed: {_first_line(exc)}") from None
-            self.facts["opcheck"] = "passed"
+                self.opcheck_failure = f"torch.library.opcheck failed: {_first_line(exc)}"
+            self.facts["opcheck"] = "failed" if self.opcheck_failure else "passed"
+        if self.opcheck_failure:  # every example fails alike, so hypothesis's replay sees the same failure
+            raise Mismatch(self.opcheck_failure)
         for n in self.names:
             dim = token_dim(self.plan, n) if self.plan.arg(n).is_tensor else None
             if dim is not None:

@@ -215,6 +215,9 @@ class Numerics:
     # Triton's interpreter costs milliseconds per program instance, so CPU cells draw at most
     # this many elements per activation; the cap applied is recorded with each result.
     cpu_element_budget: int = 65536
+    # Draw odd, non-power-of-two sizes besides the plan's own (off only for a kernel that is
+    # exact for the listed sizes alone).
+    awkward_sizes: bool = True
 
 
 @dataclass(frozen=True)
@@ -237,9 +240,11 @@ class TensorParallel:
     kind: str = "trivial"
     # input name -> (dim, merged parts) for sharded inputs; absent inputs are replicated
     shard: tuple[tuple[str, int, int], ...] = ()
-    # output name -> "replicated" | "sum" | ("gather", dim)
+    # (output, "replicated" | "sum" | "gather", dim); outputs not listed are replicated
     combine: tuple[tuple[str, str, int], ...] = ()
-    sequence_parallel: bool = False
+    sequence_parallel: bool = False  # tensors with a num_tokens dim are split across ranks by tokens
+    # (output, merged parts) for gathered outputs in a merged layout ([a_r | b_r] on rank r)
+    merged_outputs: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,7 @@ class Vllm:
     layer: str | None = None  # e.g. vllm.model_executor.layers.layernorm:RMSNorm
     ir_op: str | None = None  # name under vllm.ir.ops
     custom_op: str | None = None  # vLLM CustomOp registry name, e.g. rms_norm
+    provider: str | None = None  # IR provider name the plugin registers (default: <op name>_kernel)
 
 
 @dataclass(frozen=True)
@@ -282,6 +288,10 @@ class Plan:
         return import_object(self.kernel)
 
     def load_reference(self) -> Callable:
+        if self.reference.startswith("vllm."):  # a vLLM layer's method: the layer is built in a vLLM config
+            from .vllm_support import vllm_reference
+
+            return vllm_reference(self)
         return import_object(self.reference)
 
     def arg(self, name: str) -> Arg:
@@ -400,14 +410,43 @@ def _parse_rules(r: _Reader, root: _Map, key: str, axis_values: dict[str, tuple]
     return tuple(rules)
 
 
-def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> TensorParallel:
+def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str, ...],
+              tp_sizes: tuple[int, ...] = (1,)) -> TensorParallel:
     if "tp" not in root:
         return TensorParallel()
     node = r.mapping(root, "tp", "tp", ("kind", "inputs", "outputs", "sequence_parallel"), required=("kind",))
     kind = r.choice(node, "kind", "tp.kind", ("trivial", "sharded"))
     sp = r.value(node, "sequence_parallel", "tp.sequence_parallel", (bool,), "true or false", False)
     tensor_names = {a.name: a for a in args if a.is_tensor}
-    shard, combine = [], []
+
+    def has_tokens(name: str) -> bool:
+        return name in tensor_names and any(d.symbol == "num_tokens" for d in tensor_names[name].shape)
+
+    def check_dim(spec: _Map, key: str, f: str, name: str, merged: int) -> int:
+        """A dimension of `name` that can be split into tp * merged equal parts for every TP size."""
+        dim = r.value(spec, key, f"{f}.{key}", (int,), "a dimension (an integer)")
+        if name not in tensor_names:
+            return dim  # a returned output: its shape is the op's to decide
+        shape = tensor_names[name].shape
+        if not -len(shape) <= dim < len(shape):
+            raise r.fail(spec, key, f"{f}.{key}", f"a dimension of a {len(shape)}-d tensor", dim)
+        d = shape[dim]
+        if d.symbol == "num_tokens":
+            raise r.fail(spec, key, f"{f}.{key}", "a dimension other than num_tokens "
+                         "(tokens are split with tp.sequence_parallel)", dim)
+        bad = [n for n in tp_sizes if d.symbol is None and d.coeff % (n * merged)]
+        if bad:
+            raise r.fail(spec, key, f"{f}.{key}", f"a dimension divisible by tp x merged ({bad[0]} x {merged})",
+                         str(d))
+        return dim % len(shape)
+
+    def merged_parts(spec: _Map, f: str) -> int:
+        merged = r.value(spec, "merged", f"{f}.merged", (int,), "the number of merged parts (>= 1)", 1)
+        if merged < 1:
+            raise r.fail(spec, "merged", f"{f}.merged", "the number of merged parts (>= 1)", merged)
+        return merged
+
+    shard, combine, merged_outputs = [], [], []
     if "inputs" in node:
         inputs = r.mapping(node, "inputs", "tp.inputs", tuple(tensor_names))
         for name, spec in inputs.items():
@@ -415,28 +454,39 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
             if spec == "replicated":
                 continue
             r.mapping(inputs, name, f, ("shard", "merged"), required=("shard",))
-            dim = r.value(spec, "shard", f"{f}.shard", (int,), "the dimension to shard (an integer)")
-            ndim = len(tensor_names[name].shape)
-            if not -ndim <= dim < ndim:
-                raise r.fail(spec, "shard", f"{f}.shard", f"a dimension of a {ndim}-d tensor", dim)
-            merged = r.value(spec, "merged", f"{f}.merged", (int,), "the number of merged parts (>= 1)", 1)
-            if merged < 1:
-                raise r.fail(spec, "merged", f"{f}.merged", "the number of merged parts (>= 1)", merged)
-            shard.append((name, dim % ndim, merged))
+            if sp and has_tokens(name):
+                raise r.fail(inputs, name, f, "'replicated' (tp.sequence_parallel already splits it by tokens)",
+                             dict(spec))
+            merged = merged_parts(spec, f)
+            shard.append((name, check_dim(spec, "shard", f, name, merged), merged))
     if "outputs" in node:
         outs = r.mapping(node, "outputs", "tp.outputs", outputs)
         for name, spec in outs.items():
             f = f"tp.outputs.{name}"
+            if sp and has_tokens(name) and spec != "replicated":
+                raise r.fail(outs, name, f, "'replicated' (tp.sequence_parallel puts it back together by tokens)",
+                             spec if isinstance(spec, str) else dict(spec))
             if spec in ("replicated", "sum"):
                 combine.append((name, spec, 0))
                 continue
-            r.mapping(outs, name, f, ("gather",), required=("gather",))
-            combine.append((name, "gather", r.value(spec, "gather", f"{f}.gather", (int,), "a dimension (an integer)")))
+            r.mapping(outs, name, f, ("gather", "merged"), required=("gather",))
+            merged = merged_parts(spec, f)
+            combine.append((name, "gather", check_dim(spec, "gather", f, name, merged)))
+            if merged > 1:
+                merged_outputs.append((name, merged))
     if kind == "trivial" and (shard or any(c[1] != "replicated" for c in combine)):
         raise r.fail(node, "kind", "tp.kind", "'sharded' when inputs are sharded or outputs combined", kind)
     if kind == "sharded" and not shard and not sp:
         raise r.fail(node, "kind", "tp.inputs", "at least one sharded input for kind 'sharded'", "none")
-    return TensorParallel(kind, tuple(shard), tuple(combine), sp)
+    if kind == "sharded":
+        declared = {c[0] for c in combine}
+        for name in outputs:
+            if name not in declared and not (sp and has_tokens(name)):
+                where = node["outputs"] if "outputs" in node else node
+                raise r.fail(where, None if "outputs" in node else "kind", f"tp.outputs.{name}",
+                             "how ranks' outputs combine for kind 'sharded' (replicated, sum or {gather: dim})",
+                             "nothing")
+    return TensorParallel(kind, tuple(shard), tuple(combine), sp, tuple(merged_outputs))
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -529,6 +579,8 @@ def load_plan(path: str | Path) -> Plan:
             numerics_kw[f.name] = pair
         elif f.name == "timeout_s":
             numerics_kw[f.name] = float(r.value(num_node, f.name, "numerics.timeout_s", (int, float), "seconds"))
+        elif f.name == "awkward_sizes":
+            numerics_kw[f.name] = r.value(num_node, f.name, "numerics.awkward_sizes", (bool,), "true or false")
         else:
             v = r.value(num_node, f.name, f"numerics.{f.name}", (int,), "a positive integer")
             if v < 1:
@@ -547,12 +599,18 @@ def load_plan(path: str | Path) -> Plan:
 
     vllm = Vllm()
     if "vllm" in root:
-        v = r.mapping(root, "vllm", "vllm", ("target", "route", "layer", "ir_op", "custom_op"))
+        v = r.mapping(root, "vllm", "vllm", ("target", "route", "layer", "ir_op", "custom_op", "provider"))
         target = r.choice(v, "target", "vllm.target", ("v1",), "v1")
+        provider = r.value(v, "provider", "vllm.provider", (str,), "a vLLM IR provider name")
+        if provider is not None and (provider in ("native", "unfused")
+                                     or not re.fullmatch(r"[a-z_][a-z_0-9]*", provider)):
+            raise r.fail(v, "provider", "vllm.provider",
+                         "a provider name of lowercase letters, digits and _ other than native and unfused", provider)
         vllm = Vllm(target=target, route=r.choice(v, "route", "vllm.route", VLLM_ROUTES, "ir"),
                     layer=_check_import(r, v, "layer", "vllm.layer", optional_module="vllm"),
                     ir_op=r.value(v, "ir_op", "vllm.ir_op", (str,), "a vLLM IR op name"),
-                    custom_op=r.value(v, "custom_op", "vllm.custom_op", (str,), "a vLLM CustomOp name"))
+                    custom_op=r.value(v, "custom_op", "vllm.custom_op", (str,), "a vLLM CustomOp name"),
+                    provider=provider)
 
     capture_sizes = None
     if "cuda_graph" in root:
@@ -574,7 +632,7 @@ def load_plan(path: str | Path) -> Plan:
         excludes=_parse_rules(r, root, "exclude", matrix),
         expects=_parse_rules(r, root, "expect", matrix),
         tolerance=tolerance, numerics=Numerics(**numerics_kw), benchmark=bench,
-        tp=_parse_tp(r, root, args, outputs), quantization=quant, vllm=vllm, capture_sizes=capture_sizes,
+        tp=_parse_tp(r, root, args, outputs, matrix["tp"]), quantization=quant, vllm=vllm, capture_sizes=capture_sizes,
         accumulation=r.choice(op, "accumulation", "op.accumulation", ("fp32", "input"), "fp32"),
         raw_text=text,
     )

@@ -42,14 +42,14 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    from .hardware import use_triton_interpreter
+
+    use_triton_interpreter()  # before anything imports triton: kernels then run on CPUs without CUDA
     plan_arg = config.getoption("--plan", None)
     for axis in AXES:
         config.addinivalue_line("markers", f"{axis}: matrix axis marker (values become markers too)")
     if not plan_arg:
         return
-    from .hardware import use_triton_interpreter
-
-    use_triton_interpreter()  # before anything imports triton
     plan_path = Path(plan_arg).resolve()
     try:
         plan = load_plan(plan_path)
@@ -66,6 +66,10 @@ def pytest_configure(config):
     reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
     config.stash[_STATE_KEY] = {"plan": plan, "plan_path": plan_path, "profile": profile, "examples": examples,
                                 "op_dir": reports / plan.name, "recorder": None, "worker": None}
+    if config.getoption("--bench"):
+        from .bench import PytestBenchmarkMachineInfo
+
+        config.pluginmanager.register(PytestBenchmarkMachineInfo(), "harness-bench-machine-info")
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
 
@@ -105,6 +109,13 @@ class PlanFile(pytest.File):
             if decision.kind == "xfail":
                 item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
             yield item
+        from .vllm_support import collect_vllm_items
+
+        yield from collect_vllm_items(self, plan, hw)  # vLLM's own layer reaching the kernel (not run without vllm)
+        if self.config.getoption("--bench"):
+            from .bench import collect_bench_items
+
+            yield from collect_bench_items(self, plan, hw)
 
 
 class CellFailed(Exception):
@@ -128,7 +139,7 @@ class CellItem(pytest.Item):
 
         run = RunSettings(examples=state["examples"], profile=state["profile"],
                           database=str(self.config.rootpath / ".hypothesis" / "examples"))
-        if self.config.getoption("--isolation") == "none":
+        if self.config.getoption("--isolation") == "none" and self.cell.tp == 1:  # TP cells always need a group
             self.outcome = run_cell(str(state["plan_path"]), self.cell.id, run)
         else:
             if state["worker"] is None:

@@ -1,20 +1,1209 @@
-"""The living plan: reports/<op>/PLAN.md regenerated from the plan and the merged results."""
+"""The living plan: reports/<op>/PLAN.md regenerated from the plan and the merged results.
+
+Sections follow a design document (problem, constraints, design, interfaces, critical path,
+performance, trade-offs, decisions) filled with the plan's answers and what the runs found.
+Same plan and results in, byte-identical report out: everything is sorted, and dates appear only
+in the provenance line. Every piece of text that comes from a user or an exception is escaped
+for the place it lands in (a table cell, inline code, a Mermaid label). The verdict rules are
+documented in docs/report.md.
+"""
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabulate import tabulate
 
-from .plan import Plan
-from .results import merge_dir, write_atomic  # noqa: F401
+from .matrix import Cell, expand
+from .modes import _schema, returned_outputs, vllm_capture_sizes, written_args
+from .plan import AXES, PHASES, Plan
+from .results import merge_dir
+
+MARKS = {"passed": "✅", "failed": "❌", "not_run": "⏭", "excluded": "🚫", "xfail": "⚠️", "xpass": "❗"}
+NO_RESULT = "—"
+LEGEND = ("✅ passed · ❌ failed · ⏭ not run here · 🚫 excluded by the plan · ⚠️ expected failure (plan) · "
+          "❗ unexpected pass · — no result recorded yet")
+REGIMES = ("decode-sized", "prefill-sized")
+IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
+ENABLE, INDUCTOR, KEEP_VLLM = "enable the custom op", "leave it to Inductor", "keep vLLM's kernel"
+INTENTS = {
+    "drop-in": "drop-in replacement: the numerics of the op it replaces, faster",
+    "fusion": "fusion: several existing ops in one kernel, fewer launches and memory round trips",
+    "new-algorithm": "new algorithm for an existing op",
+    "quantization": "new quantization scheme",
+}
+
+
+# ---------------------------------------------------------------- escaping
+
+
+def md(value) -> str:
+    """Text for a table cell or a line of prose: one line, no HTML, no Markdown syntax, no table breaks."""
+    text = " ".join(str(value).split())
+    text = text.replace("\\", "\\\\").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = re.sub(r"([`*\[\]|#~])", r"\\\1", text)
+    return re.sub(r"(?<!\w)_|_(?!\w)", r"\\_", text)
+
+
+def code(value) -> str:
+    """Inline code (one line); a fence longer than any backtick run inside; pipes escaped for tables."""
+    text = " ".join(str(value).split())
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}".replace("|", "\\|")
+
+
+def mm(value) -> str:
+    """Text for a Mermaid label or message: anything but plain characters becomes an entity code."""
+    text = " ".join(str(value).split())
+    return "".join(c if re.match(r"[A-Za-z0-9 _.,:/()=+\-*']", c) else f"#{ord(c)};" for c in text)
+
+
+def table(rows, headers) -> str:
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def py_str(value: str) -> str:
+    return json.dumps(value)  # a Python string literal (JSON's escapes are valid Python)
+
+
+def py_tuple(items) -> str:
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+# ---------------------------------------------------------------- numbers
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def fmt(v, digits: int = 3) -> str:
+    if not _is_num(v):
+        return NO_RESULT if v is None else md(v)
+    return f"{v:.{digits}g}"
+
+
+def fmt_us(v) -> str:
+    if not _is_num(v):
+        return NO_RESULT
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+# ---------------------------------------------------------------- merged results
+
+
+@dataclass
+class Results:
+    """The plan's cells with their winning records, and where each record came from."""
+
+    plan: Plan
+    runs: dict
+    records: dict  # cell id -> record, plan cells only
+    cells: list  # every plan cell, in plan order
+    benchmarks: list  # (bench id, record) for the plan's SMs, with at least one implementation timed
+    untimed: list  # (bench id, record) where nothing was timed (skipped on this machine)
+    problems: list  # results that could not be used, as returned to the caller
+    op_dir: Path = Path(".")
+    ignored: int = 0  # stored results for cells or SMs the plan no longer has
+    covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
+    sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
+
+    def source_sm(self, rec: dict) -> str | None:
+        return (self.runs.get(rec.get("run")) or {}).get("sm")
+
+    def status(self, cell: Cell) -> str | None:
+        rec = self.records.get(cell.id)
+        return rec.get("status") if rec else None
+
+    def cells_with(self, *statuses) -> list:
+        return [c for c in self.cells if self.status(c) in statuses]
+
+    def missing(self) -> list:
+        """Plan cells on covered SMs without a result (or with a status this harness does not know)."""
+        return [c for c in self.cells if c.sm in self.covered and self.status(c) not in MARKS]
+
+    def excluded_by_plan(self, cell: Cell) -> str | None:
+        """The plan's reason when it excludes the cell (on every machine, with or without results)."""
+        rule = next((r for r in self.plan.excludes if r.matches(cell.axes())), None)
+        return f"excluded by the plan (line {rule.line}): {rule.why}" if rule else None
+
+    def uncovered_cells(self) -> list:
+        """Cells the plan requires on SMs that no results cover yet."""
+        return [c for c in self.cells if c.sm not in self.covered and not self.excluded_by_plan(c)]
+
+    def shown_problems(self) -> list[str]:
+        """Problems with their files named relative to the op's folder, so the report does not depend on the cwd."""
+        results_dir = self.op_dir / "results"
+        prefixes = [str(results_dir.resolve()) + os.sep, str(results_dir) + os.sep]
+        out = []
+        for problem in self.problems:
+            prefix = next((p for p in prefixes if problem.startswith(p)), None)
+            out.append("results/" + problem[len(prefix):] if prefix else problem)
+        return out
+
+
+def collect(plan: Plan, op_dir: Path) -> Results:
+    """Every results file merged (per cell the latest wins), narrowed to the plan's cells and SMs."""
+    results_dir = Path(op_dir) / "results"
+    merged, problems = merge_dir(results_dir, plan.name)
+    for path in sorted(results_dir.glob("*.unreadable")):
+        problems.append(f"{path}: a results file a run could not read and set aside; inspect it, then delete it")
+    cells = expand(plan)
+    by_id = {c.id: c for c in cells}
+    records, ignored = {}, 0
+    for cid, rec in merged["cells"].items():
+        if cid in by_id and isinstance(rec, dict):
+            records[cid] = rec
+            if rec.get("status") not in MARKS:
+                problems.append(f"cell {cid}: unknown status {rec.get('status')!r} (counted as no result)")
+        else:
+            ignored += 1
+    benchmarks, untimed = [], []
+    for bid, rec in sorted(merged["benchmarks"].items()):
+        if not isinstance(rec, dict) or rec.get("sm") not in plan.matrix["sm"]:
+            ignored += 1
+        elif any(_median(t) is not None for t in (rec.get("impls") or {}).values()):
+            benchmarks.append((bid, rec))
+        else:
+            untimed.append((bid, rec))
+    res = Results(plan, merged["runs"], records, cells, benchmarks, untimed, problems, Path(op_dir), ignored)
+    unknown_runs = sorted({r.get("run") for r in records.values() if r.get("run") not in res.runs}
+                          | {r.get("run") for _, r in benchmarks if r.get("run") not in res.runs}, key=str)
+    for run in unknown_runs:
+        problems.append(f"results name run {run!r}, which no results file describes (provenance unknown)")
+    covered, sources = defaultdict(set), defaultdict(set)
+    for cid, rec in records.items():
+        sm = by_id[cid].sm
+        if res.source_sm(rec) == sm and rec.get("status") in MARKS:
+            covered[sm].add(rec["run"])
+            sources[sm].add(rec["run"])
+    for _, rec in benchmarks + untimed:
+        if res.source_sm(rec) == rec["sm"]:
+            sources[rec["sm"]].add(rec["run"])
+    res.covered = {sm: sorted(covered[sm]) for sm in plan.matrix["sm"] if sm in covered}
+    res.sources = {sm: sorted(sources[sm]) for sm in plan.matrix["sm"] if sm in sources}
+    return res
+
+
+# ---------------------------------------------------------------- describing sets of cells
+
+
+def describe(plan: Plan, cells: list[Cell]) -> str:
+    """A set of cells as `phase · dtype · tp · graph mode · sm` (a product of axis values, with at most a few
+    exceptions named), else their ids."""
+    if not cells:
+        return ""
+    values = {axis: [v for v in plan.matrix[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
+    present = set(cells)
+    absent = [c.id for c in (Cell(*vs) for vs in itertools.product(*values.values())) if c not in present]
+    if len(absent) > 8:
+        ids = [c.id for c in cells]
+        return ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+    parts = []
+    for axis in AXES:
+        vs = values[axis]
+        if len(vs) == len(plan.matrix[axis]) and len(vs) > 1:
+            parts.append(f"every {axis.replace('_', ' ')}")
+        else:
+            parts.append(", ".join(f"tp{v}" if axis == "tp" else str(v) for v in vs))
+    return " · ".join(parts) + (f" except {', '.join(absent)}" if absent else "")
+
+
+def n_cells(n: int) -> str:
+    return f"{n} cell" if n == 1 else f"{n} cells"
+
+
+def _first_line(text, limit: int = 240) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------- plan-derived names
+
+
+def op_namespace(plan: Plan) -> str:
+    """The torch.library namespace: the kernel's top-level package (e.g. `kernels`)."""
+    return re.sub(r"\W", "_", plan.kernel.split(":")[0].split(".")[0])
+
+
+def custom_op_name(plan: Plan) -> str:
+    return f"torch.ops.{op_namespace(plan)}.{plan.name}"
+
+
+def layer_path(plan: Plan) -> str | None:
+    return plan.vllm.layer or plan.replaces
+
+
+def layer_class(plan: Plan) -> str:
+    path = layer_path(plan)
+    return path.split(":")[-1].split(".")[-1] if path else "the model layer"
+
+
+def ir_op(plan: Plan) -> str:
+    return plan.vllm.ir_op or plan.name
+
+
+def capture_sizes(plan: Plan) -> list[int]:
+    return sorted(plan.capture_sizes or vllm_capture_sizes(plan.numerics.max_num_seqs))
+
+
+# ---------------------------------------------------------------- benchmarks
+
+
+def regime(rec: dict) -> str:
+    return "decode-sized" if rec.get("phase") == "decode" else "prefill-sized"
+
+
+def _median(impl) -> float | None:
+    v = impl.get("median_us") if isinstance(impl, dict) else None
+    return v if _is_num(v) else None
+
+
+def _baselines(rec: dict) -> list[str]:
+    names = set((rec.get("impls") or {}).keys()) | set((rec.get("speedup") or {}).keys())
+    names.discard("kernel")
+    return sorted(names, key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
+
+
+def speedup_verdict(rec: dict, baseline: str) -> str | None:
+    """faster | slower | no difference for the kernel against one measured baseline (None: not measured)."""
+    impls = rec.get("impls") or {}
+    kernel, base = _median(impls.get("kernel")), _median(impls.get(baseline))
+    if kernel is None or base is None or kernel <= 0:
+        return None
+    s = (rec.get("speedup") or {}).get(baseline)
+    s = s if isinstance(s, dict) else {}
+    low, high = s.get("low"), s.get("high")
+    if _is_num(low) and _is_num(high):
+        return "faster" if low > 1 else "slower" if high < 1 else "no difference"
+    if s.get("verdict") in ("faster", "slower", "no difference"):
+        return s["verdict"]
+    return "faster" if base > kernel else "slower" if base < kernel else "no difference"
+
+
+def _why_untimed(impl) -> str:
+    if not isinstance(impl, dict):
+        return "no figures recorded"
+    return str(impl.get("not_run") or impl.get("error") or "no figures recorded")
+
+
+def row_choice(rec: dict) -> str | None:
+    """What one benchmark shape recommends; None when the kernel (correct and timed) or every baseline is missing."""
+    impls = rec.get("impls") or {}
+    measured = [b for b in _baselines(rec) if speedup_verdict(rec, b) is not None]
+    kernel = impls.get("kernel")
+    if _median(kernel) is None or kernel.get("error") or not measured:
+        return None
+    if all(speedup_verdict(rec, b) == "faster" for b in measured):
+        return ENABLE
+    fastest = min(measured, key=lambda b: (_median(impls[b]), b))
+    return KEEP_VLLM if fastest == "vllm" else INDUCTOR
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    regime: str
+    sm: str
+    choice: str  # ENABLE / INDUCTOR / KEEP_VLLM, or "" when the runs cannot say
+    why: str
+
+    @property
+    def go(self) -> bool:
+        return self.choice == ENABLE
+
+
+def recommendations(res: Results) -> list[Recommendation]:
+    groups = defaultdict(list)
+    for _, rec in res.benchmarks:
+        groups[(REGIMES.index(regime(rec)), res.plan.matrix["sm"].index(rec["sm"]))].append(rec)
+    out = []
+    for (ri, si), recs in sorted(groups.items()):
+        reg, sm = REGIMES[ri], res.plan.matrix["sm"][si]
+        if any((res.runs.get(r.get("run")) or {}).get("triton_interpreter") for r in recs):
+            out.append(Recommendation(reg, sm, "", "timed in the Triton interpreter: not a measure of speed"))
+            continue
+        choices = [c for c in (row_choice(r) for r in recs) if c]
+        if not choices:
+            kernel = (recs[0].get("impls") or {}).get("kernel")
+            why = ("no baseline was timed" if _median(kernel) is not None and not (kernel or {}).get("error")
+                   else f"the kernel has no valid timing: {_first_line(_why_untimed(kernel), 160)}")
+            out.append(Recommendation(reg, sm, "", why))
+        elif all(c == ENABLE for c in choices):
+            out.append(Recommendation(reg, sm, ENABLE, f"the kernel is faster than every baseline measured at all "
+                                                       f"{len(choices)} shapes"))
+        else:
+            counts = Counter(choices)
+            choice = max((INDUCTOR, KEEP_VLLM), key=lambda c: counts[c])  # ties: Inductor, vLLM's default
+            others = [f"{what} at {counts[c]}" for c, what in ((INDUCTOR, "the compiled or native reference"),
+                                                              (KEEP_VLLM, "vLLM's kernel")) if counts[c]]
+            out.append(Recommendation(reg, sm, choice, f"the kernel beats every baseline at {counts[ENABLE]} of "
+                                                       f"{len(choices)} shapes; as fast or faster: {', '.join(others)}"))
+    return out
+
+
+# ---------------------------------------------------------------- verdict
+
+
+@dataclass(frozen=True)
+class Verdict:
+    word: str  # blocked | incomplete | go | no-go | go for ... (mixed)
+    rule: str
+
+
+def verdict(res: Results, recs: list[Recommendation] | None = None) -> Verdict:
+    failed, xpass = res.cells_with("failed"), res.cells_with("xpass")
+    if failed or xpass:
+        return Verdict("blocked", f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed or "
+                                  "unexpected-pass cell blocks the integration")
+    uncovered = [sm for sm in res.plan.matrix["sm"] if any(c.sm == sm for c in res.uncovered_cells())]
+    not_run = res.cells_with("not_run") + res.missing()
+    not_run = [c for c in not_run if c.sm in res.covered]
+    if uncovered or not_run:
+        parts = []
+        if uncovered:
+            parts.append(f"no results from {', '.join(uncovered)} ({n_cells(len(res.uncovered_cells()))})")
+        if not_run:
+            parts.append(f"{n_cells(len(not_run))} not run on {', '.join(sorted({c.sm for c in not_run}, key=res.plan.matrix['sm'].index))}")
+        return Verdict("incomplete", "required cells not run: " + "; ".join(parts))
+    recs = recommendations(res) if recs is None else recs
+    decided = [r for r in recs if r.choice]
+    if not decided:
+        return Verdict("incomplete", "every cell has a result, but no benchmark has timed the kernel against a "
+                                     f"baseline yet: run pytest --plan {plan_display(res)} --bench on a GPU machine")
+    go = [f"{r.regime} on {r.sm}" for r in decided if r.go]
+    nogo = [f"{r.regime} on {r.sm}" for r in decided if not r.go]
+    rule = "go where the recommendation is to enable the custom op, no-go elsewhere"
+    if not nogo:
+        return Verdict("go", f"{rule}: go for {', '.join(go)}")
+    if not go:
+        return Verdict("no-go", f"{rule}: no-go for {', '.join(nogo)}")
+    return Verdict(f"go for {', '.join(go)}; no-go for {', '.join(nogo)}", rule)
+
+
+# ---------------------------------------------------------------- sections
+
+
+def plan_display(res: Results) -> str:
+    """The plan's path as a user types it at the project root (reports/<op>/ lies in the root), else its name."""
+    try:
+        return Path(res.plan.path).resolve().relative_to(res.op_dir.resolve().parent.parent).as_posix()
+    except ValueError:
+        return Path(res.plan.path).name
+
+
+def header(res: Results, v: Verdict) -> str:
+    plan = res.plan
+    lines = [f"# Integration plan: {md(plan.name)}", ""]
+    lines.append(f"- **Op:** {code(plan.name)}, kernel {code(plan.kernel)}")
+    lines.append(f"- **Intent:** {md(INTENTS[plan.intent])}")
+    lines.append(f"- **Verdict:** **{md(v.word)}** ({md(v.rule)})")
+    lines.append(f"- **Provenance:** {provenance_line(res)}")
+    lines.append("")
+    lines.append(f"Generated from {code(plan_display(res))} and the results files beside this page by every "
+                 f"`pytest --plan` run and by {code('python -m harness report ' + plan_display(res))}; "
+                 "do not edit by hand. How to read it: docs/report.md.")
+    if res.problems:
+        lines += ["", "> **Results problems:**"]
+        lines += [f"> - {md(p)}" for p in res.shown_problems()]
+    return "\n".join(lines)
+
+
+def provenance_line(res: Results) -> str:
+    """The one place dates appear: which machine, GPU, commit and date each SM's results came from."""
+    parts = []
+    for sm in res.plan.matrix["sm"]:
+        runs = res.sources.get(sm)
+        if not runs:
+            continue
+        descr = []
+        for run in runs:
+            p = res.runs.get(run, {})
+            descr.append(f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}), commit {md(p.get('commit') or '?')}, "
+                         f"{md(p.get('date', '?'))}")
+        parts.append(f"{sm}: " + "; ".join(descr))
+    missing = [sm for sm in res.plan.matrix["sm"] if sm not in res.sources]
+    if missing:
+        parts.append(f"{', '.join(missing)}: no results yet")
+    return " · ".join(parts)
+
+
+def problem_breakdown(plan: Plan) -> str:
+    phases = ", ".join(plan.matrix["phase"])
+    signature = f"{plan.kernel.split(':')[-1]}({', '.join(a.name for a in plan.args)})"
+    writes = written_args(plan)
+    returns = returned_outputs(plan)
+    effect = []
+    if writes:
+        effect.append("writes " + ", ".join(code(w) for w in writes))
+    if returns:
+        effect.append("returns " + ", ".join(code(r) for r in returns))
+    lines = ["## Problem breakdown", ""]
+    if plan.description:
+        lines += [md(plan.description), ""]
+    lines.append(f"- **Kernel:** {code(signature)} from {code(plan.kernel)}; {'; '.join(effect) or 'no outputs'}.")
+    lines.append(f"- **Reference:** {code(plan.reference)} (PyTorch eager; the numerics every cell is checked against).")
+    if plan.replaces:
+        lines.append(f"- **Replaces:** {code(plan.replaces)} ({md(INTENTS[plan.intent])}).")
+    else:
+        lines.append(f"- **Replaces:** nothing in vLLM ({md(INTENTS[plan.intent])}).")
+    lines.append(f"- **Target phases:** {md(phases)}.")
+    return "\n".join(lines)
+
+
+def _tp_answer(plan: Plan) -> str:
+    sizes = ", ".join(str(t) for t in plan.matrix["tp"])
+    tp = plan.tp
+    if tp.kind == "trivial":
+        text = "TP-trivial: every rank runs on the full, replicated inputs"
+    else:
+        shards = [f"{code(n)} sharded on dim {d}" + (f" ({m} merged parts)" if m > 1 else "") for n, d, m in tp.shard]
+        combines = [f"{code(n)} " + (f"all-gathered on dim {d}" if how == "gather" else
+                                     "all-reduced (sum)" if how == "sum" else "replicated")
+                    for n, how, d in tp.combine]
+        text = "sharded: " + ", ".join(shards) + ("; outputs: " + ", ".join(combines) if combines else "")
+    if tp.sequence_parallel:
+        text += "; sequence parallel (tokens split across ranks)"
+    return f"{text}; sizes {sizes}"
+
+
+def _vllm_answer(plan: Plan) -> str:
+    if plan.vllm.route == "ir":
+        how = f"vLLM IR provider for {code('vllm.ir.ops.' + ir_op(plan))} (`register_impl`)"
+    else:
+        how = f"CustomOp out-of-tree subclass of {code(layer_path(plan) or '?')} (`register_oot`)"
+    return f"{md(plan.vllm.target)}; {how}"
+
+
+def constraints(res: Results) -> str:
+    plan = res.plan
+    sizes = "; ".join(f"{md(k)} ∈ {{{', '.join(map(str, v))}}}" for k, v in plan.sizes.items()) or "none"
+    n = plan.numerics
+    cs = capture_sizes(plan)
+    tol = ", ".join(f"{dt} atol {t.atol:g} rtol {t.rtol:g}" for dt, t in plan.tolerance.items())
+    rules = [f"excluded: {md(_rule_text(r))}: {md(r.why)}" for r in plan.excludes]
+    rules += [f"expected to fail: {md(_rule_text(r))}: {md(r.why)}" for r in plan.expects]
+    quant = plan.quantization if plan.quantization == "none" else json.dumps(plan.quantization, sort_keys=True)
+    answers = [
+        ["Phases", md(", ".join(plan.matrix["phase"]))],
+        ["Dtypes and accumulation", md(", ".join(plan.matrix["dtype"])) + f"; accumulation in {md(plan.accumulation)}"],
+        ["Quantization", md(quant)],
+        ["Tensor parallelism", _tp_answer(plan)],
+        ["Graph modes", md(", ".join(plan.matrix["graph_mode"])) + f"; CUDA graph capture sizes "
+                        f"{'from the plan' if plan.capture_sizes else 'as vLLM'}: {cs[0]} … {cs[-1]} ({len(cs)} sizes)"],
+        ["vLLM target and route", _vllm_answer(plan)],
+        ["Hardware (SMs)", md(", ".join(plan.matrix["sm"]))],
+        ["Reference", code(plan.reference)],
+        ["Shapes", f"{sizes}; decode 1 … {n.max_num_seqs} tokens; prefill {n.prefill_tokens[0]} … "
+                   f"{n.prefill_tokens[1]}; chunked prefill up to {n.max_num_batched_tokens}"],
+        ["Tolerances", (md(tol) + " (plan); " if tol else "") + "other dtypes: vLLM's defaults"],
+        ["Exclusions and expected failures", "; ".join(rules) or "none"],
+    ]
+    lines = ["## Constraints and assumptions", "", "The plan's answers to the integration questions:", "",
+             table(answers, ["question", "answer"]), "", "What the runs detected:", ""]
+    lines.append(_machines_table(res))
+    lines += ["", _detected_facts(res)]
+    return "\n".join(lines)
+
+
+def _rule_text(rule) -> str:
+    return " · ".join(", ".join(f"tp{v}" if axis == "tp" else str(v) for v in values) for axis, values in rule.match)
+
+
+def _machines_table(res: Results) -> str:
+    runs = [run for sm in res.sources for run in res.sources[sm]]
+    if not runs:
+        return "No results yet: run `pytest --plan " + plan_display(res) + "` on each target machine."
+    rows = []
+    for run in runs:
+        p = res.runs[run]
+        rows.append([md(p.get("sm", "?")), md(p.get("host", "?")), md(p.get("gpu", "?")), fmt(p.get("device_count")),
+                     fmt(p.get("cpu_count")), md(p.get("torch") or "—"), md(p.get("triton") or "—"),
+                     md(p.get("cuda") or "—"), md(p.get("vllm") or "not installed"), md(p.get("python") or "—"),
+                     "yes" if p.get("triton_interpreter") else "no", md(p.get("commit") or "—")])
+    return table(rows, ["SM", "machine", "GPU / CPU", "GPUs", "CPUs", "torch", "triton", "CUDA", "vLLM", "python",
+                        "Triton interpreter", "commit"])
+
+
+def _detected_facts(res: Results) -> str:
+    """Tolerances used, CPU token caps and graph-mode facts, aggregated over the cells that ran."""
+    plan = res.plan
+    ran = [c for c in res.cells if res.status(c) in ("passed", "failed", "xfail", "xpass")]
+    tols, caps, facts = Counter(), Counter(), Counter()
+    for c in ran:
+        rec = res.records[c.id]
+        t = rec.get("tolerance") or {}
+        if isinstance(t, dict):
+            tols[(plan.matrix["dtype"].index(c.dtype), fmt(t.get("atol")), fmt(t.get("rtol")))] += 1
+        f = rec.get("facts") or {}
+        if not isinstance(f, dict):
+            continue
+        if f.get("token_cap") is not None:
+            caps[(plan.matrix["sm"].index(c.sm), json.dumps(f["token_cap"]))] += 1
+        for key, value in f.items():
+            if key != "token_cap":
+                shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+                facts[(plan.matrix["graph_mode"].index(c.graph_mode), key, shown)] += 1
+    if not ran:
+        return "No cell has run yet."
+    lines = []
+    rows = [[plan.matrix["dtype"][d], atol, rtol, "plan" if plan.matrix["dtype"][d] in plan.tolerance else "vLLM default",
+             str(n)] for (d, atol, rtol), n in sorted(tols.items())]
+    lines += ["Tolerances used:", "", table(rows, ["dtype", "atol", "rtol", "source", "cells"]), ""]
+    if caps:
+        per = "; ".join(f"{plan.matrix['sm'][s]}: at most {md(cap)} tokens per call ({n_cells(n)})"
+                        for (s, cap), n in sorted(caps.items()))
+        lines += [f"Token caps (Triton interpreter, {plan.numerics.cpu_element_budget} elements per activation): "
+                  f"{per}.", ""]
+    if facts:
+        rows = [[plan.matrix["graph_mode"][g], md(key), md(value), str(n)] for (g, key, value), n in sorted(facts.items())]
+        lines += ["Facts the graph-mode runners reported:", "", table(rows, ["graph mode", "fact", "value", "cells"]), ""]
+    return "\n".join(lines).rstrip()
+
+
+def design(plan: Plan) -> str:
+    op = custom_op_name(plan)
+    layer = layer_path(plan)
+    layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"
+    ns = op_namespace(plan)
+    g = ["flowchart TD", f'    caller["{mm("decoder layer in the model file")}"]',
+         f'    layer["{mm(layer_label)}"]']
+    if plan.vllm.route == "ir":
+        g += [f'    dispatch{{"{mm("vLLM IR dispatch: vllm.ir.ops." + ir_op(plan) + ", priority per platform")}"}}',
+              f'    provider["{mm("provider " + ns + " (register_impl)")}"]',
+              f'    native["{mm("native provider: forward_native")}"]']
+        edges = ["    caller --> layer --> dispatch",
+                 f'    dispatch -->|"{mm("priority: " + ns)}"| provider --> customop',
+                 f'    dispatch -->|"{mm("fallback: native")}"| native --> inductor']
+    else:
+        g += [f'    dispatch{{"{mm("CustomOp dispatch: custom_ops +" + (plan.vllm.custom_op or plan.name))}"}}',
+              f'    provider["{mm("forward_cuda of the register_oot subclass")}"]',
+              f'    native["{mm("forward_native")}"]']
+        edges = ["    caller --> layer --> dispatch",
+                 f'    dispatch -->|"{mm("enabled")}"| provider --> customop',
+                 f'    dispatch -->|"{mm("disabled (default)")}"| native --> inductor']
+    g += [f'    customop[["{mm(op + ": opaque torch.library custom op + fake")}"]]',
+          f'    kernel["{mm("kernel " + plan.kernel)}"]',
+          f'    inductor["{mm("Inductor: traces and fuses the native code")}"]',
+          f'    dynamo["{mm("torch.compile (Dynamo): one opaque node, shapes from the fake")}"]',
+          f'    cudagraph["{mm("CUDA graph: captured at the capture sizes, replayed (full for decode, piecewise for prefill)")}"]']
+    g += edges + ["    customop --> kernel", "    dynamo -.-> customop", "    dynamo -.-> inductor", "    cudagraph -.-> kernel"]
+    return "\n".join(["## High-level design", "",
+                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route {code(plan.vllm.route)}):",
+                      "", "```mermaid", *g, "```"])
+
+
+def _tensor_type(plan: Plan, name: str) -> str:
+    a = plan.arg(name)
+    return "torch.Tensor" if a.is_tensor else type(a.value).__name__
+
+
+def _alloc(plan: Plan, out) -> str:
+    """Python that allocates an output argument from the inputs (shapes matched by size symbol)."""
+    inputs = [a for a in plan.tensor_args if a.role == "input"]
+    like = next((a for a in inputs if a.shape == out.shape and a.dtype == out.dtype), None)
+    if like:
+        return f"torch.empty_like({like.name})"
+    dims = []
+    for d in out.shape:
+        if d.symbol is None:
+            dims.append(str(d.coeff))
+            continue
+        src = next(((a, j, e) for a in inputs for j, e in enumerate(a.shape) if e.symbol == d.symbol), None)
+        if src is None:
+            return f"torch.empty(...)  # shape [{', '.join(map(str, out.shape))}]"
+        a, j, e = src
+        expr = f"{a.name}.shape[{j}]"
+        if d.coeff != e.coeff:
+            expr = f"{expr} * {d.coeff} // {e.coeff}" if d.coeff != 1 else f"{expr} // {e.coeff}"
+        dims.append(expr)
+    act = next((a for a in inputs if a.dtype == "act"), inputs[0] if inputs else None)
+    dtype = f"{act.name}.dtype" if out.dtype == "act" and act else f"torch.{out.dtype}"
+    device = f", device={inputs[0].name}.device" if inputs else ""
+    return f"torch.empty({py_tuple(dims)}, dtype={dtype}{device})"
+
+
+def interfaces(plan: Plan) -> str:
+    ns, name = op_namespace(plan), plan.name
+    module, _, attr = plan.kernel.partition(":")
+    kernel_fn = f"{name}_kernel"
+    params = ", ".join(f"{a.name}: {_tensor_type(plan, a.name)}" for a in plan.args)
+    names = [a.name for a in plan.args]
+    call = ", ".join(f"{n}={n}" for n in names)
+    returns = returned_outputs(plan)
+    ret_type = "None" if not returns else "torch.Tensor" if len(returns) == 1 else \
+        f"tuple[{', '.join(['torch.Tensor'] * len(returns))}]"
+    imp = f"from {module} import {attr} as {kernel_fn}" if "." not in attr else \
+        f"import {module}\n{kernel_fn} = {module}.{attr}"
+    op_code = [
+        "import torch", "", imp, "", "",
+        "@torch.library.custom_op(",
+        f"    {py_str(f'{ns}::{name}')},",
+        f"    mutates_args={py_tuple(py_str(n) for n in written_args(plan))},",
+        f"    schema={py_str(_schema(plan))},",
+        ")",
+        f"def {name}({params}) -> {ret_type}:",
+        f"    {'return ' if returns else ''}{kernel_fn}({call})",
+        "", "",
+    ]
+    if plan.fake:
+        fmod, _, fattr = plan.fake.partition(":")
+        op_code += [f"from {fmod} import {fattr.split('.')[0]}", f"{name}.register_fake({fattr})"]
+    elif not returns:
+        op_code += [f"@{name}.register_fake", f"def _({', '.join(names)}) -> None:",
+                    "    return None  # writes its arguments only: nothing to allocate"]
+    else:
+        rmod, _, rattr = plan.reference.partition(":")
+        ref_inputs = ", ".join(f"{a.name}={a.name}" for a in plan.args if a.role != "output")
+        idx = [plan.outputs.index(r) for r in returns]
+        outs = ", ".join(f"torch.empty_like(ref[{i}])" for i in idx)
+        op_code += [f"from {rmod} import {rattr.split('.')[0]}", "", "",
+                    f"@{name}.register_fake", f"def _({', '.join(names)}):",
+                    f"    ref = {rattr}({ref_inputs})  # on fake tensors: shapes and dtypes only",
+                    "    ref = ref if isinstance(ref, tuple) else (ref,)",
+                    f"    return {outs}"]
+    lines = ["## Key interfaces", "",
+             f"The kernel as an opaque {code('torch.library')} custom op, so torch.compile keeps it as one node and "
+             "CUDA graphs capture its launch (schema from the plan; outputs and mutated inputs declared):", "",
+             "```python", *op_code, "```", ""]
+    lines += _vllm_registration(plan)
+    plugin = vllm_plugin_section(plan)
+    lines += ["", "<!-- vLLM plugin module: generated here once available (vllm_plugin_section) -->"]
+    if plugin:
+        lines += ["", plugin]
+    return "\n".join(lines)
+
+
+def _vllm_registration(plan: Plan) -> list[str]:
+    ns, name = op_namespace(plan), plan.name
+    inputs = [a for a in plan.args if a.role != "output"]
+    params = ", ".join(f"{a.name}: {_tensor_type(plan, a.name)}" for a in inputs)
+    body = [f"    {a.name} = {_alloc(plan, a)}" for a in plan.args if a.role == "output"]
+    returns = returned_outputs(plan)
+    call = f"torch.ops.{ns}.{name}({', '.join(a.name for a in plan.args)})"
+    body.append(f"    {', '.join(returns)} = {call}" if returns else f"    {call}")
+    body.append(f"    return {', '.join(plan.outputs)}")
+    dtypes = py_tuple(f"torch.{d}" for d in _torch_dtypes(plan))
+    first = next((a.name for a in inputs if a.is_tensor), None)
+    if plan.vllm.route == "ir":
+        op = f"ir.ops.{ir_op(plan)}"
+        supports = f"lambda {first}, *args, **kwargs: {first}.dtype in {dtypes}" if first else \
+            "lambda *args, **kwargs: True"
+        code_lines = ["from vllm import ir", "", "",
+                      f"# Parameters follow the plan's op.args; align them with {op}'s signature.",
+                      f"@{op}.register_impl({py_str(ns)}, supports_args={supports})",
+                      f"def {name}_{ns}({params}):", *body, "", "",
+                      "# Per platform: this provider first, the native implementation as the fallback.",
+                      f"{op}.set_priority([{py_str(ns)}, \"native\"])"]
+        intro = (f"The vLLM IR provider for {code('vllm.ir.ops.' + ir_op(plan))} (route `ir`): the IR op dispatches "
+                 "to it by priority and falls back to the native implementation where it does not apply.")
+    else:
+        layer = layer_path(plan) or "vllm.model_executor.layers:Layer"
+        lmod, _, lcls = layer.partition(":")
+        code_lines = ["from vllm.model_executor.custom_op import CustomOp",
+                      f"from {lmod} import {lcls.split('.')[0]}", "", "",
+                      f"@CustomOp.register_oot(name={py_str(lcls.split('.')[-1])})",
+                      f"class {lcls.split('.')[-1]}{ns.title().replace('_', '')}({lcls}):",
+                      f"    # Map the layer's forward arguments onto the op: {_schema(plan)}",
+                      f"    def forward_cuda(self, {params}):", *("    " + line for line in body)]
+        enable = f'custom_ops=["+{plan.vllm.custom_op or plan.name}"]'
+        intro = (f"The CustomOp route: an out-of-tree subclass of {code(layer)} whose `forward_cuda` calls the op; "
+                 f"enable it with {code(enable)} "
+                 "(an out-of-tree op takes the layer's name and may need `enforce_enable=True`).")
+    return [intro, "", "```python", *code_lines, "```"]
+
+
+def _torch_dtypes(plan: Plan) -> list[str]:
+    names = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3fn": "float8_e4m3fn",
+             "fp8_e4m3fnuz": "float8_e4m3fnuz", "int8": "int8"}
+    return [names[d] for d in plan.matrix["dtype"]]
+
+
+def vllm_plugin_section(plan: Plan) -> str:
+    """The vLLM plugin module (a `vllm.general_plugins` entry point registering the op); empty for now."""
+    return ""
+
+
+def critical_path(plan: Plan) -> str:
+    op = custom_op_name(plan)
+    cs = capture_sizes(plan)
+    call = f"{op}({', '.join(a.name for a in plan.args)})"
+    sharded = max(plan.matrix["tp"]) > 1
+    s = ["sequenceDiagram",
+         f"    participant R as {mm('model runner')}",
+         f"    participant G as {mm('CUDA graph / compiled model')}",
+         *([f"    participant T as {mm('TP group (NCCL)')}"] if sharded else []),
+         f"    participant L as {mm(layer_class(plan))}",
+         f"    participant K as {mm(op)}"]
+
+    def collectives_before():
+        if not sharded:
+            return []
+        if plan.tp.sequence_parallel:
+            return [f"    G->>T: {mm('reduce-scatter of the previous layer output (tokens split over ranks)')}"]
+        if plan.tp.kind == "trivial":
+            return [f"    G->>T: {mm('all-reduce of the row-parallel linear output, before the op')}",
+                    f"    T-->>G: {mm('full hidden states, replicated on every rank')}"]
+        shards = ", ".join(f"{n} dim {d}" for n, d, _ in plan.tp.shard)
+        return [f"    Note over G,K: {mm('each rank holds its shard: ' + shards)}"]
+
+    def collectives_after():
+        if not sharded:
+            return []
+        out = []
+        for name, how, dim in plan.tp.combine:
+            if how == "gather":
+                out.append(f"    G->>T: {mm(f'all-gather {name} on dim {dim}')}")
+            elif how == "sum":
+                out.append(f"    G->>T: {mm(f'all-reduce (sum) {name}')}")
+        if plan.tp.sequence_parallel:
+            out.append(f"    G->>T: {mm('all-gather of the tokens')}")
+        return out
+
+    def forward(how: str):
+        return [*collectives_before(),
+                f"    G->>L: {mm('forward(hidden states)')}",
+                f"    L->>K: {mm(how + ': ' + call)}",
+                f"    K-->>L: {mm(', '.join(plan.outputs) + ' written')}",
+                f"    L-->>G: {mm('hidden states')}",
+                *collectives_after()]
+
+    s += [f"    Note over R,K: {mm(f'decode, up to {cs[-1]} tokens: full CUDA graph replay')}",
+          f"    R->>G: {mm('copy inputs into static buffers, pad to the next capture size')}",
+          f"    R->>G: {mm('replay')}",
+          *forward("captured launch"),
+          f"    G-->>R: {mm('outputs (the first num_tokens rows)')}",
+          f"    Note over R,K: {mm('prefill and chunked prefill: piecewise torch.compile')}",
+          f"    R->>G: {mm('run the compiled pieces (num_tokens dynamic)')}",
+          *forward("opaque op call"),
+          f"    G-->>R: {mm('outputs')}"]
+    if not sharded:
+        s.insert(len(s) - 1, f"    Note over G,K: {mm('TP 1 only: no collective')}")
+    return "\n".join(["## Critical path", "", "One forward pass through the op:", "", "```mermaid", *s, "```"])
+
+
+def support_matrix(res: Results) -> str:
+    plan = res.plan
+    m = plan.matrix
+    lines = ["## Support matrix", "", f"Legend: {LEGEND}.", ""]
+    # Overview: one column per SM, in plan order.
+    head = ["", *m["sm"]]
+    source = ["source"]
+    rows = [source]
+    for sm in m["sm"]:
+        if sm in res.covered:
+            ps = [res.runs.get(r, {}) for r in res.covered[sm]]
+            source.append("; ".join(f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}, {md(p.get('commit') or '?')})"
+                                    for p in ps))
+        else:
+            source.append("no results from this SM yet")
+    for status in (*MARKS, None):
+        row = [f"{MARKS.get(status, NO_RESULT)} {status.replace('_', ' ') if status else 'no result'}"]
+        for sm in m["sm"]:
+            if sm not in res.covered:
+                row.append(NO_RESULT)
+                continue
+            row.append(str(sum(1 for c in res.cells if c.sm == sm and _mark_status(res, c) == status)))
+        rows.append(row)
+    lines += [table(rows, head), ""]
+    for sm in m["sm"]:
+        lines.append(f"### {sm}")
+        lines.append("")
+        if sm not in res.covered:
+            lines += ["No results from this SM yet.", ""]
+            continue
+        for tp in m["tp"]:
+            rows = []
+            for phase in m["phase"]:
+                for dtype in m["dtype"]:
+                    row = [phase, dtype]
+                    for mode in m["graph_mode"]:
+                        row.append(_mark(res, Cell(phase, dtype, tp, mode, sm)))
+                    rows.append(row)
+            lines += [f"tp{tp}:", "", table(rows, ["phase", "dtype", *m["graph_mode"]]), ""]
+    lines += _failures(res)
+    lines += _not_run(res)
+    if res.ignored:
+        records = "1 stored record" if res.ignored == 1 else f"{res.ignored} stored records"
+        lines += [f"Not shown: {records} for cells, benchmarks or SMs this plan no longer has.", ""]
+    return "\n".join(lines).rstrip()
+
+
+def _mark_status(res: Results, cell: Cell) -> str | None:
+    s = res.status(cell)
+    return s if s in MARKS else None
+
+
+def _mark(res: Results, cell: Cell) -> str:
+    return MARKS.get(_mark_status(res, cell), NO_RESULT)
+
+
+def _error_fields(rec: dict) -> tuple[str, str]:
+    err = rec.get("error") if isinstance(rec.get("error"), dict) else {}
+    return fmt(err.get("max_abs")), fmt(err.get("max_ulp"))
+
+
+def _failures(res: Results) -> list[str]:
+    out = []
+    failed = res.cells_with("failed")
+    if failed:
+        rows = []
+        for c in failed:
+            rec = res.records[c.id]
+            max_abs, ulp = _error_fields(rec)
+            rows.append([code(c.id), md(_first_line(rec.get("reason"), 400)), max_abs, ulp,
+                         md(rec.get("minimal_example") or "—"), code(rec["repro"]) if rec.get("repro") else "—"])
+        out += ["Failed cells:", "", table(rows, ["cell", "reason", "max abs error", "ULP", "minimal input",
+                                                  "reproduce"]), ""]
+    xpass = res.cells_with("xpass")
+    if xpass:
+        rows = [[code(c.id), md(res.records[c.id].get("expectation") or "—")] for c in xpass]
+        out += ["Unexpected passes (the plan expects these to fail):", "",
+                table(rows, ["cell", "the plan's expectation"]), ""]
+    xfail = res.cells_with("xfail")
+    if xfail:
+        rows = []
+        for c in xfail:
+            rec = res.records[c.id]
+            rows.append([code(c.id), md(rec.get("expectation") or "—"), md(_first_line(rec.get("reason"), 400)),
+                         code(rec["repro"]) if rec.get("repro") else "—"])
+        out += ["Expected failures:", "", table(rows, ["cell", "the plan's expectation", "failure", "reproduce"]), ""]
+    return out
+
+
+def _grouped_reasons(res: Results, cells: list[Cell]) -> list[tuple[str, list[Cell]]]:
+    groups = defaultdict(list)
+    for c in cells:
+        groups[_first_line(res.records[c.id].get("reason") or "no reason given")].append(c)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def _excluded(res: Results) -> list[tuple[str, list[Cell]]]:
+    """Excluded cells by reason: the record's on SMs with results, the plan's elsewhere."""
+    groups = defaultdict(list)
+    for c in res.cells:
+        reason = (res.records[c.id].get("reason") if c.sm in res.covered and res.status(c) == "excluded"
+                  else res.excluded_by_plan(c) if c.sm not in res.covered else None)
+        if reason is not None:
+            groups[_first_line(reason or "no reason given")].append(c)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def _not_run(res: Results) -> list[str]:
+    rows = []
+    covered_not_run = [c for c in res.cells_with("not_run") if c.sm in res.covered]
+    for reason, cells in _grouped_reasons(res, covered_not_run):
+        rows.append([md(reason), str(len(cells)), md(describe(res.plan, cells))])
+    missing = res.missing()
+    if missing:
+        rows.append(["no result recorded (deselected, e.g. with -k, or the run stopped)", str(len(missing)),
+                     md(describe(res.plan, missing))])
+    uncovered = res.uncovered_cells()
+    if uncovered:
+        rows.append(["no results from this SM yet", str(len(uncovered)), md(describe(res.plan, uncovered))])
+    for reason, cells in _excluded(res):
+        rows.append([md(reason), str(len(cells)), md(describe(res.plan, cells))])
+    if not rows:
+        return []
+    return ["Cells without a pass or fail, by reason:", "", table(rows, ["reason", "cells", "which"]), ""]
+
+
+# ---------------------------------------------------------------- performance
+
+
+def performance(res: Results, op_dir: Path, recs: list[Recommendation]) -> str:
+    plan = res.plan
+    lines = ["## Performance", ""]
+    untimed = _grouped_untimed(res)
+    if not res.benchmarks:
+        lines.append(f"No benchmarks were run. Run them on a GPU machine: {code(f'pytest --plan {plan_display(res)} --bench')}.")
+        return "\n".join(lines + (["", *untimed] if untimed else []))
+    groups = defaultdict(list)
+    for bid, rec in res.benchmarks:
+        gpu = (res.runs.get(rec.get("run")) or {}).get("gpu", "?")
+        groups[(REGIMES.index(regime(rec)), plan.matrix["sm"].index(rec["sm"]), str(gpu))].append((bid, rec))
+    for (ri, si, gpu), items in sorted(groups.items()):
+        lines += [f"### {REGIMES[ri]} on {plan.matrix['sm'][si]} ({md(gpu)})", "", *_bench_table(plan, items), ""]
+    lines += ["Cells: median µs · GB/s · % of the measured copy bandwidth. Speedup: the kernel against each baseline, "
+              "with its interval; \"no difference\" where the interval spans 1.", ""]
+    for sm in [s for s in plan.matrix["sm"] if any(r["sm"] == s for _, r in res.benchmarks)]:
+        lines.append(_plot(res, sm, op_dir))
+        lines.append("")
+    if untimed:
+        lines += [*untimed, ""]
+    rows = [[r.regime, r.sm, f"**{r.choice}**" if r.choice else "none", md(r.why)] for r in recs]
+    lines += ["Recommendation per regime and SM:", "", table(rows, ["regime", "SM", "recommendation", "why"])]
+    return "\n".join(lines)
+
+
+def _grouped_untimed(res: Results) -> list[str]:
+    """Benchmark shapes a machine skipped, by reason (the kernel's, else the first implementation's)."""
+    groups = defaultdict(list)
+    for bid, rec in res.untimed:
+        impls = rec.get("impls") or {}
+        first = impls.get("kernel") or next(iter(impls.values()), None)
+        groups[_first_line(_why_untimed(first))].append(bid)
+    if not groups:
+        return []
+    rows = [[md(reason), str(len(ids)), md(", ".join(ids[:4]) + (f" and {len(ids) - 4} more" if len(ids) > 4 else ""))]
+            for reason, ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    return ["Benchmark shapes not timed:", "", table(rows, ["reason", "shapes", "which"])]
+
+
+def _bench_table(plan: Plan, items: list) -> list[str]:
+    recs = [r for _, r in items]
+    symbols = sorted({k for r in recs for k in (r.get("sizes") or {})},
+                     key=lambda k: (list(plan.sizes).index(k) if k in plan.sizes else len(plan.sizes), k))
+    varying = [axis for axis in ("phase", "dtype", "graph_mode") if len({str(r.get(axis)) for r in recs}) > 1]
+    fixed = [f"{axis.replace('_', ' ')} {md(recs[0].get(axis, '—'))}" for axis in ("phase", "dtype", "graph_mode")
+             if axis not in varying]
+    impls = sorted({k for r in recs for k in (r.get("impls") or {})},
+                   key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
+    baselines = sorted({b for r in recs for b in _baselines(r)},
+                       key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
+
+    def order(item):
+        bid, r = item
+        return (PHASES.index(r["phase"]) if r.get("phase") in PHASES else 9,
+                plan.matrix["dtype"].index(r["dtype"]) if r.get("dtype") in plan.matrix["dtype"] else 99,
+                str(r.get("graph_mode")), r.get("num_tokens") if _is_num(r.get("num_tokens")) else 0,
+                [(k, str(v)) for k, v in sorted((r.get("sizes") or {}).items())], bid)
+
+    rows = []
+    for bid, r in sorted(items, key=order):
+        sizes = r.get("sizes") or {}
+        row = [fmt(r.get("num_tokens"), 12), *(fmt(sizes.get(k), 12) for k in symbols), *(md(r.get(a, "—")) for a in varying)]
+        for name in impls:
+            row.append(_impl_cell((r.get("impls") or {}).get(name)))
+        for b in baselines:
+            row.append(_speedup_cell(r, b))
+        rows.append(row)
+    copy = sorted({fmt(r.get("copy_bw_gbps"), 6) for r in recs})
+    timers = sorted({md(r["timer"]) for r in recs if r.get("timer")})
+    note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
+            + (f"; timer: {', '.join(timers)}" if timers else ""))
+    headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in baselines)]
+    return [note, "", table(rows, headers)]
+
+
+def _impl_cell(impl) -> str:
+    if not isinstance(impl, dict):
+        return NO_RESULT
+    if _median(impl) is None:
+        return f"not run: {md(_why_untimed(impl))}"
+    gbps = f"{impl['gbps']:.0f}" if _is_num(impl.get("gbps")) else NO_RESULT
+    text = f"{fmt_us(impl.get('median_us'))} µs · {gbps} GB/s · {fmt(impl.get('pct_copy_bw'), 3)}%"
+    if _is_num(impl.get("tflops")):
+        text += f" · {fmt(impl['tflops'], 3)} TFLOP/s"
+    if impl.get("error"):
+        text += f" · ❌ {md(_first_line(impl['error'], 160))}"
+    return text
+
+
+def _speedup_cell(rec: dict, baseline: str) -> str:
+    verdict_ = speedup_verdict(rec, baseline)
+    if verdict_ is None:
+        return NO_RESULT
+    s = (rec.get("speedup") or {}).get(baseline)
+    s = s if isinstance(s, dict) else {}
+    impls = rec["impls"]
+    ratio = s.get("value") if _is_num(s.get("value")) else _median(impls[baseline]) / _median(impls["kernel"])
+    value = f"{ratio:.2f}×"
+    interval = f" ({s['low']:.2f}–{s['high']:.2f})" if _is_num(s.get("low")) and _is_num(s.get("high")) else ""
+    return f"no difference: {value}{interval}" if verdict_ == "no difference" else f"{value}{interval}"
+
+
+def _plot(res: Results, sm: str, op_dir: Path) -> str:
+    """GB/s against token count per implementation, as perf-<sm>.png beside the report."""
+    name = f"perf-{re.sub(r'[^A-Za-z0-9_]+', '-', sm)}.png"
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import ScalarFormatter
+    except ImportError:
+        return "The plot of GB/s against token count needs matplotlib (`pip install matplotlib`); the tables hold the same numbers."
+    lines = defaultdict(list)
+    recs = [r for _, r in res.benchmarks if r["sm"] == sm]
+    varying = [a for a in ("phase", "dtype", "graph_mode") if len({str(r.get(a)) for r in recs}) > 1]
+    for r in recs:
+        if not _is_num(r.get("num_tokens")):
+            continue
+        sizes = ", ".join(f"{k}={v}" for k, v in sorted((r.get("sizes") or {}).items()))
+        for impl, t in sorted((r.get("impls") or {}).items()):
+            if isinstance(t, dict) and _is_num(t.get("gbps")):
+                key = (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 9, impl, sizes,
+                       *(str(r.get(a)) for a in varying))
+                lines[key].append((r["num_tokens"], t["gbps"]))
+    if not lines:
+        return "No GB/s figures to plot."
+    fig = Figure(figsize=(8, 5), dpi=100)
+    FigureCanvasAgg(fig)  # Agg: the same pixels on every machine with the same matplotlib
+    ax = fig.subplots()
+    colors = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
+    styles = ["-", "--", ":", "-."]
+    variants = sorted({k[2:] for k in lines})
+    for key, points in sorted(lines.items()):
+        points.sort()
+        label = ", ".join(p for p in (key[1], *key[2:]) if p)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
+                color=colors.get(key[1], "black"), linestyle=styles[variants.index(key[2:]) % len(styles)])
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("GB/s")
+    ax.set_title(f"{res.plan.name} on {sm}")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(Path(op_dir) / name, format="png", metadata={"Software": None})
+    return f"![GB/s against token count on {sm}]({name})"
+
+
+# ---------------------------------------------------------------- trade-offs, open items, decisions
+
+
+def tradeoffs(res: Results, recs: list[Recommendation]) -> str:
+    plan = res.plan
+    cs = capture_sizes(plan)
+    pad = max((b - a - 1 for a, b in zip(cs, cs[1:])), default=0)
+    items = [f"Opaque custom op: torch.compile cannot fuse across {code(custom_op_name(plan))} (neighbouring "
+             "elementwise ops, a following quantization) as it fuses forward_native; the op must beat the "
+             "compiled reference on its own."]
+    if plan.intent == "fusion":
+        items.append("Fusion fixed in the kernel: Inductor may already fuse the unfused native ops; the "
+                     "`compiled` baseline says whether the hand fusion still wins.")
+    if "cuda_graph" in plan.matrix["graph_mode"]:
+        items.append(f"CUDA graph padding: decode batches are padded up to the next capture size (up to {pad} "
+                     f"padded rows of work per call); above {cs[-1]} tokens the pass runs without a full graph.")
+    if max(plan.matrix["tp"]) > 1:
+        if plan.tp.kind == "trivial":
+            items.append("TP-trivial: every rank does the full op on replicated hidden states after the all-reduce; "
+                         "tensor parallelism saves nothing here.")
+        else:
+            items.append("Sharded: each rank works on its shard; recombining the outputs costs a collective per call.")
+    if plan.vllm.route == "ir":
+        items.append("vLLM IR: the provider is chosen by priority per platform and falls back to native where "
+                     "`supports_args` rejects a call; a fallback is silent, so check the priority per platform.")
+    else:
+        items.append("CustomOp route: `register_oot` replaces the layer class for every model, and the op then "
+                     "carries the layer's name in `custom_ops`.")
+    caps = [c for c in res.cells if c.sm == "cpu" and c.id in res.records
+            and (res.records[c.id].get("facts") or {}).get("token_cap")]
+    if caps:
+        items.append("CPU results run the kernel in Triton's interpreter with capped token counts: they check "
+                     "numerics, not speed, and not the largest shapes.")
+    return "\n".join(["## Trade-offs", "", *(f"- {i}" for i in items)])
+
+
+def open_items(res: Results, recs: list[Recommendation]) -> list[str]:
+    plan = res.plan
+    pd = plan_display(res)
+    items = []
+    for problem in res.shown_problems():
+        items.append(f"Fix or remove a results file: {md(problem)}")
+    for reason, cells in _grouped_reasons(res, res.cells_with("failed")):
+        items.append(f"Fix {md(describe(plan, cells))}: {md(reason)}")
+    for c in res.cells_with("xpass"):
+        items.append(f"{code(c.id)} passes although the plan expects a failure: drop or narrow the expectation "
+                     f"({md(res.records[c.id].get('expectation') or '—')})")
+    for sm in plan.matrix["sm"]:
+        n = sum(1 for c in res.uncovered_cells() if c.sm == sm)
+        if n:
+            items.append(f"Run on {sm}: {code(f'pytest --plan {pd}')} on a machine with {sm} ({n_cells(n)})")
+    covered_not_run = [c for c in res.cells_with("not_run") if c.sm in res.covered]
+    for reason, cells in _grouped_reasons(res, covered_not_run):
+        items.append(f"Run {md(describe(plan, cells))} ({n_cells(len(cells))}): not run because {md(reason)}")
+    if res.missing():
+        items.append(f"Run {md(describe(plan, res.missing()))}: no result recorded yet")
+    for reason, cells in _grouped_reasons(res, res.cells_with("xfail")):
+        items.append(f"Fix the expected failure of {md(describe(plan, cells))}: {md(reason)}")
+    for reason, cells in _excluded(res):
+        items.append(f"State as unsupported, or support, {md(describe(plan, cells))}: {md(reason)}")
+    for bid, rec in res.benchmarks:
+        for impl, t in sorted((rec.get("impls") or {}).items()):
+            if isinstance(t, dict) and t.get("error"):
+                items.append(f"Fix {md(impl)} in benchmark {code(bid)}: {md(_first_line(t['error']))}")
+    if not res.benchmarks:
+        items.append(f"Benchmark on a GPU machine: {code(f'pytest --plan {pd} --bench')}")
+    else:
+        have = {(r.regime, r.sm) for r in recs}
+        wanted = [reg for reg in REGIMES if any(regime({"phase": p}) == reg for p in plan.benchmark.shapes())]
+        for sm in [s for s in plan.matrix["sm"] if s != "cpu"]:
+            missing = [reg for reg in wanted if (reg, sm) not in have]
+            if missing:
+                items.append(f"Benchmark on {sm} ({', '.join(missing)}): {code(f'pytest --plan {pd} --bench')}")
+    return items
+
+
+def decisions(res: Results, v: Verdict, recs: list[Recommendation]) -> str:
+    plan = res.plan
+
+    def tally(**axis) -> str:
+        cells = [c for c in res.cells if all(getattr(c, k) == val for k, val in axis.items())]
+        counts = Counter(_mark_status(res, c) if c.sm in res.covered else
+                         "excluded" if res.excluded_by_plan(c) else "uncovered" for c in cells)
+        parts = [f"{counts[s]} {s.replace('_', ' ')}" for s in MARKS if counts[s]]
+        if counts[None]:
+            parts.append(f"{counts[None]} without a result")
+        if counts["uncovered"]:
+            parts.append(f"{counts['uncovered']} on SMs without results")
+        return f"{len(cells)} cells: " + ", ".join(parts)
+
+    rows = [["integration route", _vllm_answer(plan), "plan: vllm"]]
+    if "torch_compile" in plan.matrix["graph_mode"]:
+        rows.append(["torch.compile", f"opaque {code(custom_op_name(plan))} with a fake implementation",
+                     md("torch_compile " + tally(graph_mode="torch_compile"))])
+    if "cuda_graph" in plan.matrix["graph_mode"]:
+        rows.append(["CUDA graphs", "launch captured with the model; batches padded to capture sizes",
+                     md("cuda_graph " + tally(graph_mode="cuda_graph"))])
+    rows.append(["tensor parallelism", _tp_answer(plan), "; ".join(f"tp{t} " + tally(tp=t) for t in plan.matrix["tp"])])
+    for r in recs:
+        rows.append([f"{r.regime} on {r.sm}", f"**{r.choice}**" if r.choice else "none", md(r.why)])
+    rows.append(["verdict", f"**{md(v.word)}**", md(v.rule)])
+    return "\n".join(["## Decisions and verdict", "", table(rows, ["decision", "choice", "basis"]), "",
+                      f"**Verdict: {md(v.word)}.** Rule: {md(v.rule)}. The rules, in order: blocked (any failed or "
+                      "unexpected-pass cell), incomplete (any cell of the plan not run, or no benchmarks), then go or "
+                      "no-go per regime and SM from the benchmarks (docs/report.md)."])
+
+
+# ---------------------------------------------------------------- the document
+
+
+def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
+    res = collect(plan, op_dir)
+    recs = recommendations(res)
+    v = verdict(res, recs)
+    items = open_items(res, recs)
+    sections = [
+        header(res, v),
+        problem_breakdown(plan),
+        constraints(res),
+        design(plan),
+        interfaces(plan),
+        critical_path(plan),
+        support_matrix(res),
+        performance(res, op_dir, recs),
+        tradeoffs(res, recs),
+        "\n".join(["## Open items", "", *(f"- [ ] {i}" for i in items)] if items else ["## Open items", "", "None."]),
+        decisions(res, v, recs),
+    ]
+    return "\n\n".join(s.rstrip() for s in sections) + "\n", res.problems
 
 
 def write_report(plan: Plan, op_dir: Path) -> tuple[Path, list[str]]:
-    results, problems = merge_dir(op_dir / "results", plan.name)
-    rows = [[cid, rec["status"], rec.get("reason", "")] for cid, rec in sorted(results["cells"].items())]
-    text = f"# {plan.name}\n\n" + tabulate(rows, headers=["cell", "status", "reason"], tablefmt="github") + "\n"
+    """Regenerate reports/<op>/PLAN.md; returns its path and the results files that could not be merged."""
+    op_dir = Path(op_dir)
+    op_dir.mkdir(parents=True, exist_ok=True)
+    text, problems = render(plan, op_dir)
     path = op_dir / "PLAN.md"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
     return path, problems

@@ -68,13 +68,20 @@ def write_atomic(path: Path, data: dict) -> None:
         raise
 
 
+def _own_sm(data: dict, rec: dict) -> bool:
+    """Whether a record was made on a machine of the cell's own SM (not another machine's 'not run here')."""
+    return (data["runs"].get(rec.get("run")) or {}).get("sm") == rec.get("sm")
+
+
 def fold(into: dict, other: dict) -> dict:
-    """Merge `other` into `into`: runs are unioned; per cell and benchmark the latest result wins."""
+    """Merge `other` into `into`: runs are unioned; per cell and benchmark the latest result wins,
+    except that a machine of another SM saying "not run here" never replaces a real result."""
     into["runs"].update(other["runs"])
     for section in ("cells", "benchmarks"):
         for key, rec in other[section].items():
             old = into[section].get(key)
-            if old is None or rec.get("finished", "") >= old.get("finished", ""):
+            if old is None or (_own_sm(into, rec), rec.get("finished", "")) >= \
+                    (_own_sm(into, old), old.get("finished", "")):
                 into[section][key] = rec
     return into
 

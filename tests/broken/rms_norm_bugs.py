@@ -349,3 +349,29 @@ def cached_output(x, weight, eps) -> torch.Tensor:
     out = _CACHE[key]  # BUG: shared, not fresh
     _real_rms_norm(out, x, weight, eps)
     return out
+
+
+# ----------------------------------------------------------------------------- functional forms
+# Plans whose op returns its output (no `out` argument) use these.
+
+
+def functional(x, weight, eps) -> torch.Tensor:
+    """Correct: the real kernel with a fresh output per call."""
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _real_rms_norm(out, x, weight, eps)
+    return out
+
+
+def wrong_out_dtype_functional(x, weight, eps) -> torch.Tensor:
+    """Bug: returns float32 whatever the input dtype."""
+    return wrong_out_dtype(None, x, weight, eps)
+
+
+def fake_wrong_dtype(x, weight, eps) -> torch.Tensor:
+    """Bug (torch.compile fake implementation): claims a float32 result for every input dtype."""
+    return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+
+
+def fake_wrong_shape(x, weight, eps) -> torch.Tensor:
+    """Bug (torch.compile fake implementation): drops the last column."""
+    return x.new_empty((x.shape[0], x.shape[1] - 1))

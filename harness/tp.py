@@ -1,0 +1,312 @@
+"""Tensor parallelism: one example split over N ranks as the plan's `tp` section says, and put back together.
+
+Per input: replicated (every rank gets it whole) or sharded along a dimension; `merged: k` marks a
+buffer of k concatenated parts, laid out the way vLLM's merged column-parallel linear produces
+gate_up: rank r holds [gate_r | up_r]. Per output: replicated (every rank must agree), gathered
+along a dimension (undoing a merged layout), or summed (the all-reduce after a row-parallel op).
+With sequence parallelism every tensor with a num_tokens dimension is split by tokens, padded to
+a multiple of the TP size.
+
+Rank 0 of a worker group (workers.py) runs the cell's hypothesis loop with TPCheck. Per example
+it broadcasts the drawn Example; every rank rebuilds the full inputs from the example's seed (no
+input tensor crosses process boundaries), takes its shard, runs the op in the cell's graph mode;
+rank 0 gathers the outputs, recombines them and compares them with the unsharded reference.
+Ranks above 0 run `follow_cell` until rank 0 calls `finish_cell`.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from . import numerics
+from .inputs import Example, build_args, poisoned
+from .matrix import Cell
+from .modes import make_runner, token_dim
+from .numerics import Mismatch
+from .plan import Plan, load_plan
+from .runner import CellCheck, KernelRaised, _outputs, reference_outputs
+
+# Rank 0's record of the cell in progress, read by the worker after the cell: the full traceback
+# of the last rank that raised, and whether the group must be restarted before the next cell.
+last_rank_failure: dict = {"traceback": None, "restart": False}
+
+
+# ---------------------------------------------------------------- layouts
+
+
+def shard(t: torch.Tensor, dim: int, merged: int, rank: int, size: int) -> torch.Tensor:
+    """Rank `rank`'s slice along `dim`: its 1/size share of each of the `merged` parts, concatenated (a copy)."""
+    part = t.shape[dim] // merged
+    if part * merged != t.shape[dim] or part % size:
+        raise ValueError(f"dimension {dim} of size {t.shape[dim]} does not split into {merged} part(s) "
+                         f"x {size} ranks")
+    step = part // size
+    return torch.cat([t.narrow(dim, j * part + rank * step, step) for j in range(merged)], dim)
+
+
+def unshard(pieces: list[torch.Tensor], dim: int, merged: int) -> torch.Tensor:
+    """The full tensor from every rank's shard (in rank order): the inverse of `shard`."""
+    step = pieces[0].shape[dim] // merged
+    return torch.cat([p.narrow(dim, j * step, step) for j in range(merged) for p in pieces], dim)
+
+
+def split_tokens(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
+    """Sequence parallelism: rank `rank`'s run of tokens, after zero-padding to a multiple of `size` (a copy)."""
+    n = t.shape[dim]
+    padded = -(-n // size) * size
+    if padded != n:
+        pad_shape = list(t.shape)
+        pad_shape[dim] = padded - n
+        t = torch.cat([t, torch.zeros(pad_shape, dtype=t.dtype, device=t.device)], dim)
+    step = padded // size
+    return t.narrow(dim, rank * step, step).clone()
+
+
+def with_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
+    """A fresh copy of `t` in the example's layout (strided: a view of a buffer `pad` columns wider)."""
+    if layout != "strided":
+        return t.clone(memory_format=torch.contiguous_format)
+    buf = torch.zeros(list(t.shape[:-1]) + [t.shape[-1] + pad], dtype=t.dtype, device=t.device)
+    view = buf[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def input_shard(plan: Plan, name: str) -> tuple[int, int] | None:
+    """(dim, merged parts) of a sharded input; None when every rank gets it whole."""
+    return next(((dim, merged) for n, dim, merged in plan.tp.shard if n == name), None)
+
+
+def output_combine(plan: Plan, name: str) -> tuple[str, int, int]:
+    """(how, dim, merged parts) an output's per-rank values become one: replicated, sum or gather."""
+    for out, how, dim in plan.tp.combine:
+        if out == name:
+            return how, dim, dict(plan.tp.merged_outputs).get(name, 1)
+    spec = input_shard(plan, name)  # a sharded input written in place comes back in its own layout
+    return ("gather", *spec) if spec else ("replicated", 0, 1)
+
+
+def _token_dim(plan: Plan, name: str) -> int | None:
+    if any(a.name == name for a in plan.args):
+        return token_dim(plan, name)
+    return 0  # a returned output: tokens first, as every vLLM activation
+
+
+def tp_multiples(plan: Plan, size: int) -> dict[str, int]:
+    """Size symbol -> the multiple it must be drawn as, so every sharded dimension splits evenly."""
+    need: dict[str, int] = {}
+    arg_names = {a.name for a in plan.args}
+    split = list(plan.tp.shard)
+    for name in plan.outputs:
+        how, dim, merged = output_combine(plan, name)
+        if how == "gather" and name in arg_names:
+            split.append((name, dim, merged))
+    for name, dim, merged in split:
+        d = plan.arg(name).shape[dim]
+        if d.symbol:
+            parts = size * merged
+            need[d.symbol] = math.lcm(need.get(d.symbol, 1), parts // math.gcd(d.coeff, parts))
+    return need
+
+
+def local_values(plan: Plan, ex: Example, full: dict, rank: int, size: int) -> dict:
+    """This rank's keyword arguments: its shard of each input (fresh copies), its output buffers poisoned."""
+    local = {}
+    for arg in plan.args:
+        value = full[arg.name]
+        if not arg.is_tensor:
+            local[arg.name] = value
+            continue
+        tdim = token_dim(plan, arg.name)
+        if plan.tp.sequence_parallel and tdim is not None:
+            value = split_tokens(value, tdim, rank, size)
+        if arg.role == "output":
+            how, dim, _ = output_combine(plan, arg.name)
+            shape = list(value.shape)
+            if how == "gather":
+                shape[dim] //= size
+            local[arg.name] = poisoned(shape, value.dtype, value.device)
+            continue
+        spec = input_shard(plan, arg.name)
+        if spec:
+            value = shard(value, *spec, rank, size)
+        local[arg.name] = with_layout(value, *ex.layouts.get(arg.name, ("contiguous", 0)))
+    return local
+
+
+def recombine(plan: Plan, name: str, pieces: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
+    """One output from every rank's value, as the plan says; Mismatch when replicated ranks disagree."""
+    tdim = _token_dim(plan, name)
+    if plan.tp.sequence_parallel and tdim is not None:
+        return torch.cat(pieces, tdim).narrow(tdim, 0, num_tokens)  # drop the padding tokens
+    how, dim, merged = output_combine(plan, name)
+    if how == "gather":
+        return unshard(pieces, dim, merged)
+    if how == "sum":  # the all-reduce, accumulated in fp32 so the comparison judges the kernel, not the sum
+        acc = torch.float64 if pieces[0].dtype == torch.float64 else torch.float32
+        total = torch.stack([p.to(acc) for p in pieces]).sum(0)
+        return total.to(pieces[0].dtype)
+    first = pieces[0]
+    for r, other in enumerate(pieces[1:], 1):
+        differ = other != first
+        if first.is_floating_point():
+            differ &= ~(other.isnan() & first.isnan())
+        if differ.any():
+            worst = float((other.double() - first.double()).abs().nan_to_num(float("inf")).max())
+            raise Mismatch(f"output '{name}' is replicated across ranks (tp.outputs), but rank {r}'s differs from "
+                           f"rank 0's in {int(differ.sum())} of {first.numel()} elements (max difference {worst:.3g})")
+    return first
+
+
+# ---------------------------------------------------------------- one rank's side
+
+
+class RankRun:
+    """One rank's part of a cell: the op in the cell's graph mode on its shard of each example."""
+
+    def __init__(self, plan: Plan, cell: Cell, device: str, rank: int, size: int, runner=None):
+        self.plan, self.cell, self.device, self.rank, self.size = plan, cell, device, rank, size
+        self.runner = runner or make_runner(cell.graph_mode, plan, plan.load_kernel(), device)
+
+    def __call__(self, ex: Example, full: dict | None = None) -> tuple[dict, dict]:
+        """(meta, outputs); meta["error"] says what went wrong on this rank instead of raising, so every
+        rank always reaches the exchange that follows."""
+        plan = self.plan
+        try:
+            full = full if full is not None else build_args(plan, self.cell, ex, self.device)
+            local = local_values(plan, ex, full, self.rank, self.size)
+            untouched = {a.name: local[a.name].clone() for a in plan.tensor_args
+                         if a.role == "input" and a.name not in plan.mutates}
+        except Exception as exc:
+            return {"error": _error("raised", f"building this rank's inputs failed: {_short(exc)}")}, {}
+        try:
+            outputs = _outputs(plan, local, self.runner(local, ex))
+        except Mismatch as exc:
+            return {"error": _error("mismatch", str(exc))}, {}
+        except Exception as exc:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            return {"error": _error("raised", f"the kernel raised {_short(exc)} ({frame.filename}:{frame.lineno})")}, {}
+        try:
+            for name, before in untouched.items():
+                numerics.check_unchanged(name, before, local[name])
+        except Mismatch as exc:
+            return {"error": _error("mismatch", str(exc))}, {}
+        meta = {n: (tuple(t.shape), str(t.dtype)) if isinstance(t, torch.Tensor) else None for n, t in outputs.items()}
+        return {"error": None, "outputs": meta}, outputs
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+
+
+def _error(kind: str, message: str) -> dict:
+    return {"kind": kind, "message": message, "traceback": traceback.format_exc()}
+
+
+def exchange(meta: dict, outputs: dict, rank: int, size: int) -> tuple[list[dict], dict | None]:
+    """Every rank's meta to every rank; then, if all ranks produced same-shaped tensors, the tensors to rank 0.
+
+    Tensors travel as bytes, so any dtype (fp8 included) goes through gloo and NCCL alike.
+    Returns (metas, {output: [per-rank tensor]}) on rank 0; pieces is None where nothing was sent.
+    """
+    metas: list = [None] * size
+    dist.all_gather_object(metas, meta)
+    if any(m["error"] for m in metas):
+        return metas, None
+    first = metas[0]["outputs"]
+    if any(m["outputs"] != first for m in metas) or any(v is None for v in first.values()):
+        return metas, None
+    pieces = {}
+    for name in first:
+        t = outputs[name]
+        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        bufs = [torch.empty_like(flat) for _ in range(size)] if rank == 0 else None
+        dist.gather(flat, bufs, dst=0)
+        if rank == 0:
+            pieces[name] = [b.view(t.dtype).reshape(t.shape) for b in bufs]
+    return metas, pieces
+
+
+def _broadcast(command=None):
+    box = [command]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def follow_cell(task: dict, rank: int, size: int, device: str) -> None:
+    """Ranks above 0: run each example rank 0 broadcasts, until it says the cell is done."""
+    run, setup_error = None, None
+    try:
+        plan = load_plan(task["plan"])
+        run = RankRun(plan, Cell.from_id(task["cell"]), device, rank, size)
+    except Exception as exc:
+        setup_error = _error("raised", f"setting up the cell failed: {_short(exc)}")
+    while True:
+        command = _broadcast()
+        if command[0] == "done":
+            return
+        meta, outputs = ({"error": setup_error}, {}) if setup_error else run(command[1])
+        exchange(meta, outputs, rank, size)
+
+
+def finish_cell() -> None:
+    """Rank 0: release the other ranks from the cell (they return to waiting for the next task)."""
+    _broadcast(("done",))
+
+
+# ---------------------------------------------------------------- rank 0: the check
+
+
+class TPCheck(CellCheck):
+    """Checks one example on every rank of the group: recombined outputs against the unsharded reference."""
+
+    def __init__(self, plan: Plan, cell: Cell, device: str, tol_default=None):
+        if not dist.is_initialized() or dist.get_world_size() != cell.tp or dist.get_rank() != 0:
+            raise RuntimeError(f"a tp{cell.tp} cell runs on rank 0 of a group of {cell.tp} worker processes "
+                               "(harness.workers); use --isolation process")
+        super().__init__(plan, cell, device, tol_default)
+        self.size = cell.tp
+        self.tp_multiple = tp_multiples(plan, self.size)
+        self.local = RankRun(plan, cell, device, 0, self.size, self.runner)
+
+    def _check(self, ex: Example) -> None:
+        plan = self.plan
+        self.count += 1
+        full = build_args(plan, self.cell, ex, self.device)
+        expected = reference_outputs(plan, self.reference, full)
+        try:
+            _broadcast(("example", ex))
+            metas, pieces = exchange(*self.local(ex, full), 0, self.size)
+        except Exception:
+            last_rank_failure["restart"] = True  # a collective failed: a rank died, or the ranks are out of step
+            raise
+        for r, meta in enumerate(metas):
+            err = meta["error"]
+            if err is None:
+                continue
+            where = f"rank {r} of {self.size}"
+            if err["kind"] == "raised":
+                last_rank_failure.update(traceback=f"{where}:\n{err['traceback']}", restart=True)
+                raise KernelRaised(f"{where}: {err['message']}")
+            raise Mismatch(f"{where}: {err['message']}")
+        if pieces is None:
+            raise Mismatch(_disagreement(metas))
+        for name in plan.outputs:
+            actual = recombine(plan, name, pieces[name], ex.num_tokens)
+            self._compare(name, actual, expected[name], full, False)
+
+
+def _disagreement(metas: list[dict]) -> str:
+    for name, want in metas[0]["outputs"].items():
+        for r, meta in enumerate(metas):
+            got = meta["outputs"].get(name)
+            if got is None:
+                return f"rank {r} of {len(metas)}: output '{name}' is not a tensor"
+            if got != want:
+                return (f"output '{name}': rank {r} produced {got[1]} of shape {got[0]}, rank 0 {want[1]} of shape "
+                        f"{want[0]}: every rank must produce its shard in the same shape")
+    return "the ranks returned different outputs"

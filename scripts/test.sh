@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test suite, set-up included. Exits non-zero on any failure, and when no test was collected.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test || exit 1
+workers=$(.venv/bin/python -c "import os; print(min(4, os.cpu_count() or 1))")
+.venv/bin/python -m pytest tests -p xdist -n "$workers" "$@"
+rc=$?
+if [ "$rc" = 5 ]; then
+  echo "error: no tests were collected" >&2
+  exit 1
+fi
+exit "$rc"

@@ -1,0 +1,45 @@
+"""Small plans for the harness's own tests: the bundled RMSNorm's plan with one thing changed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+OUT_PARAM_ARGS = """\
+    out: {shape: [num_tokens, hidden], dtype: act, role: output}
+    x: {shape: [num_tokens, hidden], dtype: act, layout: [contiguous, strided]}
+    weight: {shape: [hidden], dtype: act, init: around_one}
+    eps: 1.0e-6
+  outputs: [out]"""
+
+FUNCTIONAL_ARGS = """\
+    x: {shape: [num_tokens, hidden], dtype: act, layout: [contiguous, strided]}
+    weight: {shape: [hidden], dtype: act, init: around_one}
+    eps: 1.0e-6
+  outputs: [y]"""
+
+
+def rms_norm_plan(tmp_path: Path, kernel: str = "kernels.rms_norm:rms_norm", *, functional: bool = False,
+                  phase="[decode]", dtype="[fp32]", tp="[1]", graph_mode="[eager]", sm="[cpu]",
+                  hidden="[64, 128]", extra: str = "", numerics: str = "{examples: 20}",
+                  name: str = "plan.yaml") -> Path:
+    reference = "kernels.rms_norm:rms_norm_ref"
+    text = f"""\
+op:
+  name: rms_norm
+  intent: drop-in
+  kernel: {kernel}
+  reference: {reference}
+  args:
+{FUNCTIONAL_ARGS if functional else OUT_PARAM_ARGS}
+  sizes: {{hidden: {hidden}}}
+matrix:
+  phase: {phase}
+  dtype: {dtype}
+  tp: {tp}
+  graph_mode: {graph_mode}
+  sm: {sm}
+numerics: {numerics}
+{extra}"""
+    path = tmp_path / name
+    path.write_text(text)
+    return path

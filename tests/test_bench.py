@@ -1,0 +1,257 @@
+"""Benchmarks on a CPU machine: byte model, noise-aware verdicts, item ids, skip reasons, and a --bench run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import bench
+from harness.hardware import Hardware
+from harness.plan import PlanError, load_plan
+from harness.results import load
+from tests.plans import rms_norm_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = Hardware("cpu", "cpu", "test cpu", 0, 2)
+H200 = Hardware("sm90", "cuda", "NVIDIA H200", 1, 16)
+FIGURE_KEYS = {"median_us", "q20_us", "q80_us", "gbps", "pct_copy_bw", "launches", "samples"}
+RECORD_KEYS = {"phase", "dtype", "sm", "graph_mode", "num_tokens", "sizes", "copy_bw_gbps", "l2_bytes",
+               "working_set_bytes", "rotated_sets", "timer", "impls", "speedup"}
+
+
+def timing(median, q20, q80) -> dict:
+    return {"median_us": median, "q20_us": q20, "q80_us": q80}
+
+
+# ---------------------------------------------------------------- byte and flop models
+
+
+def test_default_byte_model_reads_inputs_once_and_writes_outputs_once():
+    plan = load_plan(ROOT / "plan.yaml")  # out (output), x (input), weight (input)
+    assert bench.bytes_moved(plan, "bf16", 64, {"hidden": 4096}) == 2 * 64 * 4096 * 2 + 4096 * 2
+    assert bench.bytes_moved(plan, "fp32", 64, {"hidden": 4096}) == 2 * 64 * 4096 * 4 + 4096 * 4
+    assert bench.bytes_moved(plan, "fp32", 1, {"hidden": 8}, returned_bytes=100) == 2 * 8 * 4 + 8 * 4 + 100
+
+
+def test_mutated_arguments_count_read_and_write():
+    plan = load_plan(ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml")  # x, residual in place; weight read
+    t, h = 8, 4096
+    assert bench.bytes_moved(plan, "bf16", t, {"hidden": h}) == 2 * (t * h * 2) * 2 + h * 2
+
+
+def test_plan_expressions_for_bytes_and_flops(tmp_path):
+    extra = ('benchmark: {decode: [4], bytes: "(2 * num_tokens + 1) * hidden * act_bytes",\n'
+             '            flops: "4 * num_tokens * hidden"}\n')
+    plan = load_plan(rms_norm_plan(tmp_path, extra=extra))
+    assert bench.bytes_moved(plan, "fp16", 4, {"hidden": 64}) == 9 * 64 * 2
+    assert bench.flops_done(plan, "fp16", 4, {"hidden": 64}) == 4 * 4 * 64
+    assert bench.flops_done(load_plan(ROOT / "plan.yaml"), "bf16", 4, {"hidden": 64}) is None
+
+
+@pytest.mark.parametrize("expr, words", [
+    ("__import__('os').system('true')", "is not allowed"),
+    ("hidden.bit_length()", "is not allowed"),
+    ("[hidden][0]", "is not allowed"),
+    ("hidden * heads", "unknown name 'heads'"),
+    ("2 ** 1000", "too large"),
+    ("hidden / (num_tokens - num_tokens)", "division by zero"),
+    ("hidden *", "not an arithmetic expression"),
+])
+def test_unsafe_or_wrong_expressions_are_rejected(expr, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("*", r"\*")):
+        bench.evaluate(expr, {"hidden": 64, "num_tokens": 4, "act_bytes": 2})
+
+
+def test_a_bad_byte_model_is_a_plan_error_naming_the_field_and_line(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, extra='benchmark: {decode: [4], bytes: "hidden * heads"}\n'))
+    with pytest.raises(PlanError) as exc:
+        bench.check_models(plan)
+    err = exc.value
+    assert err.field == "benchmark.bytes" and err.line == plan.raw_text.splitlines().index(
+        'benchmark: {decode: [4], bytes: "hidden * heads"}') + 1
+    assert "unknown name 'heads'" in str(err) and "num_tokens" in str(err)
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def test_speedup_inside_the_spread_is_no_difference():
+    s = bench.speedup(timing(10.0, 9.0, 11.0), timing(9.5, 9.0, 10.0))
+    assert s["value"] == pytest.approx(10 / 9.5, abs=1e-3)
+    assert s["low"] < 1 < s["high"] and s["verdict"] == "no difference"
+
+
+def test_clear_wins_and_losses():
+    assert bench.speedup(timing(20.0, 19.8, 20.2), timing(10.0, 9.9, 10.1))["verdict"] == "faster"
+    slower = bench.speedup(timing(10.0, 9.9, 10.1), timing(20.0, 19.8, 20.2))
+    assert slower["verdict"] == "slower" and slower["high"] < 1
+
+
+def test_noise_floor_widens_tight_intervals():
+    tight = 1 + bench.NOISE_FLOOR / 2  # a 1% win with no spread at all is still within run-to-run drift
+    assert bench.speedup(timing(tight, tight, tight), timing(1.0, 1.0, 1.0))["verdict"] == "no difference"
+    clear = 1 + 3 * bench.NOISE_FLOOR
+    assert bench.speedup(timing(clear, clear, clear), timing(1.0, 1.0, 1.0))["verdict"] == "faster"
+
+
+# ---------------------------------------------------------------- items, ids, skip reasons
+
+
+def test_specs_cover_every_shape_dtype_and_graph_mode_on_this_sm():
+    plan = load_plan(ROOT / "plan.yaml")
+    specs = bench.bench_specs(plan, "sm90")
+    shapes = len(plan.benchmark.decode) + len(plan.benchmark.prefill) + len(plan.benchmark.chunked_prefill)
+    assert len(specs) == shapes * len(plan.sizes["hidden"]) * len(plan.matrix["dtype"]) * 2
+    ids = {s.id for s in specs}
+    assert len(ids) == len(specs) and "decode-bf16-eager-sm90-t64-hidden4096" in ids
+    assert "prefill-fp32-cuda_graph-sm90-t32768-hidden8192" in ids
+    assert {s.sm for s in specs} == {"sm90"}
+
+
+def test_graph_modes_follow_the_plan(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, graph_mode="[eager, torch_compile]", extra="benchmark: {decode: [4]}\n"))
+    assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden64",
+                                                               "decode-fp32-eager-cpu-t4-hidden128"]
+
+
+def test_skip_reasons(tmp_path):
+    extra = ("benchmark: {decode: [4]}\n"
+             "exclude: [{dtype: fp16, why: 'no fp16 here'}]\n")
+    plan = load_plan(rms_norm_plan(tmp_path, dtype="[fp32, fp16]", graph_mode="[eager, cuda_graph]",
+                                   sm="[cpu, sm90]", extra=extra))
+    spec = {s.id: s for s in bench.bench_specs(plan, "cpu")}
+    assert bench.skip_reason(plan, spec["decode-fp32-eager-cpu-t4-hidden64"], CPU) == ""
+    assert "cuda_graph needs a CUDA device" in bench.skip_reason(plan, spec["decode-fp32-cuda_graph-cpu-t4-hidden64"],
+                                                                 CPU)
+    assert "no fp16 here" in bench.skip_reason(plan, spec["decode-fp16-eager-cpu-t4-hidden64"], CPU)
+    sm89 = bench.bench_specs(plan, "sm89")[0]
+    assert "does not list sm89" in bench.skip_reason(plan, sm89, Hardware("sm89", "cuda", "L4", 1, 8))
+
+
+def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native, vllm]}\n"))
+    impls = bench.implementations(plan, "cpu")
+    assert impls["kernel"] == bench.CPU_KERNEL_REASON and "interpreter" in impls["kernel"]
+    assert callable(impls["native"])
+    assert impls["compiled"] == "not in the plan's benchmark.baselines"
+    assert isinstance(impls["vllm"], str) and impls["vllm"]  # vLLM missing (or its kernel unusable here): a reason
+
+
+def test_not_run_record_keeps_the_schema():
+    spec = bench.BenchSpec("decode", "bf16", "cuda_graph", "cpu", 8, (("hidden", 64),))
+    rec = bench.not_run_record(spec, "cuda_graph needs a CUDA device")
+    assert set(rec) == RECORD_KEYS and set(rec["impls"]) == set(bench.IMPLS)
+    assert rec["speedup"]["native"] == {"not_run": "cuda_graph needs a CUDA device"}
+    assert rec["sizes"] == {"hidden": 64} and rec["num_tokens"] == 8
+
+
+def test_launches_are_the_device_nodes_of_a_printed_cuda_graph():
+    # The format of cudaGraphDebugDotPrint (CUDAGraph.debug_dump), verbose flags: node type first in each label.
+    dot = """digraph dot {
+subgraph cluster_1 {
+label="graph_1" graph[style="dashed"];
+"graph_1_node_0"[style="bold" shape="record" label="{KERNEL
+| {ID | 0 (topoId: 3) | _ZN2at6native29vectorized_elementwise_kernel}
+}"];
+"graph_1_node_1"[style="solid" shape="record" label="{
+MEMSET
+| {{ID | node handle} | {1 | 0x1}}
+}"];
+"graph_1_node_2"[style="solid" shape="record" label="{EMPTY_NODE
+| {ID | 2}
+}"];
+"graph_1_node_3"[style="bold" shape="record" label="{KERNEL
+| {ID | 3 (topoId: 0) | _rms_norm_kernel}
+}"];
+"graph_1_node_0" -> "graph_1_node_1" [headlabel=0];
+}
+}"""
+    assert bench.graph_launches(dot) == 3
+    assert bench.graph_launches("") == 0
+
+
+# ---------------------------------------------------------------- inputs and host timing
+
+
+def test_rotated_input_sets_are_distinct_aligned_and_exceed_twice_l2(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [3]}\n"))
+    spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 3, (("hidden", 50),))
+    one = bench.working_set_bytes(bench.input_sets(plan, spec, "cpu")[0])
+    assert one == (3 * 50 * 2 + 50) * 4
+    count = bench.rotation_count(one, l2_bytes=4096)
+    assert count * one > 2 * 4096 >= (count - 1) * one
+    sets = bench.input_sets(plan, spec, "cpu", count)
+    assert len(sets) == count and len({s["x"].data_ptr() for s in sets}) == count
+    # every set starts 256 bytes after the last (a CUDA allocation itself is 512-byte aligned)
+    assert all((s[n].data_ptr() - sets[0][n].data_ptr()) % 256 == 0 for s in sets for n in ("out", "x", "weight"))
+    assert all(torch.isnan(s["out"]).all() for s in sets)
+    assert not torch.equal(sets[0]["x"], sets[1]["x"])
+    assert 0.5 < float(sets[1]["weight"].mean()) < 1.5  # init: around_one
+    assert bench.rotation_count(one, None) == 1
+
+
+def test_host_timing_on_cpu():
+    x = torch.randn(64, 64)
+    t = bench.time_calls(lambda v: v["x"].sum(), [{"x": x}], "cpu")
+    assert t.timer == "host" and bench.CPU_SAMPLES[0] <= len(t.samples_us) <= bench.CPU_SAMPLES[1]
+    assert 0 < t.q20_us <= t.median_us <= t.q80_us
+
+
+# ---------------------------------------------------------------- a --bench run on a CPU machine
+
+
+def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    plan = rms_norm_plan(pytester.path, hidden="[64]", graph_mode="[eager, cuda_graph]",
+                         extra="benchmark: {decode: [4], baselines: [native, compiled, vllm]}\n")
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess(
+        "-p", "harness.plugin", "--plan", str(plan), "--bench", "-m", "bench", "-rs", "--no-report",
+        "--reports-dir", str(reports), "--benchmark-json", str(pytester.path / "pb.json"), "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines([
+        "*SKIPPED*kernel not timed on a CPU machine*native vs compiled recorded (host timer)*",
+        "*SKIPPED*cuda_graph needs a CUDA device*",
+    ])
+
+    results = load(reports / "rms_norm" / "results" / "cpu.json", "rms_norm")
+    assert set(results["benchmarks"]) == {"decode-fp32-eager-cpu-t4-hidden64", "decode-fp32-cuda_graph-cpu-t4-hidden64"}
+    rec = results["benchmarks"]["decode-fp32-eager-cpu-t4-hidden64"]
+    assert RECORD_KEYS <= set(rec) and rec["timer"] == "host" and rec["copy_bw_gbps"] > 0
+    assert (rec["phase"], rec["dtype"], rec["sm"], rec["graph_mode"], rec["num_tokens"], rec["sizes"]) == \
+        ("decode", "fp32", "cpu", "eager", 4, {"hidden": 64})
+    assert "interpreter" in rec["impls"]["kernel"]["not_run"] and "not_run" in rec["impls"]["vllm"]
+    nbytes = (4 * 64 * 2 + 64) * 4
+    for name in ("native", "compiled"):
+        figs = rec["impls"][name]
+        assert set(figs) == FIGURE_KEYS and figs["launches"] is None
+        assert 0 < figs["q20_us"] <= figs["median_us"] <= figs["q80_us"]
+        assert figs["gbps"] == pytest.approx(nbytes / (figs["median_us"] * 1e-6) / 1e9, rel=0.01, abs=0.1)
+        assert figs["pct_copy_bw"] == pytest.approx(100 * figs["gbps"] / rec["copy_bw_gbps"], rel=0.05, abs=0.1)
+    assert all("not_run" in s for s in rec["speedup"].values())  # no kernel timing to compare with
+
+    # pytest-benchmark got the same samples (its timer is the harness's clock), one entry per timed implementation.
+    stored = {b["name"]: b for b in json.loads((pytester.path / "pb.json").read_text())["benchmarks"]}
+    assert set(stored) == {"bench[decode-fp32-eager-cpu-t4-hidden64-native]",
+                           "bench[decode-fp32-eager-cpu-t4-hidden64-compiled]"}
+    native = stored["bench[decode-fp32-eager-cpu-t4-hidden64-native]"]
+    assert native["options"]["timer"] == "host" and native["extra_info"]["impl"] == "native"
+    assert native["stats"]["rounds"] == rec["impls"]["native"]["samples"]
+    assert native["stats"]["median"] * 1e6 == pytest.approx(rec["impls"]["native"]["median_us"], abs=1e-3)
+
+
+def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", graph_mode="[eager, cuda_graph]",
+                         extra="benchmark: {decode: [4], prefill: [512]}\n")
+    common = ("-p", "harness.plugin", "--plan", str(plan), "--bench", "--collect-only", "-q", "--no-report",
+              "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider")
+    by_marker = pytester.runpytest_subprocess(*common, "-m", "bench and decode and eager")
+    by_marker.stdout.fnmatch_lines(["*::bench[[]decode-fp32-eager-cpu-t4-hidden64[]]",
+                                    "*::bench[[]decode-fp32-eager-cpu-t4-hidden128[]]",
+                                    "2/* tests collected*"])
+    without = pytester.runpytest_subprocess(*common[:4], *common[5:], "-k", "bench")
+    without.stdout.fnmatch_lines(["*no tests collected*"])

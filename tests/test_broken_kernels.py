@@ -1,0 +1,79 @@
+"""Known-bad kernels the harness must fail, each for the reason it is broken (and a correct one that passes).
+
+Cells run in this process with the `ci` profile (derandomized), through the same run_cell the
+plugin's workers use.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.runner import RunSettings, run_cell
+from tests.plans import rms_norm_plan
+
+BUGS = "tests.broken.rms_norm_bugs"
+CI = RunSettings(examples=25, profile="ci", database=None)
+
+# (kernel, cell, functional plan?, words the failure reason must contain)
+WRONG_RESULTS = [
+    ("no_load_mask", "decode-fp32-tp1-eager-cpu", False, "output 'out'"),
+    ("eps_dropped", "decode-fp32-tp1-eager-cpu", False, "output 'out'"),
+    ("mean_over_block", "decode-fp32-tp1-eager-cpu", False, "max abs error"),
+    ("fp16_square_sum", "decode-fp16-tp1-eager-cpu", False, "output 'out'"),
+    ("row_stride_ignored", "decode-fp32-tp1-eager-cpu", False, "max abs error"),
+    ("tail_rows_dropped", "decode-fp32-tp1-eager-cpu", False, "were these elements written?"),
+    ("writes_input", "decode-fp32-tp1-eager-cpu", False, "input 'x' was modified"),
+    ("wrong_out_dtype_functional", "decode-bf16-tp1-eager-cpu", True,
+     "dtype torch.float32, reference torch.bfloat16"),
+    ("cached_output", "decode-fp32-tp1-eager-cpu", True, "changed when the op was called again"),
+    ("raises", "decode-fp32-tp1-eager-cpu", False, "the kernel raised ValueError: unsupported hidden size"),
+    ("returns_nan", "decode-fp32-tp1-eager-cpu", False, "NaN/Inf where the reference is finite"),
+    ("allocates_too_much", "decode-fp32-tp1-eager-cpu", False, "out of memory at num_tokens="),
+    # torch.compile cells: the registration itself is checked before anything runs
+    ("writes_input", "decode-fp32-tp1-torch_compile-cpu", False, "opcheck failed"),
+]
+
+
+def _run(tmp_path, kernel: str, cell_id: str, functional: bool, examples: int = 25, **plan_kw) -> dict:
+    phase, dtype, _, mode, _ = cell_id.split("-")
+    plan = rms_norm_plan(tmp_path, kernel, functional=functional, phase=f"[{phase}]", dtype=f"[{dtype}]",
+                         graph_mode=f"[{mode}]", **plan_kw)
+    return run_cell(str(plan), cell_id, RunSettings(examples=examples, profile="ci", database=None))
+
+
+@pytest.mark.parametrize("kernel, cell_id, functional, words", WRONG_RESULTS,
+                         ids=[f"{k}-{c.split('-')[3]}" for k, c, _, _ in WRONG_RESULTS])
+def test_broken_kernel_fails_for_its_reason(tmp_path, kernel, cell_id, functional, words):
+    outcome = _run(tmp_path, f"{BUGS}:{kernel}", cell_id, functional)
+    assert outcome["status"] == "failed", outcome
+    assert words in outcome["reason"], outcome["reason"]
+    assert outcome["minimal_example"].startswith("num_tokens="), outcome
+
+
+@pytest.mark.parametrize("fake", ["fake_wrong_dtype", "fake_wrong_shape"])
+def test_wrong_fake_implementation_fails_opcheck(tmp_path, fake):
+    outcome = _run(tmp_path, f"{BUGS}:functional", "decode-bf16-tp1-torch_compile-cpu", True, examples=5)
+    assert outcome["status"] == "passed", outcome  # the same kernel with a derived fake is fine
+    plan = rms_norm_plan(tmp_path, f"{BUGS}:functional", functional=True, dtype="[bf16]",
+                         graph_mode="[torch_compile]")
+    plan.write_text(plan.read_text().replace("  outputs: [y]", f"  outputs: [y]\n  fake: {BUGS}:{fake}"))
+    outcome = run_cell(str(plan), "decode-bf16-tp1-torch_compile-cpu", CI)
+    assert outcome["status"] == "failed" and "opcheck failed" in outcome["reason"], outcome
+
+
+@pytest.mark.parametrize("cell_id", ["decode-fp32-tp1-eager-cpu", "chunked_prefill-bf16-tp1-eager-cpu",
+                                     "prefill-fp16-tp1-torch_compile-cpu"])
+def test_correct_kernel_passes(tmp_path, cell_id):
+    outcome = _run(tmp_path, f"{BUGS}:correct", cell_id, False, examples=10)
+    assert outcome["status"] == "passed", outcome
+    assert outcome["examples"] >= 5
+    assert outcome["error"]["max_abs"] <= outcome["tolerance"]["atol"] + 1.0  # recorded, finite
+    if "torch_compile" in cell_id:
+        facts = outcome["facts"]
+        assert facts["opcheck"] == "passed"
+        assert 1 <= facts["compiles"] <= facts["shapes"], facts  # never a recompile per token count
+
+
+def test_functional_correct_kernel_passes_both_modes(tmp_path):
+    for cell_id in ("decode-bf16-tp1-eager-cpu", "decode-bf16-tp1-torch_compile-cpu"):
+        assert _run(tmp_path, f"{BUGS}:functional", cell_id, True, examples=10)["status"] == "passed"

@@ -1,0 +1,154 @@
+"""The plan model: valid plans load; each malformed plan gets its own precise error (file, line, field)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.plan import PlanError, load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = """\
+op:
+  name: rms_norm
+  intent: drop-in
+  kernel: kernels.rms_norm:rms_norm
+  reference: kernels.rms_norm:rms_norm_ref
+  args:
+    out: {shape: [num_tokens, hidden], dtype: act, role: output}
+    x: {shape: [num_tokens, hidden], dtype: act, layout: [contiguous, strided]}
+    weight: {shape: [hidden], dtype: act, init: around_one}
+    eps: 1.0e-6
+  outputs: [out]
+  sizes: {hidden: [64, 128]}
+matrix:
+  phase: [decode, prefill]
+  dtype: [fp32, bf16]
+  tp: [1, 2]
+  graph_mode: [eager, torch_compile]
+  sm: [cpu, sm90]
+exclude:
+  - {dtype: bf16, sm: [cpu], why: "not on this machine"}
+expect:
+  - {graph_mode: torch_compile, dtype: fp32, status: fail, why: "tracked upstream"}
+tolerance:
+  bf16: {atol: 1.0e-2, rtol: 2.0e-2}
+numerics: {examples: 5}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_bundled_plans_load():
+    for path in [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]:
+        plan = load_plan(path)
+        assert plan.load_kernel() is not None and plan.load_reference() is not None
+        assert plan.outputs
+
+
+def test_base_plan_fields(tmp_path):
+    plan = load_plan(write(tmp_path, BASE))
+    assert plan.name == "rms_norm" and plan.intent == "drop-in"
+    assert [a.name for a in plan.args] == ["out", "x", "weight", "eps"]
+    assert plan.arg("eps").value == 1e-6 and not plan.arg("eps").is_tensor
+    assert plan.arg("x").layouts == ("contiguous", "strided")
+    assert [str(d) for d in plan.arg("out").shape] == ["num_tokens", "hidden"]
+    assert plan.matrix["tp"] == (1, 2)
+    assert plan.excludes[0].why == "not on this machine" and plan.excludes[0].line == 20
+    assert plan.tolerance["bf16"].atol == 1e-2
+    assert plan.numerics.examples == 5
+
+
+# (what is wrong, old text, new text, line, field, words the message must contain)
+MALFORMED = [
+    ("unknown top-level key", "numerics: {examples: 5}", "numerics: {examples: 5}\nnumercs: {}", 26, "numercs",
+     "one of the keys"),
+    ("unknown op key", "  intent: drop-in", "  intent: drop-in\n  kernal: x:y", 4, "op.kernal", "one of the keys"),
+    ("missing op.kernel", "  kernel: kernels.rms_norm:rms_norm\n", "", 1, "op.kernel", "this key to be present"),
+    ("unknown intent", "intent: drop-in", "intent: faster", 3, "op.intent", "drop-in, fusion"),
+    ("bad import path form", "kernel: kernels.rms_norm:rms_norm", "kernel: kernels.rms_norm.rms_norm", 4,
+     "op.kernel", "package.module:attribute"),
+    ("import path that does not import", "kernel: kernels.rms_norm:rms_norm", "kernel: kernels.nope:rms_norm", 4,
+     "op.kernel", "ModuleNotFoundError"),
+    ("attribute that does not exist", "kernel: kernels.rms_norm:rms_norm", "kernel: kernels.rms_norm:rms_nrm", 4,
+     "op.kernel", "AttributeError"),
+    ("shape with an undefined symbol", "x: {shape: [num_tokens, hidden]", "x: {shape: [num_tokens, hiden]", 8,
+     "op.args.x.shape[1]", "'hiden'"),
+    ("shape entry of the wrong type", "weight: {shape: [hidden]", "weight: {shape: [-3]", 9,
+     "op.args.weight.shape[0]", "positive integer"),
+    ("unknown dtype", "weight: {shape: [hidden], dtype: act", "weight: {shape: [hidden], dtype: f16", 9,
+     "op.args.weight.dtype", "'f16'"),
+    ("unknown layout", "layout: [contiguous, strided]", "layout: [contiguous, transposed]", 8,
+     "op.args.x.layout[1]", "'transposed'"),
+    ("unknown arg key", "init: around_one}", "init: around_one, fill: 3}", 9, "op.args.weight.fill",
+     "one of the keys"),
+    ("unknown axis value", "phase: [decode, prefill]", "phase: [decode, prefil]", 14, "matrix.phase[1]",
+     "'prefil'"),
+    ("bad sm", "sm: [cpu, sm90]", "sm: [cpu, hopper]", 18, "matrix.sm[1]", "smXY"),
+    ("tp of the wrong type", "tp: [1, 2]", "tp: [1, two]", 16, "matrix.tp[1]", "integer"),
+    ("missing matrix axis", "  graph_mode: [eager, torch_compile]\n", "", 13, "matrix.graph_mode",
+     "this key to be present"),
+    ("repeated axis values", "dtype: [fp32, bf16]", "dtype: [fp32, fp32]", 15, "matrix.dtype", "without repeats"),
+    ("exclude rule without why", '{dtype: bf16, sm: [cpu], why: "not on this machine"}', "{dtype: bf16, sm: [cpu]}",
+     20, "exclude[0].why", "this key to be present"),
+    ("exclude naming a value outside the matrix", "{dtype: bf16, sm: [cpu],", "{dtype: fp16, sm: [cpu],", 20,
+     "exclude[0].dtype", "values of matrix.dtype"),
+    ("expect with an unknown status", "status: fail", "status: pass", 22, "expect[0].status", "'pass'"),
+    ("tolerance for an unknown dtype", "  bf16: {atol", "  bf17: {atol", 24, "tolerance.bf17", "one of the keys"),
+    ("tolerance of the wrong type", "atol: 1.0e-2", "atol: tight", 24, "tolerance.bf16.atol", "'tight'"),
+    ("numerics of the wrong type", "examples: 5", "examples: five", 25, "numerics.examples", "'five'"),
+    ("output that is not written", "outputs: [out]", "outputs: [x]", 11, "op.outputs[0]", "mutated input"),
+    ("output arg not listed", "outputs: [out]", "outputs: [y]", 7, "op.args.out.role",
+     "listed in op.outputs"),
+    ("mutates an unknown arg", "outputs: [out]", "outputs: [out]\n  mutates: [z]", 12, "op.mutates[0]", "'z'"),
+    ("tp kind unknown", "numerics: {examples: 5}", "numerics: {examples: 5}\ntp: {kind: sharded-ish}", 26,
+     "tp.kind", "'sharded-ish'"),
+    ("tp shards a missing dimension", "numerics: {examples: 5}",
+     "numerics: {examples: 5}\ntp: {kind: sharded, inputs: {x: {shard: 2}}}", 26, "tp.inputs.x.shard",
+     "a dimension of a 2-d tensor"),
+    ("vllm route unknown", "numerics: {examples: 5}", "numerics: {examples: 5}\nvllm: {route: plugin}", 26,
+     "vllm.route", "'plugin'"),
+    ("not a mapping at all", BASE, "- just\n- a list\n", 1, "(top level)", "a mapping"),
+    ("broken YAML", "  intent: drop-in", "  intent: [drop-in", 4, "(yaml)", "valid YAML"),
+]
+
+
+@pytest.mark.parametrize("what, old, new, line, field, words", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_plan_error(tmp_path, what, old, new, line, field, words):
+    assert old in BASE, what
+    path = write(tmp_path, BASE.replace(old, new, 1))
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    err = info.value
+    message = str(err)
+    assert err.field == field, message
+    assert err.path == str(path)
+    if line:
+        assert err.line == line, message
+        assert message.startswith(f"{path}:{line}: {field}: expected ")
+    assert words in message
+
+
+def test_missing_file_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match="a readable plan file"):
+        load_plan(tmp_path / "nope.yaml")
+
+
+def test_validate_command_reports_without_traceback(tmp_path):
+    bad = write(tmp_path, BASE.replace("dtype: [fp32, bf16]", "dtype: [fp32, bf61]"))
+    proc = subprocess.run([sys.executable, "-m", "harness", "validate", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"{bad}:15: matrix.dtype[1]: expected one of fp32" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    ok = subprocess.run([sys.executable, "-m", "harness", "validate", "plan.yaml"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "plan.yaml: ok (rms_norm, 540 cells)" in ok.stdout

@@ -1,0 +1,625 @@
+"""The living plan (reports/<op>/PLAN.md): sections, merging, escaping, determinism, verdicts, Mermaid validity."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import report
+from harness.matrix import Cell
+from harness.plan import load_plan
+from harness.report import write_report
+from harness.results import FORMAT, VERSION
+
+ROOT = Path(__file__).resolve().parents[1]
+RMS = load_plan(ROOT / "plan.yaml")
+FUSED = load_plan(ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml")
+MERMAID_CHECK = ROOT / "tests" / "mermaid_check"
+SECTIONS = ["Problem breakdown", "Constraints and assumptions", "High-level design", "Key interfaces",
+            "Critical path", "Support matrix", "Performance", "Trade-offs", "Open items", "Decisions and verdict"]
+NASTY = "bad | pipe `tick` ``double`` line\nbreak <script>alert(1)</script> # [link](x) *star* _under_ &amp; ; %% \"q\""
+
+
+# ---------------------------------------------------------------- building results
+
+
+def machine(sm: str, host: str = "vm", date: str = "2026-11-29T10:00:00Z", commit: str = "abc123def456") -> dict:
+    cpu = sm == "cpu"
+    return {"sm": sm, "device": "cpu" if cpu else "cuda", "gpu": "x86_64" if cpu else "NVIDIA H200",
+            "device_count": 0 if cpu else 1, "cpu_count": 2 if cpu else 16, "host": host, "torch": "2.13.0",
+            "triton": "3.9.0", "vllm": None, "cuda": None if cpu else "13.0", "python": "3.11.7",
+            "triton_interpreter": cpu, "commit": commit, "date": date}
+
+
+def cell(cell_id: str, status: str, finished: str = "2026-11-29T10:05:00Z", reason: str = "", **extra) -> dict:
+    c = Cell.from_id(cell_id)
+    rec = {**c.axes(), "status": status, "reason": reason, "finished": finished, **extra}
+    if status in ("passed", "failed", "xfail", "xpass"):
+        rec.setdefault("tolerance", {"atol": 1e-3, "rtol": 1.6e-2})
+        rec.setdefault("examples", 12)
+    return rec
+
+
+def bench(phase: str, tokens: int, kernel: float, native: float, compiled: float, vllm: float | None = None,
+          spread: float = 0.01, sm: str = "sm90", finished: str = "2026-11-29T10:06:00Z") -> dict:
+    """A benchmark record as harness/bench.py writes it (speedups: baseline time over kernel time)."""
+    nbytes = tokens * 4096 * 2 * 2
+    impls = {}
+    for name, us in (("kernel", kernel), ("native", native), ("compiled", compiled), ("vllm", vllm)):
+        if us is None:
+            impls[name] = {"not_run": "vllm not installed"}
+        else:
+            gbps = nbytes / us / 1e3
+            impls[name] = {"median_us": us, "q20_us": us * (1 - spread), "q80_us": us * (1 + spread),
+                           "gbps": round(gbps, 1), "pct_copy_bw": round(100 * gbps / 4250, 1), "launches": 1}
+    speedup = {}
+    for name in ("native", "compiled", "vllm"):
+        if "median_us" not in impls[name]:
+            speedup[name] = {"not_run": "vllm: vllm not installed"}
+            continue
+        b, k = impls[name], impls["kernel"]
+        value, low, high = b["median_us"] / k["median_us"], b["q20_us"] / k["q80_us"], b["q80_us"] / k["q20_us"]
+        speedup[name] = {"value": round(value, 3), "low": round(low, 3), "high": round(high, 3),
+                         "verdict": "faster" if low > 1 else "slower" if high < 1 else "no difference"}
+    return {"phase": phase, "dtype": "bf16", "sm": sm, "graph_mode": "cuda_graph", "num_tokens": tokens,
+            "sizes": {"hidden": 4096}, "finished": finished, "copy_bw_gbps": 4250.0, "impls": impls,
+            "speedup": speedup}
+
+
+def write_results(op_dir: Path, name: str, op: str, run: str, prov: dict, cells: dict, benchmarks=None) -> Path:
+    data = {"format": FORMAT, "version": VERSION, "op": op, "runs": {run: prov},
+            "cells": {cid: {**rec, "run": run} for cid, rec in cells.items()},
+            "benchmarks": {bid: {**rec, "run": run} for bid, rec in (benchmarks or {}).items()}}
+    path = op_dir / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    return path
+
+
+def small_plan(tmp_path: Path, sm="[sm90]", extra="", phase="[decode, prefill]") -> object:
+    """rms_norm on two cells per SM (decode and prefill, bf16, tp1, eager)."""
+    path = tmp_path / "small.yaml"
+    path.write_text(f"""\
+op:
+  name: rms_norm
+  intent: drop-in
+  kernel: kernels.rms_norm:rms_norm
+  reference: kernels.rms_norm:rms_norm_ref
+  replaces: vllm.model_executor.layers.layernorm:RMSNorm
+  args:
+    out: {{shape: [num_tokens, hidden], dtype: act, role: output}}
+    x: {{shape: [num_tokens, hidden], dtype: act}}
+    weight: {{shape: [hidden], dtype: act, init: around_one}}
+    eps: 1.0e-6
+  outputs: [out]
+  sizes: {{hidden: [4096]}}
+matrix:
+  phase: {phase}
+  dtype: [bf16]
+  tp: [1]
+  graph_mode: [eager]
+  sm: {sm}
+benchmark: {{decode: [64], prefill: [2048], baselines: [native, compiled, vllm]}}
+{extra}""")
+    return load_plan(path)
+
+
+def passed_sm90(op_dir: Path, benchmarks=None, **overrides) -> None:
+    cells = {cid: cell(cid, "passed") for cid in ("decode-bf16-tp1-eager-sm90", "prefill-bf16-tp1-eager-sm90")}
+    cells.update(overrides)
+    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", machine("sm90", "h200"), cells, benchmarks)
+
+
+def render(plan, op_dir: Path) -> str:
+    path, _ = write_report(plan, op_dir)
+    return path.read_text()
+
+
+def section(text: str, title: str) -> str:
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def tables(text: str) -> list[list[str]]:
+    """Every Markdown table as its list of lines."""
+    found, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            found.append(current)
+            current = []
+    return found + ([current] if current else [])
+
+
+def unescaped_pipes(line: str) -> int:
+    count, escaped = 0, False
+    for ch in line:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "|":
+            count += 1
+    return count
+
+
+def marks(text: str, sm: str, tp: int = 1) -> dict:
+    """The support matrix of one SM and TP size: (phase, dtype) -> marks per graph mode."""
+    part = section(text, "Support matrix").split(f"### {sm}\n", 1)[1].split(f"tp{tp}:\n", 1)[1]
+    rows = tables(part)[0][2:]
+    return {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+            for line in rows}
+
+
+def verdict_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("- **Verdict:**"))
+
+
+# ---------------------------------------------------------------- structure and content
+
+
+def test_sections_header_and_provenance(tmp_path):
+    op_dir = tmp_path / "reports" / "rms_norm"
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu", "laptop", "2026-11-28T09:00:00Z"), {
+        "decode-bf16-tp1-eager-cpu": cell("decode-bf16-tp1-eager-cpu", "passed", facts={"token_cap": 8}),
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "not_run", reason="needs sm90; this machine is cpu"),
+    })
+    text = render(RMS, op_dir)
+    assert text.startswith("# Integration plan: rms_norm\n")
+    positions = [text.index(f"\n## {title}\n") for title in SECTIONS]
+    assert positions == sorted(positions)
+    head = text.split("\n## ", 1)[0]
+    for field in ("**Op:**", "**Intent:** drop-in", "**Verdict:** **incomplete**", "**Provenance:**"):
+        assert field in head
+    prov = next(line for line in head.splitlines() if line.startswith("- **Provenance:**"))
+    assert "cpu: laptop (x86_64), commit abc123def456, 2026-11-28T09:00:00Z" in prov
+    assert "sm80, sm89, sm90, sm100: no results yet" in prov
+    # Dates appear in the provenance line only.
+    dated = [line for line in text.splitlines() if re.search(r"\d{4}-\d\d-\d\dT\d\d", line)]
+    assert dated == [prov]
+    # Problem breakdown and constraints come from the plan.
+    assert "Root-mean-square layer norm" in section(text, "Problem breakdown")
+    assert "`vllm.model_executor.layers.layernorm:RMSNorm`" in section(text, "Problem breakdown")
+    constraints = section(text, "Constraints and assumptions")
+    for answer in ("accumulation in fp32", "TP-trivial", "sizes 1, 2, 4, 8", "vLLM IR provider", "cpu, sm80, sm89",
+                   "`kernels.rms_norm:rms_norm_ref`", "fp16 atol 0.01 rtol 0.002 (plan)", "laptop",
+                   "at most 8 tokens per call"):
+        assert answer in constraints, answer
+
+
+def test_design_interfaces_and_critical_path_come_from_the_plan():
+    text, _ = report.render(FUSED, Path("/nonexistent/reports/fused_add_rms_norm"))
+    design = section(text, "High-level design")
+    assert "```mermaid\nflowchart TD" in design
+    assert "vllm.ir.ops.fused_add_rms_norm" in design and "torch.ops.kernels.fused_add_rms_norm" in design
+    assert "kernels.fused_add_rms_norm:fused_add_rms_norm" in design and "RMSNorm layer" in design
+    interfaces = section(text, "Key interfaces")
+    blocks = re.findall(r"```python\n(.*?)```", interfaces, re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        ast.parse(block)  # every generated code block is valid Python
+    assert '"(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()"' in blocks[0]
+    assert 'mutates_args=("x", "residual")' in blocks[0]
+    assert '@ir.ops.fused_add_rms_norm.register_impl("kernels"' in blocks[1]
+    assert "<!-- vLLM plugin module" in interfaces and report.vllm_plugin_section(FUSED) == ""
+    path = section(text, "Critical path")
+    assert "```mermaid\nsequenceDiagram" in path
+    assert "all-reduce of the row-parallel linear output, before the op" in path  # trivial TP: all-reduce first
+    assert "full CUDA graph replay" in path and "piecewise torch.compile" in path
+
+
+def test_custom_op_route_and_sharded_tp(tmp_path):
+    path = tmp_path / "silu.yaml"
+    path.write_text("""\
+op:
+  name: silu_and_mul
+  intent: drop-in
+  kernel: kernels.silu_and_mul:silu_and_mul
+  reference: kernels.silu_and_mul:silu_and_mul_ref
+  replaces: vllm.model_executor.layers.activation:SiluAndMul
+  args:
+    out: {shape: [num_tokens, d], dtype: act, role: output}
+    x: {shape: [num_tokens, 2*d], dtype: act}
+  outputs: [out]
+  sizes: {d: [8192]}
+matrix: {phase: [decode], dtype: [bf16], tp: [1, 2], graph_mode: [eager], sm: [sm90]}
+tp: {kind: sharded, inputs: {x: {shard: 1, merged: 2}}, outputs: {out: {gather: 1}}}
+vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activation:SiluAndMul", custom_op: silu_and_mul}
+""")
+    text, _ = report.render(load_plan(path), tmp_path / "reports" / "silu_and_mul")
+    interfaces = section(text, "Key interfaces")
+    assert "@CustomOp.register_oot(name=\"SiluAndMul\")" in interfaces
+    assert "torch.empty((x.shape[0], x.shape[1] // 2), dtype=x.dtype, device=x.device)" in interfaces
+    for block in re.findall(r"```python\n(.*?)```", interfaces, re.S):
+        ast.parse(block)
+    assert "all-gather out on dim 1" in section(text, "Critical path")
+    assert "custom_ops +silu_and_mul" in section(text, "High-level design")
+
+
+def test_generated_custom_op_registers_and_runs(tmp_path):
+    """The custom-op blocks of the report are real code: they register, pass opcheck and match the reference,
+    for an op that writes an output argument and for one that returns its output (fake from the reference)."""
+    functional = tmp_path / "functional.yaml"
+    functional.write_text((ROOT / "plan.yaml").read_text()
+                          .replace("name: rms_norm", "name: rms_norm_functional")
+                          .replace("kernels.rms_norm:rms_norm ", "kernels.rms_norm:rms_norm_ref ")
+                          .replace("    out:    {shape: [num_tokens, hidden], dtype: act, role: output}\n", "")
+                          .replace("outputs: [out]", "outputs: [y]"))
+    blocks = []
+    for plan in (RMS, load_plan(functional)):
+        text, _ = report.render(plan, tmp_path / "reports" / plan.name)
+        blocks.append(re.findall(r"```python\n(.*?)```", section(text, "Key interfaces"), re.S)[0])
+    assert "-> Tensor" in blocks[1] and "register_fake" in blocks[1]
+    script = "\n".join(blocks) + """
+import torch
+from kernels.rms_norm import rms_norm_ref
+x = torch.randn(3, 64, dtype=torch.float32)
+w = torch.randn(64, dtype=torch.float32)
+out = torch.empty_like(x)
+torch.library.opcheck(torch.ops.kernels.rms_norm.default, (out, x, w, 1e-6))
+torch.ops.kernels.rms_norm(out, x, w, 1e-6)
+torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6))
+torch.library.opcheck(torch.ops.kernels.rms_norm_functional.default, (x, w, 1e-6))
+torch.testing.assert_close(torch.ops.kernels.rms_norm_functional(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_support_matrix_marks_legend_and_details(tmp_path):
+    op_dir = tmp_path / "reports" / "rms_norm"
+    cells = {
+        "decode-bf16-tp1-eager-cpu": cell("decode-bf16-tp1-eager-cpu", "passed"),
+        "decode-fp16-tp1-eager-cpu": cell(
+            "decode-fp16-tp1-eager-cpu", "failed", reason="output 'out': max abs error 0.5",
+            error={"max_abs": 0.5, "max_rel": 0.1, "max_ulp": 3, "output": "out"},
+            minimal_example="num_tokens=1 hidden=2048 scale=normal seed=0",
+            repro="pytest --plan plan.yaml --plan-profile dev -k 'decode-fp16-tp1-eager-cpu'"),
+        "decode-fp32-tp1-eager-cpu": cell("decode-fp32-tp1-eager-cpu", "xfail", reason="boom",
+                                          expectation="expected to fail by the plan (line 3): tracked upstream"),
+        "prefill-fp32-tp1-eager-cpu": cell("prefill-fp32-tp1-eager-cpu", "xpass",
+                                           expectation="expected to fail by the plan (line 3): tracked upstream"),
+        "prefill-bf16-tp1-eager-cpu": cell("prefill-bf16-tp1-eager-cpu", "excluded",
+                                           reason="excluded by the plan (line 9): no reason"),
+        "decode-bf16-tp1-cuda_graph-cpu": cell("decode-bf16-tp1-cuda_graph-cpu", "not_run",
+                                               reason="cuda_graph needs a CUDA device; this machine has none"),
+        "decode-fp16-tp1-cuda_graph-cpu": cell("decode-fp16-tp1-cuda_graph-cpu", "not_run",
+                                               reason="cuda_graph needs a CUDA device; this machine has none"),
+        "decode-bf16-tp1-eager-sm75": cell("decode-bf16-tp1-eager-cpu", "passed"),  # not a plan cell
+    }
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu"), cells)
+    text = render(RMS, op_dir)
+    matrix = section(text, "Support matrix")
+    assert "✅ passed" in matrix and "⏭ not run here" in matrix and "❗ unexpected pass" in matrix  # legend
+    assert "sm75" not in text and "Not shown: 1 stored record for cells" in matrix
+    overview = tables(matrix)[0]
+    assert [c.strip() for c in overview[0].split("|")[2:-1]] == list(RMS.matrix["sm"])
+    assert overview[2].count("no results from this SM yet") == 4
+    assert matrix.count("No results from this SM yet.") == 4
+    row = marks(text, "cpu")
+    assert row[("decode", "bf16")] == ["✅", "⏭", "—"]
+    assert row[("decode", "fp16")] == ["❌", "⏭", "—"]
+    assert row[("decode", "fp32")][0] == "⚠️" and row[("prefill", "fp32")][0] == "❗"
+    assert row[("prefill", "bf16")][0] == "🚫"
+    failed = next(t for t in tables(matrix) if "minimal input" in t[0])
+    assert len(failed) == 3
+    for expected in ("`decode-fp16-tp1-eager-cpu`", "0.5", " 3 ", "num_tokens=1 hidden=2048",
+                     "`pytest --plan plan.yaml --plan-profile dev -k 'decode-fp16-tp1-eager-cpu'`"):
+        assert expected in failed[2], expected
+    not_run = next(t for t in tables(matrix) if t[0].startswith("| reason"))
+    line = next(line for line in not_run if "cuda_graph needs a CUDA device" in line)
+    assert "| 2 " in line and "decode · fp16, bf16 · tp1 · cuda_graph · cpu" in line
+    assert any("no results from this SM yet" in line and "| 432 " in line for line in not_run)
+    items = section(text, "Open items")
+    assert "Fix decode · fp16 · tp1 · eager · cpu: output 'out': max abs error 0.5" in items
+    assert "Run on sm100:" in items and "`prefill-fp32-tp1-eager-cpu` passes although the plan expects" in items
+    assert "State as unsupported, or support, prefill · bf16 · tp1 · eager · cpu" in items
+
+
+# ---------------------------------------------------------------- merging
+
+
+def test_merge_two_machines_latest_wins_and_provenance_per_sm(tmp_path):
+    plan = small_plan(tmp_path, sm="[sm90]")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-a", machine("sm90", "gpu-a", "2026-11-28T01:00:00Z"), {
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "passed", "2026-11-28T01:05:00Z"),
+        "prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "passed", "2026-11-28T01:06:00Z"),
+    })
+    write_results(op_dir, "sm90-nvidia-h200-b.json", "rms_norm", "run-b", machine("sm90", "gpu-b", "2026-11-29T01:00:00Z",
+                                                                               commit="fedcba987654"), {
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "failed", "2026-11-29T01:05:00Z",
+                                           reason="newer failure"),
+    })
+    text = render(plan, op_dir)
+    assert marks(text, "sm90")[("decode", "bf16")] == ["❌"] and "newer failure" in text
+    prov = next(line for line in text.splitlines() if line.startswith("- **Provenance:**"))
+    assert "gpu-a (NVIDIA H200), commit abc123def456, 2026-11-28T01:00:00Z" in prov  # prefill cell came from gpu-a
+    assert "gpu-b (NVIDIA H200), commit fedcba987654, 2026-11-29T01:00:00Z" in prov  # decode cell from gpu-b
+    assert "**blocked**" in verdict_line(text)
+    # The older result, written later to disk, still loses to the newer one: order is by finish time.
+    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-a", machine("sm90", "gpu-a"), {
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "passed", "2026-11-30T01:05:00Z"),
+        "prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "passed", "2026-11-30T01:06:00Z"),
+    })
+    text = render(plan, op_dir)
+    assert marks(text, "sm90")[("decode", "bf16")] == ["✅"] and "gpu-b" not in text
+
+
+def test_a_machine_of_another_sm_does_not_replace_a_real_result(tmp_path):
+    plan = small_plan(tmp_path, sm="[cpu, sm90]")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir)
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu", date="2026-11-30T00:00:00Z"), {
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "not_run", "2026-11-30T00:01:00Z",
+                                           reason="needs sm90; this machine is cpu"),
+    })
+    matrix = section(render(plan, op_dir), "Support matrix")
+    assert "needs sm90; this machine is cpu" not in matrix
+
+
+def test_corrupt_and_foreign_files_are_problems_and_the_rest_is_merged(tmp_path):
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir)
+    (op_dir / "results" / "broken.json").write_text('{"format": "harness-results", "version": 1, "op": "rms_')
+    (op_dir / "results" / "foreign.json").write_text(json.dumps({"format": "junit", "tests": []}))
+    write_results(op_dir, "other-op.json", "silu_and_mul", "run-x", machine("sm90"), {})
+    (op_dir / "results" / "cpu.unreadable").write_text("garbage")
+    path, problems = write_report(plan, op_dir)
+    text = path.read_text()
+    assert len(problems) == 4
+    for name, words in (("broken.json", "not valid JSON"), ("foreign.json", "not a harness results file"),
+                        ("other-op.json", "results for op 'silu_and_mul'"), ("cpu.unreadable", "set aside")):
+        assert any(name in p and words in p for p in problems), (name, problems)
+        shown = f"results/{name}"
+        assert any(shown in line and line.startswith("> - ") for line in text.splitlines()), name
+        assert any(shown in line for line in section(text, "Open items").splitlines())
+    assert marks(text, "sm90") == {("decode", "bf16"): ["✅"], ("prefill", "bf16"): ["✅"]}  # the good file counts
+    assert str(tmp_path) not in text
+
+
+# ---------------------------------------------------------------- escaping and determinism
+
+
+def test_user_and_exception_text_is_escaped(tmp_path):
+    plan = small_plan(tmp_path, sm="[sm90]")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, **{
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "failed", reason=NASTY,
+                                           minimal_example=NASTY, repro="pytest -k 'a|b' `x`",
+                                           error={"max_abs": "nan", "max_ulp": None}),
+        "prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "not_run", reason=NASTY),
+    })
+    text = render(plan, op_dir)
+    assert "<script>" not in text.replace("`<script>`", "")
+    assert "line\nbreak" not in text
+    for t in tables(text):
+        widths = {unescaped_pipes(line) for line in t}
+        assert len(widths) == 1, t  # no row has more or fewer cells than its header
+    failed = next(t for t in tables(text) if "minimal input" in t[0])
+    assert "bad \\| pipe \\`tick\\` \\`\\`double\\`\\` line break &lt;script&gt;" in failed[2]
+    assert "`` pytest -k 'a\\|b' `x` ``" in failed[2]
+    assert report.md("a_b _c_") == "a_b \\_c\\_"
+    assert report.code("a`b") == "``a`b``" and report.code("`a") == "`` `a ``"
+
+
+def test_same_results_give_byte_identical_report_and_plot(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 6.0),
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 29.0)})
+    first = render(plan, op_dir)
+    png = (op_dir / "perf-sm90.png").read_bytes()
+    monkeypatch.chdir(tmp_path)  # a relative op_dir and another working directory give the same text
+    second = render(plan, Path("reports/rms_norm"))
+    assert first == second
+    assert (op_dir / "perf-sm90.png").read_bytes() == png
+    assert b"Software" not in png and png.startswith(b"\x89PNG")
+
+
+# ---------------------------------------------------------------- verdict rules
+
+
+def test_verdict_blocked_by_a_failed_or_unexpectedly_passing_cell(tmp_path):
+    plan = small_plan(tmp_path, sm="[sm90, sm100]")  # blocked wins over incomplete (sm100 has no results)
+    fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0)}
+    for status in ("failed", "xpass"):
+        op_dir = tmp_path / status / "rms_norm"
+        passed_sm90(op_dir, benchmarks=fast, **{"decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", status)})
+        line = verdict_line(render(plan, op_dir))
+        assert "**blocked**" in line and "blocks the integration" in line
+
+
+def test_verdict_incomplete_while_cells_or_sms_are_missing(tmp_path):
+    op_dir = tmp_path / "a" / "rms_norm"
+    passed_sm90(op_dir)
+    line = verdict_line(render(small_plan(tmp_path, sm="[sm90, sm100]"), op_dir))
+    assert "**incomplete**" in line and "no results from sm100 (2 cells)" in line
+    op_dir = tmp_path / "b" / "rms_norm"
+    passed_sm90(op_dir, **{"prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "not_run", reason="x")})
+    line = verdict_line(render(small_plan(tmp_path), op_dir))
+    assert "**incomplete**" in line and "1 cell not run on sm90" in line
+    op_dir = tmp_path / "c" / "rms_norm"
+    passed_sm90(op_dir)
+    text = render(small_plan(tmp_path), op_dir)
+    assert "**incomplete**" in verdict_line(text) and "no benchmark has timed the kernel" in verdict_line(text)
+    assert "No benchmarks were run" in section(text, "Performance")
+    assert "`pytest --plan small.yaml --bench`" in section(text, "Performance")
+
+
+def test_cells_the_plan_excludes_are_not_required(tmp_path):
+    fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0)}
+    op_dir = tmp_path / "a" / "rms_norm"
+    passed_sm90(op_dir, benchmarks=fast)
+    exclude = 'exclude: [{sm: [sm100], phase: [prefill], why: "no | prefill <here>"}]'
+    text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
+    assert "no results from sm100 (1 cell)" in verdict_line(text)
+    not_run = next(t for t in tables(section(text, "Support matrix")) if t[0].startswith("| reason"))
+    assert any("excluded by the plan (line 21): no \\| prefill &lt;here&gt;" in line and "| 1 " in line
+               and "prefill · bf16 · tp1 · eager · sm100" in line for line in not_run), not_run
+    op_dir = tmp_path / "b" / "rms_norm"
+    passed_sm90(op_dir, benchmarks=fast)
+    exclude = 'exclude: [{sm: [sm100], why: "not a target"}]'
+    text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
+    assert "**go**" in verdict_line(text) and "Run on sm100" not in text
+
+
+def test_verdict_go_no_go_per_regime_from_benchmarks(tmp_path):
+    pytest.importorskip("matplotlib")
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "go" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)})
+    text = render(plan, op_dir)
+    assert "**go**" in verdict_line(text)
+    assert "![GB/s against token count on sm90](perf-sm90.png)" in text and (op_dir / "perf-sm90.png").exists()
+
+    op_dir = tmp_path / "mixed" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 20.0, 45.0)})
+    text = render(plan, op_dir)
+    assert "go for decode-sized on sm90; no-go for prefill-sized on sm90" in verdict_line(text)
+    recs = section(text, "Performance").split("Recommendation per regime and SM:")[1]
+    assert re.search(r"decode-sized +\| sm90 +\| \*\*enable the custom op\*\*", recs)
+    assert re.search(r"prefill-sized +\| sm90 +\| \*\*leave it to Inductor\*\*", recs)
+
+    op_dir = tmp_path / "vllm" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 4.0),
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 29.9, 30.1, 45.0)})
+    text = render(plan, op_dir)
+    assert "**no-go**" in verdict_line(text)
+    perf = section(text, "Performance")
+    assert "**keep vLLM's kernel**" in perf
+    assert "no difference: 1.00× (" in perf  # compiled 30.1 vs kernel 30.0: the interval spans 1
+
+
+def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    partial = bench("decode", 8, 4.0, 8.0, 6.0)
+    del partial["impls"]["native"]["gbps"], partial["copy_bw_gbps"], partial["speedup"]["compiled"]
+    skipped = {"phase": "prefill", "sm": "sm90", "impls": {"kernel": {"not_run": "needs 2 GPUs"}}}
+    passed_sm90(op_dir, benchmarks={"decode-8": partial, "decode-64": bench("decode", 64, 5.0, 9.0, 6.0),
+                                    "prefill-x": skipped})
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without matplotlib
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.ticker", None)
+    perf = section(render(plan, op_dir), "Performance")
+    assert "### decode-sized on sm90 (NVIDIA H200)" in perf
+    table_lines = tables(perf)[0]
+    assert [h.strip() for h in table_lines[0].split("|")[1:-1]] == [
+        "tokens", "hidden", "kernel", "native", "compiled", "vllm", "vs native", "vs compiled", "vs vllm"]
+    first = table_lines[2]
+    assert "| 8 " in first and "4.00 µs" in first and "— GB/s" in first and "not run: vllm not installed" in first
+    assert "1.80× (" in table_lines[3]  # native 9.0 / kernel 5.0
+    assert "the plot of gb/s against token count needs matplotlib" in perf.lower()
+    assert "Benchmark shapes not timed" in perf and "needs 2 GPUs" in perf
+    assert not (op_dir / "perf-sm90.png").exists()
+
+
+# ---------------------------------------------------------------- the pytest run writes the report
+
+
+def test_a_plan_run_and_the_report_command_write_the_same_report(tmp_path):
+    reports = tmp_path / "reports"
+    done = subprocess.run([sys.executable, "-m", "pytest", "--plan", "plan.yaml", "--reports-dir", str(reports),
+                           "-k", "decode-bf16-tp1-eager-sm90", "-p", "no:cacheprovider", "-q"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert "living plan written:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    path = reports / "rms_norm" / "PLAN.md"
+    from_pytest = path.read_text()
+    assert "## Support matrix" in from_pytest and "no results yet" in from_pytest
+    path.unlink()
+    from harness.__main__ import main
+
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        assert main(["report", "plan.yaml", "--reports-dir", str(reports)]) == 0
+    finally:
+        os.chdir(cwd)
+    assert path.read_text() == from_pytest
+
+
+# ---------------------------------------------------------------- Mermaid, with Mermaid's own parser
+
+
+@pytest.fixture(scope="session")
+def mermaid_checker():
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if not node or not npm:
+        pytest.skip("node and npm are needed to parse Mermaid diagrams with Mermaid itself")
+    if not (MERMAID_CHECK / "node_modules" / "mermaid").exists():
+        done = subprocess.run([npm, "install", "--prefix", str(MERMAID_CHECK), "--no-package-lock", "--no-audit",
+                               "--no-fund"], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"npm install failed:\n{done.stderr[-3000:]}"
+
+    def check(*files: Path) -> tuple[int, list[dict]]:
+        done = subprocess.run([node, str(MERMAID_CHECK / "check.mjs"), *map(str, files)], capture_output=True,
+                              text=True, timeout=300)
+        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        assert lines or done.returncode == 0, done.stderr[-3000:]
+        return done.returncode, lines
+
+    return check
+
+
+def test_every_generated_diagram_parses(tmp_path, mermaid_checker):
+    files = []
+    for i, plan in enumerate((RMS, FUSED, small_plan(tmp_path, extra="tp: {kind: trivial}"))):
+        text, _ = report.render(plan, tmp_path / str(i) / "reports" / plan.name)
+        files.append(tmp_path / f"{i}.md")
+        files[-1].write_text(text)
+    sharded = tmp_path / "sharded.yaml"
+    sharded.write_text((ROOT / "plan.yaml").read_text().replace(
+        "tp: {kind: trivial}", "tp: {kind: sharded, inputs: {x: {shard: 1}, weight: {shard: 0}}, "
+                               "outputs: {out: {gather: 1}}}").replace("route: ir", "route: custom_op"))
+    text, _ = report.render(load_plan(sharded), tmp_path / "s" / "reports" / "rms_norm")
+    files.append(tmp_path / "sharded.md")
+    files[-1].write_text(text)
+    rc, results = mermaid_checker(*files)
+    assert rc == 0, [r for r in results if not r["ok"]]
+    assert [r["type"] for r in results] == ["flowchart-v2", "sequence"] * 4
+
+
+def hostile_diagrams(escape) -> str:
+    """Hostile text in flowchart labels and edge labels, sequence participants, messages and notes."""
+    blocks = []
+    for text in (NASTY, 'a;b', 'x"y"z', "p|q", "end", "%%c", "#35;x"):
+        t = escape(text)
+        blocks.append(f'```mermaid\nflowchart TD\n    a["{t}"] -->|"{t}"| b{{"{t}"}}\n```')
+        blocks.append(f"```mermaid\nsequenceDiagram\n    participant A as {t}\n    A->>A: {t}\n    Note over A: {t}\n```")
+    return "\n\n".join(blocks) + "\n"
+
+
+def test_hostile_text_is_escaped_for_mermaid(tmp_path, mermaid_checker):
+    assert re.fullmatch(r"[A-Za-z0-9 _.,:/()=+*'#;-]*", report.mm(NASTY))
+    escaped, raw = tmp_path / "escaped.md", tmp_path / "raw.md"
+    escaped.write_text(hostile_diagrams(report.mm))
+    raw.write_text(hostile_diagrams(lambda t: " ".join(t.split())))
+    rc, results = mermaid_checker(escaped)
+    assert rc == 0 and len(results) == 14, [r for r in results if not r["ok"]]
+    rc, results = mermaid_checker(raw)  # the same text unescaped breaks the parser: the check has teeth
+    assert rc == 1 and sum(not r["ok"] for r in results) >= 2
+
+
+def test_the_checker_rejects_a_broken_diagram(tmp_path, mermaid_checker):
+    bad = tmp_path / "bad.md"
+    bad.write_text('```mermaid\nflowchart TD\n    graph["a"] --> b\n```\n\n```mermaid\nsequenceDiagram\n    A->>B: x; y\n```\n')
+    rc, results = mermaid_checker(bad)
+    assert rc == 1 and [r["ok"] for r in results] == [False, False]
