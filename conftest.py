@@ -1,7 +1,4 @@
-"""In-repo runs load the plugin from the source tree (installed, it loads through its pytest11 entry point)."""
+"""In-repo runs load the plugin from the source tree (installed, it also loads through its pytest11 entry
+point, registered under the same name, so it is loaded once either way)."""
 
-import importlib.metadata
-
-_installed = any(ep.value == "harness.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
-pytest_plugins = [] if _installed else ["harness.plugin"]
-pytest_plugins.append("pytester")
+pytest_plugins = ["harness.plugin", "pytester"]

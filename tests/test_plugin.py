@@ -1,0 +1,115 @@
+"""The plugin end to end: `pytest --plan` in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.results import load
+from tests.plans import rms_norm_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def run_plan(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+
+    def run(plan: Path, *args: str):
+        return pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
+                                             "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider",
+                                             *args)
+    return run
+
+
+def cells(pytester, op="rms_norm") -> dict:
+    return load(pytester.path / "reports" / op / "results" / "cpu.json")["cells"]
+
+
+def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, bf16]", tp="[1, 16]",
+                         graph_mode="[eager, cuda_graph]", sm="[cpu, sm90]", numerics="{examples: 4}",
+                         extra='exclude:\n  - {phase: prefill, dtype: bf16, why: "no bf16 prefill | yet"}\n'
+                               'expect:\n  - {phase: decode, dtype: bf16, graph_mode: eager, why: "tracked"}\n')
+    result = run_plan(plan, "-rsxX")
+    got = cells(pytester)
+    assert len(got) == 2 * 2 * 2 * 2 * 2  # no cell silently disappears
+    assert got["decode-fp32-tp1-eager-cpu"]["status"] == "passed"
+    assert got["prefill-fp32-tp1-eager-cpu"]["status"] == "passed"
+    assert got["prefill-bf16-tp1-eager-cpu"]["status"] == "excluded"
+    assert "no bf16 prefill | yet" in got["prefill-bf16-tp1-eager-cpu"]["reason"]
+    assert got["decode-fp32-tp1-eager-sm90"] == {**got["decode-fp32-tp1-eager-sm90"], "status": "not_run",
+                                                 "reason": "needs sm90; this machine is cpu"}
+    assert got["decode-fp32-tp1-cuda_graph-cpu"]["reason"] == "cuda_graph needs a CUDA device; this machine has none"
+    assert "needs 16 ranks" in got["decode-fp32-tp16-eager-cpu"]["reason"]
+    # the plan expected a failure that did not happen: strict, reported as an unexpected pass
+    assert got["decode-bf16-tp1-eager-cpu"]["status"] == "xpass"
+    result.assert_outcomes(passed=2, failed=1, skipped=29)
+    assert "[XPASS(strict)] expected to fail by the plan" in result.stdout.str()
+    rec = got["decode-fp32-tp1-eager-cpu"]
+    assert rec["examples"] == 4 and rec["facts"]["token_cap"] == 65536 // 128
+    run = load(pytester.path / "reports" / "rms_norm" / "results" / "cpu.json")["runs"][rec["run"]]
+    assert run["sm"] == "cpu" and run["triton_interpreter"] is True and run["torch"]
+    assert (pytester.path / "reports" / "rms_norm" / "PLAN.md").exists()
+
+
+def test_ids_markers_k_and_junit(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]", numerics="{examples: 3}")
+    collected = run_plan(plan, "--collect-only", "-q").stdout.str()
+    assert "plan.yaml::numerics[decode-fp16-tp1-eager-cpu]" in collected
+    result = run_plan(plan, "-m", "decode and fp16", "--junitxml", "junit.xml")
+    result.assert_outcomes(passed=1)
+    testcases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
+    assert [t.get("name") for t in testcases] == ["numerics[decode-fp16-tp1-eager-cpu]"]
+    run_plan(plan, "-k", "prefill-fp32").assert_outcomes(passed=1)
+
+
+def test_failure_shows_minimal_example_and_repro_command(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, "tests.broken.rms_norm_bugs:tail_rows_dropped", numerics="{examples: 20}")
+    result = run_plan(plan)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "cell decode-fp32-tp1-eager-cpu failed: output 'out'" in out
+    assert "minimal example: num_tokens=" in out
+    assert "reproduce: pytest --plan " in out and "-k 'decode-fp32-tp1-eager-cpu'" in out
+    assert "Traceback" not in out
+    rec = cells(pytester)["decode-fp32-tp1-eager-cpu"]
+    assert rec["status"] == "failed" and rec["minimal_example"].startswith("num_tokens=") and rec["repro"]
+
+
+def test_invalid_plan_is_a_usage_error_without_traceback(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, dtype="[fp32, fp61]")
+    result = run_plan(plan)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert f"invalid plan: {plan}:15: matrix.dtype[1]: expected one of fp32" in err
+    assert "Traceback" not in err
+
+
+def test_xdist_workers_results_merge(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill, chunked_prefill]", dtype="[fp32, fp16]",
+                         numerics="{examples: 3}")
+    result = run_plan(plan, "-p", "xdist", "-n", "2")
+    result.assert_outcomes(passed=6)
+    results_dir = pytester.path / "reports" / "rms_norm" / "results"
+    assert sorted(p.name for p in results_dir.glob("*.json")) == ["cpu.json"]  # worker files folded in
+    assert {rec["status"] for rec in cells(pytester).values()} == {"passed"} and len(cells(pytester)) == 6
+
+
+def test_report_command_rebuilds_from_stored_results(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, numerics="{examples: 3}")
+    run_plan(plan).assert_outcomes(passed=1)
+    report = pytester.path / "reports" / "rms_norm" / "PLAN.md"
+    first = report.read_text()
+    report.unlink()
+    result = pytester.run("python", "-m", "harness", "report", str(plan), "--reports-dir",
+                          str(pytester.path / "reports"))
+    assert result.ret == 0 and report.read_text() == first
+    (pytester.path / "reports" / "rms_norm" / "results" / "broken.json").write_text('{"format": "harness-res')
+    result = pytester.run("python", "-m", "harness", "report", str(plan), "--reports-dir",
+                          str(pytester.path / "reports"))
+    assert result.ret == 0 and "broken.json: not valid JSON" in result.stderr.str()
+    assert "decode-fp32-tp1-eager-cpu" in json.dumps(cells(pytester))
