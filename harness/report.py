@@ -24,6 +24,7 @@ from .matrix import Cell, expand
 from .modes import _schema, returned_outputs, vllm_capture_sizes, written_args
 from .plan import AXES, PHASES, Plan
 from .results import merge_dir
+from .vllm_support import vllm_plugin_markdown
 
 MARKS = {"passed": "✅", "failed": "❌", "not_run": "⏭", "excluded": "🚫", "xfail": "⚠️", "xpass": "❗"}
 NO_RESULT = "—"
@@ -115,6 +116,7 @@ class Results:
     ignored: int = 0  # stored results for cells or SMs the plan no longer has
     covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
     sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
+    integration: dict = field(default_factory=dict)  # vLLM integration item -> record
 
     def source_sm(self, rec: dict) -> str | None:
         return (self.runs.get(rec.get("run")) or {}).get("sm")
@@ -174,7 +176,8 @@ def collect(plan: Plan, op_dir: Path) -> Results:
             benchmarks.append((bid, rec))
         else:
             untimed.append((bid, rec))
-    res = Results(plan, merged["runs"], records, cells, benchmarks, untimed, problems, Path(op_dir), ignored)
+    res = Results(plan, merged["runs"], records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
+                  integration=merged.get("integration", {}))
     unknown_runs = sorted({r.get("run") for r in records.values() if r.get("run") not in res.runs}
                           | {r.get("run") for _, r in benchmarks if r.get("run") not in res.runs}, key=str)
     for run in unknown_runs:
@@ -605,32 +608,7 @@ def _tensor_type(plan: Plan, name: str) -> str:
     return "torch.Tensor" if a.is_tensor else type(a.value).__name__
 
 
-def _alloc(plan: Plan, out) -> str:
-    """Python that allocates an output argument from the inputs (shapes matched by size symbol)."""
-    inputs = [a for a in plan.tensor_args if a.role == "input"]
-    like = next((a for a in inputs if a.shape == out.shape and a.dtype == out.dtype), None)
-    if like:
-        return f"torch.empty_like({like.name})"
-    dims = []
-    for d in out.shape:
-        if d.symbol is None:
-            dims.append(str(d.coeff))
-            continue
-        src = next(((a, j, e) for a in inputs for j, e in enumerate(a.shape) if e.symbol == d.symbol), None)
-        if src is None:
-            return f"torch.empty(...)  # shape [{', '.join(map(str, out.shape))}]"
-        a, j, e = src
-        expr = f"{a.name}.shape[{j}]"
-        if d.coeff != e.coeff:
-            expr = f"{expr} * {d.coeff} // {e.coeff}" if d.coeff != 1 else f"{expr} // {e.coeff}"
-        dims.append(expr)
-    act = next((a for a in inputs if a.dtype == "act"), inputs[0] if inputs else None)
-    dtype = f"{act.name}.dtype" if out.dtype == "act" and act else f"torch.{out.dtype}"
-    device = f", device={inputs[0].name}.device" if inputs else ""
-    return f"torch.empty({py_tuple(dims)}, dtype={dtype}{device})"
-
-
-def interfaces(plan: Plan) -> str:
+def interfaces(plan: Plan, integration: dict) -> str:
     ns, name = op_namespace(plan), plan.name
     module, _, attr = plan.kernel.partition(":")
     kernel_fn = f"{name}_kernel"
@@ -673,62 +651,9 @@ def interfaces(plan: Plan) -> str:
              f"The kernel as an opaque {code('torch.library')} custom op, so torch.compile keeps it as one node and "
              "CUDA graphs capture its launch (schema from the plan; outputs and mutated inputs declared):", "",
              "```python", *op_code, "```", ""]
-    lines += _vllm_registration(plan)
-    plugin = vllm_plugin_section(plan)
-    lines += ["", "<!-- vLLM plugin module: generated here once available (vllm_plugin_section) -->"]
-    if plugin:
-        lines += ["", plugin]
+    # The vLLM registration: the plugin module the integration items load through vLLM's own plugin loader.
+    lines += ["", vllm_plugin_markdown(plan, integration)]
     return "\n".join(lines)
-
-
-def _vllm_registration(plan: Plan) -> list[str]:
-    ns, name = op_namespace(plan), plan.name
-    inputs = [a for a in plan.args if a.role != "output"]
-    params = ", ".join(f"{a.name}: {_tensor_type(plan, a.name)}" for a in inputs)
-    body = [f"    {a.name} = {_alloc(plan, a)}" for a in plan.args if a.role == "output"]
-    returns = returned_outputs(plan)
-    call = f"torch.ops.{ns}.{name}({', '.join(a.name for a in plan.args)})"
-    body.append(f"    {', '.join(returns)} = {call}" if returns else f"    {call}")
-    body.append(f"    return {', '.join(plan.outputs)}")
-    dtypes = py_tuple(f"torch.{d}" for d in _torch_dtypes(plan))
-    first = next((a.name for a in inputs if a.is_tensor), None)
-    if plan.vllm.route == "ir":
-        op = f"ir.ops.{ir_op(plan)}"
-        supports = f"lambda {first}, *args, **kwargs: {first}.dtype in {dtypes}" if first else \
-            "lambda *args, **kwargs: True"
-        code_lines = ["from vllm import ir", "", "",
-                      f"# Parameters follow the plan's op.args; align them with {op}'s signature.",
-                      f"@{op}.register_impl({py_str(ns)}, supports_args={supports})",
-                      f"def {name}_{ns}({params}):", *body, "", "",
-                      "# Per platform: this provider first, the native implementation as the fallback.",
-                      f"{op}.set_priority([{py_str(ns)}, \"native\"])"]
-        intro = (f"The vLLM IR provider for {code('vllm.ir.ops.' + ir_op(plan))} (route `ir`): the IR op dispatches "
-                 "to it by priority and falls back to the native implementation where it does not apply.")
-    else:
-        layer = layer_path(plan) or "vllm.model_executor.layers:Layer"
-        lmod, _, lcls = layer.partition(":")
-        code_lines = ["from vllm.model_executor.custom_op import CustomOp",
-                      f"from {lmod} import {lcls.split('.')[0]}", "", "",
-                      f"@CustomOp.register_oot(name={py_str(lcls.split('.')[-1])})",
-                      f"class {lcls.split('.')[-1]}{ns.title().replace('_', '')}({lcls}):",
-                      f"    # Map the layer's forward arguments onto the op: {_schema(plan)}",
-                      f"    def forward_cuda(self, {params}):", *("    " + line for line in body)]
-        enable = f'custom_ops=["+{plan.vllm.custom_op or plan.name}"]'
-        intro = (f"The CustomOp route: an out-of-tree subclass of {code(layer)} whose `forward_cuda` calls the op; "
-                 f"enable it with {code(enable)} "
-                 "(an out-of-tree op takes the layer's name and may need `enforce_enable=True`).")
-    return [intro, "", "```python", *code_lines, "```"]
-
-
-def _torch_dtypes(plan: Plan) -> list[str]:
-    names = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3fn": "float8_e4m3fn",
-             "fp8_e4m3fnuz": "float8_e4m3fnuz", "int8": "int8"}
-    return [names[d] for d in plan.matrix["dtype"]]
-
-
-def vllm_plugin_section(plan: Plan) -> str:
-    """The vLLM plugin module (a `vllm.general_plugins` entry point registering the op); empty for now."""
-    return ""
 
 
 def critical_path(plan: Plan) -> str:
@@ -1186,7 +1111,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         problem_breakdown(plan),
         constraints(res),
         design(plan),
-        interfaces(plan),
+        interfaces(plan, res.integration),
         critical_path(plan),
         support_matrix(res),
         performance(res, op_dir, recs),

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 FORMAT, VERSION = "harness-results", 1
+SECTIONS = ("cells", "benchmarks", "integration")  # per-item results; "runs" holds their provenance
 
 
 class ResultsError(Exception):
@@ -30,7 +31,7 @@ def machine_key(prov: dict) -> str:
 
 
 def empty(op: str) -> dict:
-    return {"format": FORMAT, "version": VERSION, "op": op, "runs": {}, "cells": {}, "benchmarks": {}}
+    return {"format": FORMAT, "version": VERSION, "op": op, "runs": {}, "cells": {}, "benchmarks": {}, "integration": {}}
 
 
 def load(path: Path, op: str | None = None) -> dict:
@@ -47,7 +48,9 @@ def load(path: Path, op: str | None = None) -> dict:
         raise ResultsError(f"{path}: results format version {data.get('version')!r}; this harness reads version {VERSION}")
     if op is not None and data.get("op") != op:
         raise ResultsError(f"{path}: results for op {data.get('op')!r}, not {op!r}")
-    for key in ("runs", "cells", "benchmarks"):
+    for key in SECTIONS:
+        data.setdefault(key, {})  # files written before a section existed
+    for key in ("runs",) + SECTIONS:
         if not isinstance(data.get(key), dict):
             raise ResultsError(f"{path}: missing or malformed '{key}'")
     return data
@@ -62,6 +65,7 @@ def write_atomic(path: Path, data: dict) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are shared files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -77,7 +81,7 @@ def fold(into: dict, other: dict) -> dict:
     """Merge `other` into `into`: runs are unioned; per cell and benchmark the latest result wins,
     except that a machine of another SM saying "not run here" never replaces a real result."""
     into["runs"].update(other["runs"])
-    for section in ("cells", "benchmarks"):
+    for section in SECTIONS:
         for key, rec in other[section].items():
             old = into[section].get(key)
             if old is None or (_own_sm(into, rec), rec.get("finished", "")) >= \

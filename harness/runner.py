@@ -99,7 +99,11 @@ class CellCheck:
                 raise KernelRaised(f"out of memory at {ex.describe()}: the kernel asked for more memory than the "
                                    f"{self.device} has ({str(exc).strip().splitlines()[0][:300]}; "
                                    f"{frame.filename}:{frame.lineno})") from None
-            raise KernelRaised(f"the kernel raised {type(exc).__name__}: {str(exc).strip()[:500]} "
+            text = str(exc).strip()
+            if any(s in text for s in FATAL_DEVICE_ERRORS):  # CUDA's advice lines say nothing about the kernel
+                raise KernelRaised(f"the kernel faulted on the device: {text.splitlines()[0]} (the CUDA context "
+                                   "is unusable after this; later cells run in a fresh worker)") from None
+            raise KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} "
                                f"({frame.filename}:{frame.lineno})") from None
 
     def _check(self, ex: Example) -> None:

@@ -357,6 +357,7 @@ from torch import Tensor
 {kernel_import}
 
 PROVIDER = "{provider_name(plan)}"  # the IR provider name priority lists select
+
 {op.plugin_text}
 
 def register_custom_op() -> None:

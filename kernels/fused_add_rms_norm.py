@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-# A row whose block would exceed this many bytes is processed in chunks (tutorial 05's limit).
-MAX_FUSED_BYTES = 65536
+# Same row layout as RMSNorm: one program per row, chunked past kernels.rms_norm.MAX_FUSED_BYTES.
+from kernels.rms_norm import _launch_config
 
 
 @triton.jit
@@ -70,17 +70,6 @@ def _fused_add_rms_norm_kernel(
             tl.store(res_row + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
             y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
             tl.store(x_row + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
-
-
-def _launch_config(hidden: int, elem_size: int):
-    """(BLOCK, single_pass, num_warps) for a row of `hidden` elements of `elem_size` bytes."""
-    block = triton.next_power_of_2(hidden)
-    max_block = MAX_FUSED_BYTES // elem_size
-    single_pass = block <= max_block
-    block = min(block, max_block)
-    # About 8-16 elements per thread: 16-byte vector accesses with several in flight.
-    num_warps = min(max(block // 256, 1), 16)
-    return block, single_pass, num_warps
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
