@@ -178,6 +178,12 @@ class CellItem(pytest.Item):
 # ---------------------------------------------------------------- results and report
 
 
+def _xdist_worker(config) -> str | None:
+    """This process's xdist worker id (not the environment variable: a pytest started from a worker inherits it)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["workerid"] if workerinput else None
+
+
 def pytest_sessionstart(session):
     state = _state(session.config)
     if not state:
@@ -188,7 +194,7 @@ def pytest_sessionstart(session):
     prov = provenance(session.config.rootpath)
     run_id = f"{prov['date']}-{socket.gethostname()}-{os.getpid()}"
     state["recorder"] = Recorder(state["op_dir"] / "results", state["plan"].name, prov, run_id,
-                                 worker=os.environ.get("PYTEST_XDIST_WORKER"))
+                                 worker=_xdist_worker(session.config))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -222,7 +228,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     if state["worker"] is not None:
         state["worker"].stop()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if _xdist_worker(session.config):
         return  # the controller folds worker files and writes the report
     state["recorder"].fold_worker_files()
     if session.config.getoption("--no-report"):

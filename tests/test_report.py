@@ -208,8 +208,9 @@ def test_design_interfaces_and_critical_path_come_from_the_plan():
         ast.parse(block)  # every generated code block is valid Python
     assert '"(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()"' in blocks[0]
     assert 'mutates_args=("x", "residual")' in blocks[0]
-    assert '@ir.ops.fused_add_rms_norm.register_impl("kernels"' in blocks[1]
-    assert "<!-- vLLM plugin module" in interfaces and report.vllm_plugin_section(FUSED) == ""
+    # the vLLM plugin module the integration items load through vLLM's plugin loader
+    assert "ir.ops.fused_add_rms_norm.register_impl(PROVIDER" in blocks[1]
+    assert '[project.entry-points."vllm.general_plugins"]' in interfaces
     path = section(text, "Critical path")
     assert "```mermaid\nsequenceDiagram" in path
     assert "all-reduce of the row-parallel linear output, before the op" in path  # trivial TP: all-reduce first
@@ -236,8 +237,8 @@ vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activati
 """)
     text, _ = report.render(load_plan(path), tmp_path / "reports" / "silu_and_mul")
     interfaces = section(text, "Key interfaces")
-    assert "@CustomOp.register_oot(name=\"SiluAndMul\")" in interfaces
-    assert "torch.empty((x.shape[0], x.shape[1] // 2), dtype=x.dtype, device=x.device)" in interfaces
+    assert 'CustomOp.register_oot(PluginSiluAndMul, name="SiluAndMul")' in interfaces
+    assert "torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)" in interfaces
     for block in re.findall(r"```python\n(.*?)```", interfaces, re.S):
         ast.parse(block)
     assert "all-gather out on dim 1" in section(text, "Critical path")
