@@ -220,7 +220,6 @@ def _is_fatal(reason: str, device: str) -> bool:
         return True
 
 
-
 def _out_of_memory(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text \

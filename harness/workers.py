@@ -47,7 +47,8 @@ def _worker_main(conn, env: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     from .hardware import use_triton_interpreter
 
-    use_triton_interpreter()
+    use_triton_interpreter()  # imports torch: the slow part of a start
+    conn.send("ready")  # a cell's time limit starts after this, so a slow start never times a cell out
     while True:
         try:
             task = conn.recv()
@@ -101,6 +102,11 @@ class Worker:
         self.proc.start()
         child.close()
         self.conn = parent
+        try:
+            if parent.poll(GROUP_START_TIMEOUT_S):
+                parent.recv()  # "ready"; a worker that died starting shows up as a crash of the first cell
+        except EOFError:
+            pass
         self.starts += 1
         self.start_seconds += time.monotonic() - t0
 
