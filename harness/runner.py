@@ -100,9 +100,6 @@ class CellCheck:
                                    f"{self.device} has ({str(exc).strip().splitlines()[0][:300]}; "
                                    f"{frame.filename}:{frame.lineno})") from None
             text = str(exc).strip()
-            if any(s in text for s in FATAL_DEVICE_ERRORS):  # CUDA's advice lines say nothing about the kernel
-                raise KernelRaised(f"the kernel faulted on the device: {text.splitlines()[0]} (the CUDA context "
-                                   "is unusable after this; later cells run in a fresh worker)") from None
             raise KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} "
                                f"({frame.filename}:{frame.lineno})") from None
 
@@ -190,7 +187,12 @@ def run_cell(plan_path: str, cell_id: str, run: RunSettings, tol_default=None) -
             outcome = {"status": "failed", "reason": f"hypothesis: {exc}"}
         else:
             failing = check.last_failure
-            outcome = {"status": "failed", "reason": str(exc).strip() or type(exc).__name__,
+            reason = str(exc).strip() or type(exc).__name__
+            if device == "cuda" and any(s in reason for s in FATAL_DEVICE_ERRORS):
+                # CUDA reports a fault at the next sync, often outside the kernel call: say it in words
+                reason = (f"the kernel faulted on the device: {reason.splitlines()[0]} (the CUDA context is "
+                          "unusable after this; later cells run in a fresh worker)")
+            outcome = {"status": "failed", "reason": reason,
                        "minimal_example": failing[0].describe() if failing else None}
             if isinstance(exc, Mismatch) and exc.stats:
                 outcome["error"] = exc.stats
