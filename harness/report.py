@@ -431,7 +431,7 @@ def provenance_line(res: Results) -> str:
             p = res.runs.get(run, {})
             descr.append(f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}), commit {md(p.get('commit') or '?')}, "
                          f"{md(p.get('date', '?'))}")
-        parts.append(f"{sm}: " + "; ".join(descr))
+        parts.append(f"{sm}: " + "; ".join(dict.fromkeys(descr)))  # xdist workers of one run read alike
     missing = [sm for sm in res.plan.matrix["sm"] if sm not in res.sources]
     if missing:
         parts.append(f"{', '.join(missing)}: no results yet")
@@ -725,8 +725,8 @@ def support_matrix(res: Results) -> str:
     for sm in m["sm"]:
         if sm in res.covered:
             ps = [res.runs.get(r, {}) for r in res.covered[sm]]
-            source.append("; ".join(f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}, {md(p.get('commit') or '?')})"
-                                    for p in ps))
+            source.append("; ".join(dict.fromkeys(
+                f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}, {md(p.get('commit') or '?')})" for p in ps)))
         else:
             source.append("no results from this SM yet")
     for status in (*MARKS, None):
