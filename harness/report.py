@@ -968,7 +968,7 @@ def _plot(res: Results, sm: str, op_dir: Path) -> str:
                 lines[key].append((r["num_tokens"], t["gbps"]))
     if not lines:
         return "No GB/s figures to plot."
-    fig = Figure(figsize=(8, 5), dpi=100)
+    fig = Figure(figsize=(12, 5), dpi=100)
     FigureCanvasAgg(fig)  # Agg: the same pixels on every machine with the same matplotlib
     ax = fig.subplots()
     colors = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
@@ -985,7 +985,7 @@ def _plot(res: Results, sm: str, op_dir: Path) -> str:
     ax.set_ylabel("GB/s")
     ax.set_title(f"{res.plan.name} on {sm}")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot, not over it
     fig.tight_layout()
     fig.savefig(Path(op_dir) / name, format="png", metadata={"Software": None})
     return f"![GB/s against token count on {sm}]({name})"
