@@ -69,7 +69,7 @@ def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
         return f"needs {cell.sm}; this machine is {hw.sm}" + (f" ({hw.gpu})" if hw.has_cuda else "")
     if cell.graph_mode == "cuda_graph" and not hw.has_cuda:
         return "cuda_graph needs a CUDA device; this machine has none"
-    if cell.dtype.startswith("fp8") and cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda:
+    if cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda:
         return "fp8_e4m3fnuz is the ROCm fp8 format; this machine is CUDA"
     if cell.tp > 1:
         if hw.has_cuda and cell.tp > hw.device_count:
