@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -105,11 +106,11 @@ def test_report_command_rebuilds_from_stored_results(pytester, run_plan):
     report = pytester.path / "reports" / "rms_norm" / "PLAN.md"
     first = report.read_text()
     report.unlink()
-    result = pytester.run("python", "-m", "harness", "report", str(plan), "--reports-dir",
+    result = pytester.run(sys.executable, "-m", "harness", "report", str(plan), "--reports-dir",
                           str(pytester.path / "reports"))
     assert result.ret == 0 and report.read_text() == first
     (pytester.path / "reports" / "rms_norm" / "results" / "broken.json").write_text('{"format": "harness-res')
-    result = pytester.run("python", "-m", "harness", "report", str(plan), "--reports-dir",
+    result = pytester.run(sys.executable, "-m", "harness", "report", str(plan), "--reports-dir",
                           str(pytester.path / "reports"))
     assert result.ret == 0 and "broken.json: not valid JSON" in result.stderr.str()
     assert "decode-fp32-tp1-eager-cpu" in json.dumps(cells(pytester))
