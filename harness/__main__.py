@@ -1,4 +1,4 @@
-"""Command line: `python -m harness validate PLAN` and `python -m harness report PLAN`."""
+"""Command line: `python -m harness validate PLAN...`, `report PLAN` and `plot PLAN`."""
 
 from __future__ import annotations
 
@@ -6,25 +6,27 @@ import argparse
 import sys
 from pathlib import Path
 
+from .matrix import expand
+from .plan import PlanError, load_plan
+from .plots import draw_plots
+from .report import write_report
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="check a plan file without running anything")
+    v = sub.add_parser("validate", help="check plan files without running anything")
     v.add_argument("plan", nargs="+")
-    r = sub.add_parser("report", help="rebuild reports/<op>/PLAN.md from stored results without running anything")
-    r.add_argument("plan")
-    r.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
+    for name, text in (("report", "rebuild reports/<op>/PLAN.md from stored results without running anything"),
+                       ("plot", "draw reports/<op>/perf-<sm>.png from stored results (needs matplotlib)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("plan")
+        p.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
     args = parser.parse_args(argv)
 
-    from .hardware import use_triton_interpreter
-    from .plan import PlanError, load_plan
-
-    use_triton_interpreter()  # kernels are imported while validating
     status = 0
-    plans = args.plan if args.command == "validate" else [args.plan]
     loaded = []
-    for path in plans:
+    for path in args.plan if args.command == "validate" else [args.plan]:
         try:
             loaded.append(load_plan(path))
         except PlanError as exc:
@@ -32,14 +34,14 @@ def main(argv=None) -> int:
             status = 2
     if status or args.command == "validate":
         for plan in loaded:
-            from .matrix import expand
-
             print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells)")
         return status
-    from .report import write_report
-
-    plan = loaded[0]
-    path, problems = write_report(plan, Path(args.reports_dir) / plan.name)
+    plan, op_dir = loaded[0], Path(args.reports_dir) / loaded[0].name
+    if args.command == "plot":
+        for path in draw_plots(plan, op_dir):
+            print(f"wrote {path}")
+        return 0
+    path, problems = write_report(plan, op_dir)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
     print(f"wrote {path}")

@@ -28,10 +28,8 @@ that advances by one measured sample per round), so its statistics are device ti
 
 from __future__ import annotations
 
-import ast
 import itertools
 import math
-import operator
 import re
 import tempfile
 import time
@@ -41,15 +39,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-import pytest
+import numpy
 import torch
 
-from .inputs import Example, build_args
+from .calls import kernel_outputs, reference_outputs
+from .device import detect
+from .expressions import evaluate
+from .hardware import Hardware
+from .inputs import TORCH_DTYPES, Example, build_args, poison_value
 from .matrix import Cell, decide
-from .modes import returned_outputs
-from .numerics import Mismatch, Stats, compare, tolerance_for
+from .numerics import Mismatch, Stats
 from .plan import Plan, PlanError
-from .runner import reference_outputs
+from .results import BenchRecord, ImplFigures, Speedup
+from .plan import load_plan
+from .runner import compare_judged, device_poisoned
+from .tolerances import tolerance_for
+from .vllm_kernels import vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")
 BENCH_GRAPH_MODES = ("eager", "cuda_graph")
@@ -113,42 +118,6 @@ def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
 
 # ---------------------------------------------------------------- byte and flop models
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-
-
-def evaluate(expr: str, names: dict[str, float]) -> float:
-    """Value of a plain arithmetic expression over `names` (numbers, names, + - * / // % **, parentheses).
-
-    Nothing else is evaluated: no calls, attributes or subscripts. Raises ValueError saying what is wrong.
-    """
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as exc:
-        raise ValueError(f"not an arithmetic expression ({exc.msg})") from None
-
-    def value(node):
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            return node.value
-        if isinstance(node, ast.Name):
-            if node.id not in names:
-                raise ValueError(f"unknown name {node.id!r}; known: {', '.join(sorted(names))}")
-            return names[node.id]
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > 64:
-                raise ValueError(f"exponent {right} is too large")
-            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
-                raise ValueError("division by zero")
-            return _BINARY[type(node.op)](left, right)
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-            return _UNARY[type(node.op)](value(node.operand))
-        raise ValueError(f"{ast.unparse(node)!r} is not allowed: use numbers, size names and + - * / // % ** ( )")
-
-    return value(tree.body)
-
-
 def _plan_line(plan: Plan, text: str) -> int | None:
     return next((i + 1 for i, line in enumerate(plan.raw_text.splitlines()) if text in line), None)
 
@@ -167,8 +136,6 @@ def _model(plan: Plan, field_name: str, expr: str, names: dict) -> float:
 
 
 def _itemsize(dtype: str) -> int:
-    from .inputs import TORCH_DTYPES
-
     return TORCH_DTYPES[dtype].itemsize
 
 
@@ -221,7 +188,7 @@ def input_sets(plan: Plan, spec: BenchSpec, device: str, count: int = 1, seed: i
         slot = -(-t.numel() // align) * align
         base = torch.empty(count, slot, dtype=t.dtype, device=device)
         if arg.role == "output":
-            base.fill_(float("nan") if t.dtype.is_floating_point else torch.iinfo(t.dtype).max)
+            base.fill_(poison_value(t.dtype))
         elif not t.dtype.is_floating_point or arg.init == "zeros":
             base[:, : t.numel()] = t.reshape(1, -1)  # integers (indices, positions) stay valid as drawn
         else:
@@ -262,8 +229,6 @@ class Timing:
     calls_per_sample: int = 1
 
     def quantile(self, q: float) -> float:
-        import numpy
-
         return float(numpy.quantile(self.samples_us, q))
 
     @property
@@ -452,64 +417,33 @@ def _profiled_launches(call: Callable[[dict], object], values: dict) -> int | No
 # ---------------------------------------------------------------- implementations
 
 
-def kernel_style(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
+def kernel_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
     """A call with the plan's arguments that writes outputs into output arguments or returns them."""
-    returned = returned_outputs(plan)
-
-    def call(values: dict) -> dict:
-        out = fn(**values)
-        got = out if isinstance(out, tuple) else (out,)
-        return {name: got[returned.index(name)] if name in returned else values[name] for name in plan.outputs}
-
-    return call
+    return lambda values: kernel_outputs(plan, values, fn(**values))
 
 
-def reference_style(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
-    """A functional reference: takes the inputs, returns plan.outputs in order."""
-    inputs = [a.name for a in plan.args if a.role != "output"]
-
-    def call(values: dict) -> dict:
-        out = fn(**{name: values[name] for name in inputs})
-        return dict(zip(plan.outputs, out if isinstance(out, tuple) else (out,)))
-
-    return call
-
-
-def vllm_implementation(plan: Plan) -> Callable | str:
-    """vLLM's in-tree kernel as a kernel-style call, or the reason it cannot run here."""
-    try:
-        from .vllm_support import vllm_baseline
-    except ImportError as exc:
-        return f"vLLM baseline not available here ({exc})"
-    try:
-        fn = vllm_baseline(plan)
-    except Exception as exc:  # a broken vLLM install must not stop the other timings
-        return f"vLLM baseline could not be loaded ({type(exc).__name__}: {exc})"
-    if fn is None:
-        return "vLLM (or its kernel for this op) is not available on this machine"
-    if isinstance(fn, str):
-        return fn
-    return kernel_style(plan, fn)
+def reference_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
+    """A functional reference (its inputs are not copied: timing measures the reference alone)."""
+    return lambda values: reference_outputs(plan, fn, values, copy=False)
 
 
 def implementations(plan: Plan, device: str) -> dict[str, Callable | str]:
     """Each implementation as a call, or the reason it is not run."""
     reference = plan.load_reference()
     impls: dict[str, Callable | str] = {
-        "kernel": kernel_style(plan, plan.load_kernel()) if device == "cuda" else CPU_KERNEL_REASON,
+        "kernel": kernel_call(plan, plan.load_kernel()) if device == "cuda" else CPU_KERNEL_REASON,
     }
     for name in ("native", "compiled", "vllm"):
         if name not in plan.benchmark.baselines:
             impls[name] = "not in the plan's benchmark.baselines"
         elif name == "native":
-            impls[name] = reference_style(plan, reference)
+            impls[name] = reference_call(plan, reference)
         elif name == "compiled":
-            import torch._dynamo
-
             torch._dynamo.reset()  # one shape per item: never hit dynamo's recompile limit and fall back to eager
-            impls[name] = reference_style(plan, torch.compile(reference, fullgraph=True, dynamic=False))
+            impls[name] = reference_call(plan, torch.compile(reference, fullgraph=True, dynamic=False))
         else:
-            impls[name] = vllm_implementation(plan)
+            fn = vllm_kernel(plan)
+            impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
     return impls
 
 
@@ -523,14 +457,16 @@ def _captured(call: Callable[[dict], dict], values: dict) -> dict:
 
 
 def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], device: str) -> tuple[str | None, dict]:
-    """(mismatch message or None, reference outputs) for one call on fresh inputs, in the spec's graph mode."""
+    """(mismatch message or None, reference outputs) for one call on fresh inputs, in the spec's graph mode,
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break)."""
     values = input_sets(plan, spec, device, 1, seed=CHECK_SEED)[0]
-    expected = reference_outputs(plan, plan.load_reference(), values)
+    reference = plan.load_reference()
+    expected = reference_outputs(plan, reference, values)
     actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
     tol = tolerance_for(plan, spec.dtype)
     try:
         for name in plan.outputs:
-            compare(name, actual[name], expected[name], tol, Stats())
+            compare_judged(plan, reference, tol, Stats(), name, actual[name], expected[name], values, False)
     except Mismatch as exc:
         return f"wrong result after timing: {exc}", expected
     return None, expected
@@ -539,140 +475,104 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], device: str
 # ---------------------------------------------------------------- figures
 
 
-def speedup(baseline: dict, kernel: dict, noise_floor: float = NOISE_FLOOR) -> dict:
+def speedup(baseline: ImplFigures, kernel: ImplFigures, noise_floor: float = NOISE_FLOOR) -> Speedup:
     """Baseline time over kernel time (> 1: the kernel is faster), with an interval from the q20/q80 spreads.
 
     The interval is at least +-noise_floor around the value; a speedup whose interval spans 1.0 is
     "no difference".
     """
-    value = baseline["median_us"] / kernel["median_us"]
-    low = min(baseline["q20_us"] / kernel["q80_us"], value / (1 + noise_floor))
-    high = max(baseline["q80_us"] / kernel["q20_us"], value * (1 + noise_floor))
+    value = baseline.median_us / kernel.median_us
+    low = min(baseline.q20_us / kernel.q80_us, value / (1 + noise_floor))
+    high = max(baseline.q80_us / kernel.q20_us, value * (1 + noise_floor))
     verdict = "faster" if low > 1 else "slower" if high < 1 else "no difference"
-    return {"value": round(value, 3), "low": round(low, 3), "high": round(high, 3), "verdict": verdict}
+    return Speedup(round(value, 3), round(low, 3), round(high, 3), verdict)
 
 
 def significant(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches) -> dict:
+def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches) -> ImplFigures:
     seconds = timing.median_us * 1e-6
     gbps = nbytes / seconds / 1e9
-    out = {"median_us": round(timing.median_us, 3), "q20_us": round(timing.q20_us, 3),
-           "q80_us": round(timing.q80_us, 3), "gbps": significant(gbps),
-           "pct_copy_bw": significant(100 * gbps / copy_bw) if copy_bw else None, "launches": launches,
-           "samples": len(timing.samples_us)}
-    if flops is not None:
-        out["tflops"] = significant(flops / seconds / 1e12)
-    return out
+    return ImplFigures(
+        median_us=round(timing.median_us, 3), q20_us=round(timing.q20_us, 3), q80_us=round(timing.q80_us, 3),
+        gbps=significant(gbps), pct_copy_bw=significant(100 * gbps / copy_bw) if copy_bw else None,
+        tflops=significant(flops / seconds / 1e12) if flops is not None else None,
+        launches=launches, samples=len(timing.samples_us))
 
 
-def base_record(spec: BenchSpec) -> dict:
-    return {"phase": spec.phase, "dtype": spec.dtype, "sm": spec.sm, "graph_mode": spec.graph_mode,
-            "num_tokens": spec.num_tokens, "sizes": spec.sizes_dict, "copy_bw_gbps": None, "l2_bytes": None,
-            "working_set_bytes": None, "rotated_sets": None, "timer": None}
+def base_record(spec: BenchSpec) -> BenchRecord:
+    return BenchRecord(spec.phase, spec.dtype, spec.sm, spec.graph_mode, spec.num_tokens, spec.sizes_dict)
 
 
-def not_run_record(spec: BenchSpec, reason: str) -> dict:
+def not_run_record(spec: BenchSpec, reason: str) -> BenchRecord:
     """The record of an item this machine does not run: every implementation and speedup says why."""
-    return {**base_record(spec), "impls": {name: {"not_run": reason} for name in IMPLS},
-            "speedup": {name: {"not_run": reason} for name in IMPLS[1:]}}
+    rec = base_record(spec)
+    rec.impls = {name: ImplFigures(not_run=reason) for name in IMPLS}
+    rec.speedup = {name: Speedup(not_run=reason) for name in IMPLS[1:]}
+    return rec
 
 
 @dataclass
 class BenchOutcome:
-    record: dict
+    record: BenchRecord
     timings: dict[str, Timing] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    fatal: bool = False  # the device context is unusable: the worker is replaced
 
 
-def run_benchmark(plan: Plan, spec: BenchSpec, device: str) -> BenchOutcome:
+def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
     """Time every implementation of one benchmark item and check its result; returns the results record."""
+    plan, device = load_plan(plan_path), detect().device
     graph = spec.graph_mode == "cuda_graph"
     sizes = spec.sizes_dict
     copy_bw = copy_bandwidth_gbps(device)
     l2 = l2_cache_bytes(device)
     working_set = working_set_bytes(input_sets(plan, spec, device, 1)[0])
     sets = input_sets(plan, spec, device, rotation_count(working_set, l2))
-    rec = {**base_record(spec), "copy_bw_gbps": significant(copy_bw), "l2_bytes": l2, "working_set_bytes": working_set,
-           "rotated_sets": len(sets), "impls": {}, "speedup": {}}
+    rec = base_record(spec)
+    rec.copy_bw_gbps, rec.l2_bytes, rec.working_set_bytes, rec.rotated_sets = \
+        significant(copy_bw), l2, working_set, len(sets)
     outcome = BenchOutcome(rec)
     flops = flops_done(plan, spec.dtype, spec.num_tokens, sizes)
     for name, call in implementations(plan, device).items():
         if isinstance(call, str):
-            rec["impls"][name] = {"not_run": call}
+            rec.impls[name] = ImplFigures(not_run=call)
             continue
         try:
             timing = time_calls(call, sets, device, graph)
             mismatch, expected = check(plan, spec, call, device)
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            rec["impls"][name] = {"error": message}
+            rec.impls[name] = ImplFigures(error=message)
             outcome.failures[name] = message
+            outcome.fatal = outcome.fatal or device_poisoned(message, device)
             continue
-        arg_names = {a.name for a in plan.args}
-        returned = sum(t.numel() * t.element_size() for k, t in expected.items() if k not in arg_names)
+        returned = sum(t.numel() * t.element_size() for k, t in expected.items() if not plan.has_arg(k))
         nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned)
         launches = count_launches(call, sets[0]) if device == "cuda" else None
-        rec["impls"][name] = figures(timing, nbytes, flops, copy_bw, launches)
-        rec["timer"] = timing.timer
+        rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches)
+        rec.timer = timing.timer
         outcome.timings[name] = timing
         if mismatch:
-            rec["impls"][name]["error"] = mismatch
+            rec.impls[name].error = mismatch
             outcome.failures[name] = mismatch
-    kernel = rec["impls"]["kernel"]
+    kernel = rec.impls["kernel"]
     for name in IMPLS[1:]:
-        base = rec["impls"][name]
-        if "median_us" in kernel and "median_us" in base:
-            rec["speedup"][name] = speedup(base, kernel)
+        base = rec.impls[name]
+        if kernel.timed and base.timed:
+            rec.speedup[name] = speedup(base, kernel)
         else:
-            why = kernel.get("not_run") or kernel.get("error") or base.get("not_run") or base.get("error")
-            rec["speedup"][name] = {"not_run": f"{'kernel' if 'median_us' not in kernel else name}: {why}"}
+            why = kernel.not_run or kernel.error or base.not_run or base.error
+            rec.speedup[name] = Speedup(not_run=f"{'kernel' if not kernel.timed else name}: {why}")
     del sets
     if device == "cuda":
         torch.cuda.empty_cache()
     return outcome
 
 
-def table(benchmarks: dict) -> str:
-    """A short text table of benchmark records (µs, GB/s, % of copy bandwidth, speedups)."""
-    from tabulate import tabulate
-
-    rows = []
-    for bench_id, rec in sorted(benchmarks.items()):
-        row = [bench_id]
-        for name in IMPLS[:3]:
-            f = rec["impls"].get(name, {})
-            row.append(f"{f['median_us']:.2f} µs {f['gbps']:.0f} GB/s ({f['pct_copy_bw']}%)" if "median_us" in f
-                       else "-")
-        for name in IMPLS[1:3]:
-            s = rec["speedup"].get(name, {})
-            row.append(f"{s['value']:.2f}x [{s['low']:.2f},{s['high']:.2f}] {s['verdict']}" if "value" in s else "-")
-        rows.append(row)
-    return tabulate(rows, headers=["benchmark", "kernel", "native", "compiled", "vs native", "vs compiled"])
-
-
-# ---------------------------------------------------------------- pytest items
-
-
-def collect_bench_items(parent, plan: Plan, hw):
-    """One BenchItem per benchmark spec on this machine's SM; a bad byte/flop model is a collection error."""
-    try:
-        check_models(plan)
-    except PlanError as exc:
-        raise parent.CollectError(f"invalid plan: {exc}") from None
-    config = parent.config
-    config.addinivalue_line("markers", "bench: benchmark items (collected with --bench)")
-    for spec in bench_specs(plan, hw.sm):
-        reason = skip_reason(plan, spec, hw, config.getoption("--max-cpu-ranks"))
-        item = BenchItem.from_parent(parent, name=f"bench[{spec.id}]", spec=spec, skip_reason=reason)
-        for marker in ("bench", spec.phase, spec.dtype, spec.graph_mode, spec.sm):
-            item.add_marker(marker)
-        yield item
-
-
-def skip_reason(plan: Plan, spec: BenchSpec, hw, max_cpu_ranks: int = 4) -> str:
+def skip_reason(plan: Plan, spec: BenchSpec, hw: Hardware, max_cpu_ranks: int = 4) -> str:
     """Why this machine does not time this spec ("" if it does)."""
     if spec.sm not in plan.matrix["sm"]:
         return f"the plan's matrix.sm does not list {spec.sm}"
@@ -682,96 +582,3 @@ def skip_reason(plan: Plan, spec: BenchSpec, hw, max_cpu_ranks: int = 4) -> str:
     if decision.kind != "run":
         return decision.reason
     return ""
-
-
-class BenchFailed(Exception):
-    """An implementation raised or computed a wrong result while being benchmarked."""
-
-
-class BenchItem(pytest.Item):
-    def __init__(self, *, spec: BenchSpec, skip_reason: str, **kwargs):
-        super().__init__(**kwargs)
-        self.spec, self.skip_reason = spec, skip_reason
-        # pytest-benchmark's --benchmark-skip and --benchmark-only select items by this attribute.
-        self.fixturenames = ("benchmark",)
-
-    def _record(self, rec: dict) -> None:
-        from .plugin import record
-
-        record(self.config, "benchmarks", self.spec.id, rec)
-
-    def setup(self):
-        if self.skip_reason:
-            self._record(not_run_record(self.spec, self.skip_reason))
-            pytest.skip(self.skip_reason)
-
-    def runtest(self):
-        from .hardware import detect
-        from .plugin import _state
-
-        outcome = run_benchmark(_state(self.config)["plan"], self.spec, detect().device)
-        for name, timing in outcome.timings.items():
-            store_in_pytest_benchmark(self, name, timing, outcome.record)
-        self._record(outcome.record)
-        if outcome.failures:
-            raise BenchFailed("; ".join(f"{name}: {msg}" for name, msg in outcome.failures.items()))
-        kernel = outcome.record["impls"]["kernel"]
-        if "not_run" in kernel:
-            pytest.skip(f"kernel {kernel['not_run']}; native vs compiled recorded ({outcome.record['timer']} timer)")
-
-    def repr_failure(self, excinfo, style=None):
-        if isinstance(excinfo.value, BenchFailed):
-            return f"benchmark {self.spec.id} failed: {excinfo.value}"
-        return super().repr_failure(excinfo, style)
-
-    def reportinfo(self):
-        return self.path, None, f"{self.parent.name}::{self.name}"
-
-
-class _ReplayClock:
-    """pytest-benchmark's timer for times measured on the device: each round advances it by one sample."""
-
-    def __init__(self, timing: Timing):
-        self.__name__ = timing.timer  # what pytest-benchmark stores as the timer's name
-        self.now = 0.0
-        self._samples = iter(timing.samples_us)
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self) -> None:
-        self.now += next(self._samples) * 1e-6
-
-
-def store_in_pytest_benchmark(item: pytest.Item, impl: str, timing: Timing, rec: dict) -> None:
-    """Hand one implementation's device samples to pytest-benchmark (storage, --benchmark-compare[-fail])."""
-    session = getattr(item.config, "_benchmarksession", None)
-    if session is None:  # pytest-benchmark not installed, or -p no:benchmark
-        return
-    from pytest_benchmark.fixture import BenchmarkFixture
-    from pytest_benchmark.utils import NameWrapper
-
-    clock = _ReplayClock(timing)
-    fixture = BenchmarkFixture(item, add_stats=session.benchmarks.append, logger=session.logger, warner=item.warn,
-                               disabled=session.disabled,
-                               **{**session.options, "timer": NameWrapper(clock), "group": item.name})
-    fixture.name = f"{item.name[:-1]}-{impl}]"
-    fixture.fullname = f"{item.nodeid[:-1]}-{impl}]"
-    figs = rec["impls"][impl]
-    fixture.extra_info.update({"impl": impl, "timer": timing.timer, "calls_per_sample": timing.calls_per_sample,
-                               "gbps": figs["gbps"], "pct_copy_bw": figs["pct_copy_bw"],
-                               "launches": figs["launches"], "rotated_sets": rec["rotated_sets"]})
-    fixture.pedantic(clock.advance, rounds=len(timing.samples_us), iterations=1)
-
-
-class PytestBenchmarkMachineInfo:
-    """Adds the GPU and the software stack to pytest-benchmark's machine_info, so saved runs from different
-    GPUs are told apart (pytest-benchmark warns when a comparison's machine_info differs)."""
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_benchmark_update_machine_info(self, config, machine_info):
-        from .hardware import provenance
-
-        prov = provenance(config.rootpath)
-        machine_info["harness"] = {k: prov[k] for k in ("sm", "gpu", "device_count", "torch", "triton", "cuda",
-                                                        "vllm", "triton_interpreter")}

@@ -37,6 +37,10 @@ class Example:
     seed: int = 0
     decode_tokens: int = 0  # chunked prefill: how many of num_tokens are decode tokens
 
+    def layout(self, name: str) -> tuple[str, int]:
+        """(layout, padding) drawn for an argument; contiguous where none was drawn."""
+        return self.layouts.get(name, ("contiguous", 0))
+
     def shape_key(self) -> tuple:
         """Everything but the token count, the data and the seed: what a compiled graph may specialise on."""
         return tuple(sorted(self.sizes.items())), tuple(sorted(self.layouts.items()))
@@ -135,24 +139,41 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
             values[arg.name] = arg.value
             continue
         dtype = act if arg.dtype == "act" else TORCH_DTYPES[arg.dtype]
-        shape = [ex.num_tokens if d.symbol == "num_tokens" else d.size(ex.sizes) for d in arg.shape]
+        shape = arg_shape(arg, ex)
         if arg.role == "output":
             values[arg.name] = poisoned(shape, dtype, device)
             continue
-        layout, pad = ex.layouts.get(arg.name, ("contiguous", 0))
-        values[arg.name] = _fill(arg, shape, dtype, layout, pad, ex.scale, gen, device)
+        values[arg.name] = in_layout(_fill(arg, shape, dtype, ex.scale, gen, device), *ex.layout(arg.name))
     return values
 
 
-def poisoned(shape, dtype: torch.dtype, device: str) -> torch.Tensor:
+def arg_shape(arg: Arg, ex: Example) -> list[int]:
+    return [ex.num_tokens if d.symbol == "num_tokens" else d.size(ex.sizes) for d in arg.shape]
+
+
+def poison_value(dtype: torch.dtype) -> float | int:
+    """What unwritten memory holds: NaN, or the largest integer (no valid index or count is that large)."""
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """An output buffer whose unwritten elements cannot pass a comparison."""
-    t = torch.empty(shape, dtype=dtype, device=device)
-    return t.fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max)
+    return torch.empty(shape, dtype=dtype, device=device).fill_(poison_value(dtype))
 
 
-def _fill(arg: Arg, shape, dtype, layout: str, pad: int, scale: str, gen, device) -> torch.Tensor:
-    # Strided: a view of a wider buffer (the last dim padded), as a slice of a fused QKV or gate_up output is.
-    full = list(shape[:-1]) + [shape[-1] + pad] if layout == "strided" else list(shape)
+def in_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
+    """`t` in a drawn layout. Strided: a copy inside a buffer `pad` elements wider in the last dimension, as a
+    slice of a fused QKV or gate_up output is; the padding is poisoned, so a kernel reading it fails."""
+    if layout != "strided" or t.dim() < 2:
+        return t
+    buf = poisoned(list(t.shape[:-1]) + [t.shape[-1] + pad], t.dtype, t.device)
+    view = buf[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def _fill(arg: Arg, shape, dtype, scale: str, gen, device) -> torch.Tensor:
+    full = list(shape)
     if arg.init == "zeros":
         data = torch.zeros(full, device=device)
     elif arg.init == "uniform":
@@ -172,7 +193,7 @@ def _fill(arg: Arg, shape, dtype, layout: str, pad: int, scale: str, gen, device
     else:
         info = torch.iinfo(dtype)
         data = data.mul(16).round().clamp(info.min, info.max).to(dtype)
-    return data[..., : shape[-1]] if layout == "strided" else data
+    return data
 
 
 def clone_args(values: dict) -> dict:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .hardware import Hardware
 from .plan import AXES, Plan
+from .results import Status
 
 
 @dataclass(frozen=True, order=True)
@@ -34,14 +35,15 @@ class Cell:
         return cls(phase, dtype, int(tp.removeprefix("tp")), graph_mode, sm)
 
 
-# Decision kinds; "run" and "xfail" execute, the others are skipped with their reason.
-RUN, XFAIL, EXCLUDED, NOT_RUN = "run", "xfail", "excluded", "not_run"
-
-
 @dataclass(frozen=True)
 class Decision:
+    """RUN and XFAIL execute; EXCLUDED and NOT_RUN are skipped with their reason."""
+
     kind: str
     reason: str = ""
+
+
+RUN, XFAIL, EXCLUDED, NOT_RUN = "run", "xfail", Status.EXCLUDED.value, Status.NOT_RUN.value
 
 
 def expand(plan: Plan) -> list[Cell]:
@@ -49,16 +51,21 @@ def expand(plan: Plan) -> list[Cell]:
     return [Cell(*values) for values in itertools.product(m["phase"], m["dtype"], m["tp"], m["graph_mode"], m["sm"])]
 
 
+def excluded_by(plan: Plan, cell: Cell) -> str | None:
+    """The plan's reason when an exclude rule matches the cell (on every machine)."""
+    rule = next((r for r in plan.excludes if r.matches(cell.axes())), None)
+    return f"excluded by the plan (line {rule.line}): {rule.why}" if rule else None
+
+
 def decide(plan: Plan, cell: Cell, hw: Hardware, max_cpu_ranks: int) -> Decision:
-    axes = cell.axes()
-    for rule in plan.excludes:
-        if rule.matches(axes):
-            return Decision(EXCLUDED, f"excluded by the plan (line {rule.line}): {rule.why}")
+    excluded = excluded_by(plan, cell)
+    if excluded:
+        return Decision(EXCLUDED, excluded)
     why_not = not_runnable_here(cell, hw, max_cpu_ranks)
     if why_not:
         return Decision(NOT_RUN, why_not)
     for rule in plan.expects:
-        if rule.matches(axes):
+        if rule.matches(cell.axes()):
             return Decision(XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
     return Decision(RUN)
 
@@ -69,8 +76,8 @@ def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
         return f"needs {cell.sm}; this machine is {hw.sm}" + (f" ({hw.gpu})" if hw.has_cuda else "")
     if cell.graph_mode == "cuda_graph" and not hw.has_cuda:
         return "cuda_graph needs a CUDA device; this machine has none"
-    if cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda:
-        return "fp8_e4m3fnuz is the ROCm fp8 format; this machine is CUDA"
+    if cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda and not hw.sm.startswith("gfx"):
+        return f"fp8_e4m3fnuz is the ROCm fp8 format; this machine is {hw.sm}"
     if cell.tp > 1:
         if hw.has_cuda and cell.tp > hw.device_count:
             return f"needs {cell.tp} GPUs; this machine has {hw.device_count}"

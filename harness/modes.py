@@ -5,8 +5,9 @@
   fake implementation from the plan or derived from the reference), `opcheck`ed once, then called
   under `torch.compile(fullgraph=True)` with the token dimension unbacked, so one graph must serve
   every token count.
-- cuda_graph: captured on static buffers at vLLM's capture sizes, replayed with fresh data copied
-  in and token counts padded up to the captured size, as vLLM's model runner does.
+- cuda_graph: captured on static buffers at vLLM's capture sizes, in the example's layout,
+  replayed with fresh data copied in and token counts padded up to the captured size, as vLLM's
+  model runner does.
 
 Each runner is called as `runner(values, example) -> returned` with the plan's keyword arguments;
 outputs the op writes land in `values` as in eager mode, so the caller compares the same way.
@@ -14,32 +15,13 @@ outputs the op writes land in `values` as in eager mode, so the caller compares 
 
 from __future__ import annotations
 
-import itertools
 from typing import Callable
 
 import torch
 
-from .inputs import Example
+from .inputs import Example, in_layout
 from .numerics import Mismatch
 from .plan import Plan, import_object
-
-_op_ids = itertools.count()
-
-
-def returned_outputs(plan: Plan) -> tuple[str, ...]:
-    """Outputs the op returns (the rest are written into arguments)."""
-    arg_names = {a.name for a in plan.args}
-    return tuple(o for o in plan.outputs if o not in arg_names)
-
-
-def written_args(plan: Plan) -> tuple[str, ...]:
-    return tuple(a.name for a in plan.args if a.role == "output") + tuple(plan.mutates)
-
-
-def token_dim(plan: Plan, name: str) -> int | None:
-    arg = plan.arg(name)
-    return next((i for i, d in enumerate(arg.shape or ()) if d.symbol == "num_tokens"), None)
-
 
 class Eager:
     def __init__(self, plan: Plan, kernel: Callable, device: str):
@@ -52,39 +34,18 @@ class Eager:
 # ---------------------------------------------------------------- torch.compile
 
 
-def _schema(plan: Plan) -> str:
-    written = set(written_args(plan))
-    params = []
-    for i, a in enumerate(plan.args):
-        if a.is_tensor:
-            params.append(f"Tensor(a{i}!) {a.name}" if a.name in written else f"Tensor {a.name}")
-        else:
-            kind = {bool: "bool", int: "int", float: "float", str: "str"}[type(a.value)]
-            params.append(f"{kind} {a.name}")
-    n_ret = len(returned_outputs(plan))
-    ret = "()" if n_ret == 0 else "Tensor" if n_ret == 1 else "(" + ", ".join(["Tensor"] * n_ret) + ")"
-    return f"({', '.join(params)}) -> {ret}"
+# Ops defined in this process: (qualname, schema) -> (op, slot). torch cannot redefine an op name cleanly, so a
+# later cell of the same plan reuses the op with its own kernel and fake in the slot.
+_defined: dict[tuple[str, str], tuple[object, dict]] = {}
 
 
 def as_custom_op(plan: Plan, kernel: Callable, fake: Callable | None = None):
-    """The kernel as an opaque custom op, the way a vLLM integration registers it."""
+    """The kernel as the opaque custom op `plan.op_qualname`, the way its vLLM plugin registers it."""
     names = [a.name for a in plan.args]
-    returned = returned_outputs(plan)
-    qualname = f"harness::{plan.name}_{next(_op_ids)}"
-
-    def impl(*args):
-        out = kernel(**dict(zip(names, args)))
-        if not returned:
-            return None
-        # A custom op may not return its inputs or a view of them: return fresh tensors.
-        outs = out if isinstance(out, tuple) else (out,)
-        return outs[0].clone() if len(returned) == 1 else tuple(o.clone() for o in outs)
-
-    op = torch.library.custom_op(qualname, impl, mutates_args=written_args(plan), schema=_schema(plan))
+    returned = plan.returned_outputs
     if fake is None:
         reference = plan.load_reference()
-        arg_names = {a.name for a in plan.args}
-        returned_idx = [i for i, o in enumerate(plan.outputs) if o not in arg_names]
+        returned_idx = [i for i, o in enumerate(plan.outputs) if o in returned]
 
         def fake(*args):
             if not returned:
@@ -95,7 +56,27 @@ def as_custom_op(plan: Plan, kernel: Callable, fake: Callable | None = None):
             outs = tuple(torch.empty_like(ref[i]) for i in returned_idx)
             return outs[0] if len(outs) == 1 else outs
 
-    op.register_fake(fake)
+    schema = plan.schema()
+    known = _defined.get((plan.op_qualname, schema))
+    if known is not None:
+        known[1].update(kernel=kernel, fake=fake)
+        return known[0]
+    slot = {"kernel": kernel, "fake": fake}
+
+    def impl(*args):
+        out = slot["kernel"](**dict(zip(names, args)))
+        if not returned:
+            return None
+        # A custom op may not return its inputs or a view of them: return fresh tensors.
+        outs = out if isinstance(out, tuple) else (out,)
+        return outs[0].clone() if len(returned) == 1 else tuple(o.clone() for o in outs)
+
+    # Another plan of the same op name with another signature in this process (the harness's own tests only).
+    others = sum(1 for qualname, _ in _defined if qualname == plan.op_qualname)
+    name = f"{plan.op_qualname}_{others}" if others else plan.op_qualname
+    op = torch.library.custom_op(name, impl, mutates_args=plan.written_args, schema=schema)
+    op.register_fake(lambda *args: slot["fake"](*args))
+    _defined[(plan.op_qualname, schema)] = (op, slot)
     return op
 
 
@@ -135,7 +116,7 @@ class TorchCompile:
         if self.opcheck_failure:  # every example fails alike, so hypothesis's replay sees the same failure
             raise Mismatch(self.opcheck_failure)
         for n in self.names:
-            dim = token_dim(self.plan, n) if self.plan.arg(n).is_tensor else None
+            dim = self.plan.token_dim(n) if self.plan.arg(n).is_tensor else None
             if dim is not None:
                 torch._dynamo.decorators.mark_unbacked(values[n], dim)
         before, key = self.compiles, example.shape_key()
@@ -158,19 +139,12 @@ def _first_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------- CUDA graphs
 
 
-def vllm_capture_sizes(max_num_seqs: int) -> list[int]:
-    """vLLM's default cudagraph capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)."""
-    largest = min(2 * max_num_seqs, 512)
-    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16))
-    return [s for s in sizes if s <= largest]
-
-
 class CudaGraph:
     """Capture per (capture size, shape) on static buffers; each example copies its data in and replays."""
 
     def __init__(self, plan: Plan, kernel: Callable, device: str):
         self.plan, self.kernel = plan, kernel
-        self.sizes = sorted(plan.capture_sizes or vllm_capture_sizes(plan.numerics.max_num_seqs))
+        self.sizes = plan.cuda_graph_sizes()
         self.graphs: dict = {}
         self.facts = {"capture_safe": None, "captures": 0, "replays": 0, "beyond_largest_capture": 0}
 
@@ -181,18 +155,19 @@ class CudaGraph:
             size = -(-n // 256) * 256
         return size
 
-    def _static(self, values: dict, size: int) -> dict:
+    def _static(self, values: dict, example: Example, size: int) -> dict:
+        """Static buffers for one capture: token dims grown to `size`, each in the example's layout (strides and
+        padding as drawn), padded rows poisoned until the first replay's data lands in them."""
         static = {}
         for name, v in values.items():
-            dim = token_dim(self.plan, name) if isinstance(v, torch.Tensor) else None
+            dim = self.plan.token_dim(name) if isinstance(v, torch.Tensor) else None
             if dim is None:
                 static[name] = v.clone() if isinstance(v, torch.Tensor) else v
                 continue
             shape = list(v.shape)
             shape[dim] = size
-            pad = v.stride(dim - 1) - v.shape[-1] if v.dim() > 1 and dim != v.dim() - 1 else 0
-            full = torch.randn(shape[:-1] + [shape[-1] + max(pad, 0)], device=v.device).to(v.dtype)
-            static[name] = full[..., : shape[-1]]
+            buf = torch.zeros(shape, dtype=v.dtype, device=v.device)  # padded rows: zeros, valid for any op
+            static[name] = in_layout(buf, *example.layout(name))
         return static
 
     def _capture(self, static: dict):
@@ -228,7 +203,7 @@ class CudaGraph:
         size = self.capture_size(n)
         key = (size, example.shape_key())
         if key not in self.graphs:
-            static = self._static(values, size)
+            static = self._static(values, example, size)
             self.graphs[key] = (static, *self._capture(static))
         static, graph, out = self.graphs[key]
         for name, v in values.items():  # fresh data into the real rows; padded rows keep stale data
@@ -246,7 +221,7 @@ class CudaGraph:
         return sliced if isinstance(out, tuple) else sliced[0]
 
     def _rows(self, name: str, t: torch.Tensor, n: int) -> torch.Tensor:
-        dim = token_dim(self.plan, name)
+        dim = self.plan.token_dim(name)
         return t if dim is None else t.narrow(dim, 0, n)
 
 

@@ -7,24 +7,15 @@ fp64 tie-break for borderline failures (whoever is closer to the exact result wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .plan import Plan, Tolerance
+from .plan import Tolerance
+from .results import ErrorStats
 
-# vLLM's kernel-test defaults (tests/kernels/allclose_default.py, vllm.ir tolerances); fp8 and int8 as vLLM IR.
-DEFAULT_TOLERANCE = {
-    "fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2),
-    "fp8_e4m3fn": Tolerance(0.1, 0.1), "fp8_e4m3fnuz": Tolerance(0.1, 0.1), "int8": Tolerance(1.0, 0.0),
-}
 # A failure within this many tolerances is "borderline" and gets judged against fp64.
 BORDERLINE = 4.0
-
-
-def tolerance_for(plan: Plan, dtype: str, vllm_default: Tolerance | None = None) -> Tolerance:
-    """Plan override first, then vLLM's own table for the op (when vllm is installed), then the defaults."""
-    return plan.tolerance.get(dtype) or vllm_default or DEFAULT_TOLERANCE[dtype]
 
 
 @dataclass
@@ -43,9 +34,8 @@ class Stats:
         if ulp is not None:
             self.max_ulp = max(self.max_ulp or 0, ulp)
 
-    def as_dict(self) -> dict:
-        return {"max_abs": _finite(self.max_abs), "max_rel": _finite(self.max_rel), "max_ulp": self.max_ulp,
-                "output": self.worst_output}
+    def record(self) -> ErrorStats:
+        return ErrorStats(_finite(self.max_abs), _finite(self.max_rel), self.max_ulp, self.worst_output)
 
 
 def _finite(x: float):
@@ -57,7 +47,7 @@ class Mismatch(AssertionError):
     """A comparison that failed, with the message a user reads."""
 
     message: str
-    stats: dict = field(default_factory=dict)
+    stats: ErrorStats | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -111,7 +101,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: St
             if actual.dtype.is_floating_point and torch.isnan(actual[bad]).all() else ""
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise Mismatch(f"output '{name}': {n} of {total} elements are NaN/Inf where the reference is finite, "
-                       f"first at index {first}{hint}", {"max_abs": "nan", "max_rel": "nan", "max_ulp": None})
+                       f"first at index {first}{hint}", ErrorStats("nan", "nan", None, name))
     try:
         torch.testing.assert_close(actual, expected, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
         return
@@ -127,12 +117,13 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: St
         if kernel_err <= ref_err + tol.atol:
             return
         msg += f"; against fp64 the kernel is off by {kernel_err:.3g}, the reference by {ref_err:.3g}"
-    raise Mismatch(msg, {"max_abs": abs_err, "max_rel": rel_err, "max_ulp": ulp})
+    raise Mismatch(msg, ErrorStats(abs_err, rel_err, ulp, name))
 
 
 def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
     """An input the op does not declare as mutated must be bit-identical after the call."""
     same = before.shape == after.shape and bool(
-        (before == after).logical_or(before.isnan() & after.isnan() if before.is_floating_point() else False).all())
+        torch.equal(before, after) or (before.is_floating_point()
+                                       and ((before == after) | (before.isnan() & after.isnan())).all()))
     if not same:
         raise Mismatch(f"input '{name}' was modified by the op, which does not declare it in op.mutates")

@@ -20,12 +20,15 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "int8")
 GRAPH_MODES = ("eager", "cuda_graph", "torch_compile")
 INTENTS = ("drop-in", "fusion", "new-algorithm", "quantization")
 AXES = ("phase", "dtype", "tp", "graph_mode", "sm")
+PROFILES = ("dev", "ci", "nightly")  # numerics profiles (hypothesis profiles harness-<name>)
 LAYOUTS = ("contiguous", "strided")
 INITS = ("normal", "around_one", "uniform", "zeros")
 ROLES = ("input", "output")
 VLLM_ROUTES = ("ir", "custom_op")
 BASELINES = ("native", "compiled", "vllm")
-SM_PATTERN = re.compile(r"^(cpu|sm\d{2,3})$")
+# NVIDIA compute capability (sm90) or an AMD CDNA target (gfx90a, gfx942, gfx950).
+SM_PATTERN = re.compile(r"^(cpu|sm\d{2,3}|gfx9[0-9][0-9a-f])$")
+SM_EXPECTED = "'cpu', 'smXY' (e.g. sm90) or an AMD target (gfx90a, gfx942, gfx950)"
 # The token count is the one symbol every plan gets for free: the phase decides it.
 BUILTIN_SYMBOLS = ("num_tokens",)
 # Fixed-dtype arguments use torch's names; "act" follows the cell's dtype axis.
@@ -288,18 +291,68 @@ class Plan:
         return import_object(self.kernel)
 
     def load_reference(self) -> Callable:
-        if self.reference.startswith("vllm."):  # a vLLM layer's method: the layer is built in a vLLM config
-            from .vllm_support import vllm_reference
-
-            return vllm_reference(self)
         return import_object(self.reference)
 
     def arg(self, name: str) -> Arg:
         return next(a for a in self.args if a.name == name)
 
+    def has_arg(self, name: str) -> bool:
+        return any(a.name == name for a in self.args)
+
     @property
     def tensor_args(self) -> tuple[Arg, ...]:
         return tuple(a for a in self.args if a.is_tensor)
+
+    @property
+    def returned_outputs(self) -> tuple[str, ...]:
+        """Outputs the op returns (the others are written into its arguments)."""
+        return tuple(o for o in self.outputs if not self.has_arg(o))
+
+    @property
+    def written_args(self) -> tuple[str, ...]:
+        """Arguments the op writes: output buffers, then the inputs it mutates."""
+        return tuple(a.name for a in self.args if a.role == "output") + tuple(self.mutates)
+
+    def token_dim(self, name: str) -> int | None:
+        """The num_tokens dimension of an argument (None: it has none); returned outputs have tokens first."""
+        if not self.has_arg(name):
+            return 0
+        return next((i for i, d in enumerate(self.arg(name).shape or ()) if d.symbol == "num_tokens"), None)
+
+    @property
+    def op_namespace(self) -> str:
+        """The torch.library namespace of the op: the kernel's top-level package (e.g. `kernels`)."""
+        return re.sub(r"\W", "_", self.kernel.split(":")[0].split(".")[0])
+
+    @property
+    def op_qualname(self) -> str:
+        """The one torch.library name of the op: what cells test, the report documents and the plugin ships."""
+        return f"{self.op_namespace}::{self.name}"
+
+    def schema(self) -> str:
+        """The torch.library schema of the kernel's call: written arguments aliased, scalars typed."""
+        written = set(self.written_args)
+        params = []
+        for i, a in enumerate(self.args):
+            if a.is_tensor:
+                params.append(f"Tensor(a{i}!) {a.name}" if a.name in written else f"Tensor {a.name}")
+            else:
+                kind = {bool: "bool", int: "int", float: "float", str: "str"}[type(a.value)]
+                params.append(f"{kind} {a.name}")
+        n_ret = len(self.returned_outputs)
+        ret = "()" if n_ret == 0 else "Tensor" if n_ret == 1 else "(" + ", ".join(["Tensor"] * n_ret) + ")"
+        return f"({', '.join(params)}) -> {ret}"
+
+    def cuda_graph_sizes(self) -> list[int]:
+        """Capture sizes: the plan's, else vLLM's defaults for numerics.max_num_seqs."""
+        return sorted(self.capture_sizes or vllm_capture_sizes(self.numerics.max_num_seqs))
+
+
+def vllm_capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's default cudagraph capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)."""
+    largest = min(2 * max_num_seqs, 512)
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16))
+    return [s for s in sizes if s <= largest]
 
 
 def import_object(path: str) -> Any:
@@ -548,8 +601,8 @@ def load_plan(path: str | Path) -> Plan:
     for i, sm in enumerate(matrix["sm"]):
         if not SM_PATTERN.match(sm):
             node = mx["sm"]
-            raise (r.fail(node, i, f"matrix.sm[{i}]", "'cpu' or 'smXY' (e.g. sm90)", sm) if isinstance(node, _Seq)
-                   else r.fail(mx, "sm", "matrix.sm", "'cpu' or 'smXY' (e.g. sm90)", sm))
+            raise (r.fail(node, i, f"matrix.sm[{i}]", SM_EXPECTED, sm) if isinstance(node, _Seq)
+                   else r.fail(mx, "sm", "matrix.sm", SM_EXPECTED, sm))
     for axis, values in matrix.items():
         if not values:
             raise r.fail(mx, axis, f"matrix.{axis}", "at least one value", mx[axis])

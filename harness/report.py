@@ -5,7 +5,7 @@ performance, trade-offs, decisions) filled with the plan's answers and what the 
 Same plan and results in, byte-identical report out: everything is sorted, and dates appear only
 in the provenance line. Every piece of text that comes from a user or an exception is escaped
 for the place it lands in (a table cell, inline code, a Mermaid label). The verdict rules are
-documented in docs/report.md.
+documented in docs/report.md. Plain Python: it reads records and the plan, never torch or pytest.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .matrix import Cell, expand
-from .modes import _schema, returned_outputs, vllm_capture_sizes, written_args
+from .matrix import Cell, excluded_by, expand
 from .plan import AXES, PHASES, Plan
-from .results import merge_dir
-from .vllm_support import vllm_plugin_markdown
+from .results import RAN, BenchRecord, CellRecord, ImplFigures, IntegrationRecord, Provenance, Status, merge_dir
+from .tolerances import tolerance_source
+from .vllm_ops import enable_setting, plugin_entry_point, plugin_module_name, plugin_route, provider_name, \
+    render_plugin, unsupported, vllm_op
 
-MARKS = {"passed": "✅", "failed": "❌", "not_run": "⏭", "excluded": "🚫", "xfail": "⚠️", "xpass": "❗"}
+MARKS = {Status.PASSED: "✅", Status.FAILED: "❌", Status.NOT_RUN: "⏭", Status.EXCLUDED: "🚫", Status.XFAIL: "⚠️",
+         Status.XPASS: "❗"}
 NO_RESULT = "—"
 LEGEND = ("✅ passed · ❌ failed · ⏭ not run here · 🚫 excluded by the plan · ⚠️ expected failure (plan) · "
           "❗ unexpected pass · — no result recorded yet")
@@ -102,40 +104,43 @@ def fmt_us(v) -> str:
 
 
 @dataclass
-class Results:
+class Merged:
     """The plan's cells with their winning records, and where each record came from."""
 
     plan: Plan
-    runs: dict
-    records: dict  # cell id -> record, plan cells only
+    runs: dict[str, Provenance]
+    records: dict[str, CellRecord]  # cell id -> record, plan cells only
     cells: list  # every plan cell, in plan order
-    benchmarks: list  # (bench id, record) for the plan's SMs, with at least one implementation timed
-    untimed: list  # (bench id, record) where nothing was timed (skipped on this machine)
+    benchmarks: list[tuple[str, BenchRecord]]  # for the plan's SMs, with at least one implementation timed
+    untimed: list[tuple[str, BenchRecord]]  # where nothing was timed (skipped on this machine)
     problems: list  # results that could not be used, as returned to the caller
     op_dir: Path = Path(".")
     ignored: int = 0  # stored results for cells or SMs the plan no longer has
     covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
     sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
-    integration: dict = field(default_factory=dict)  # vLLM integration item -> record
+    integration: dict[str, IntegrationRecord] = field(default_factory=dict)
 
-    def source_sm(self, rec: dict) -> str | None:
-        return (self.runs.get(rec.get("run")) or {}).get("sm")
+    def source(self, rec) -> Provenance | None:
+        return self.runs.get(rec.run)
 
-    def status(self, cell: Cell) -> str | None:
+    def source_sm(self, rec) -> str | None:
+        prov = self.source(rec)
+        return prov.sm if prov else None
+
+    def status(self, cell: Cell) -> Status | None:
         rec = self.records.get(cell.id)
-        return rec.get("status") if rec else None
+        return rec.status if rec else None
 
     def cells_with(self, *statuses) -> list:
         return [c for c in self.cells if self.status(c) in statuses]
 
     def missing(self) -> list:
-        """Plan cells on covered SMs without a result (or with a status this harness does not know)."""
-        return [c for c in self.cells if c.sm in self.covered and self.status(c) not in MARKS]
+        """Plan cells on covered SMs without a result."""
+        return [c for c in self.cells if c.sm in self.covered and self.status(c) is None]
 
     def excluded_by_plan(self, cell: Cell) -> str | None:
         """The plan's reason when it excludes the cell (on every machine, with or without results)."""
-        rule = next((r for r in self.plan.excludes if r.matches(cell.axes())), None)
-        return f"excluded by the plan (line {rule.line}): {rule.why}" if rule else None
+        return excluded_by(self.plan, cell)
 
     def uncovered_cells(self) -> list:
         """Cells the plan requires on SMs that no results cover yet."""
@@ -152,7 +157,7 @@ class Results:
         return out
 
 
-def collect(plan: Plan, op_dir: Path) -> Results:
+def collect(plan: Plan, op_dir: Path) -> Merged:
     """Every results file merged (per cell the latest wins), narrowed to the plan's cells and SMs."""
     results_dir = Path(op_dir) / "results"
     merged, problems = merge_dir(results_dir, plan.name)
@@ -161,36 +166,34 @@ def collect(plan: Plan, op_dir: Path) -> Results:
     cells = expand(plan)
     by_id = {c.id: c for c in cells}
     records, ignored = {}, 0
-    for cid, rec in merged["cells"].items():
-        if cid in by_id and isinstance(rec, dict):
+    for cid, rec in merged.cells.items():
+        if cid in by_id:
             records[cid] = rec
-            if rec.get("status") not in MARKS:
-                problems.append(f"cell {cid}: unknown status {rec.get('status')!r} (counted as no result)")
         else:
             ignored += 1
     benchmarks, untimed = [], []
-    for bid, rec in sorted(merged["benchmarks"].items()):
-        if not isinstance(rec, dict) or rec.get("sm") not in plan.matrix["sm"]:
+    for bid, rec in sorted(merged.benchmarks.items()):
+        if rec.sm not in plan.matrix["sm"]:
             ignored += 1
-        elif any(_median(t) is not None for t in (rec.get("impls") or {}).values()):
+        elif any(t.timed for t in rec.impls.values()):
             benchmarks.append((bid, rec))
         else:
             untimed.append((bid, rec))
-    res = Results(plan, merged["runs"], records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
-                  integration=merged.get("integration", {}))
-    unknown_runs = sorted({r.get("run") for r in records.values() if r.get("run") not in res.runs}
-                          | {r.get("run") for _, r in benchmarks if r.get("run") not in res.runs}, key=str)
+    res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
+                 integration=merged.integration)
+    unknown_runs = sorted({r.run for r in records.values() if r.run not in res.runs}
+                          | {r.run for _, r in benchmarks if r.run not in res.runs}, key=str)
     for run in unknown_runs:
         problems.append(f"results name run {run!r}, which no results file describes (provenance unknown)")
     covered, sources = defaultdict(set), defaultdict(set)
     for cid, rec in records.items():
         sm = by_id[cid].sm
-        if res.source_sm(rec) == sm and rec.get("status") in MARKS:
-            covered[sm].add(rec["run"])
-            sources[sm].add(rec["run"])
+        if res.source_sm(rec) == sm:
+            covered[sm].add(rec.run)
+            sources[sm].add(rec.run)
     for _, rec in benchmarks + untimed:
-        if res.source_sm(rec) == rec["sm"]:
-            sources[rec["sm"]].add(rec["run"])
+        if res.source_sm(rec) == rec.sm:
+            sources[rec.sm].add(rec.run)
     res.covered = {sm: sorted(covered[sm]) for sm in plan.matrix["sm"] if sm in covered}
     res.sources = {sm: sorted(sources[sm]) for sm in plan.matrix["sm"] if sm in sources}
     return res
@@ -232,13 +235,8 @@ def _first_line(text, limit: int = 240) -> str:
 # ---------------------------------------------------------------- plan-derived names
 
 
-def op_namespace(plan: Plan) -> str:
-    """The torch.library namespace: the kernel's top-level package (e.g. `kernels`)."""
-    return re.sub(r"\W", "_", plan.kernel.split(":")[0].split(".")[0])
-
-
 def custom_op_name(plan: Plan) -> str:
-    return f"torch.ops.{op_namespace(plan)}.{plan.name}"
+    return f"torch.ops.{plan.op_namespace}.{plan.name}"
 
 
 def layer_path(plan: Plan) -> str | None:
@@ -255,55 +253,51 @@ def ir_op(plan: Plan) -> str:
 
 
 def capture_sizes(plan: Plan) -> list[int]:
-    return sorted(plan.capture_sizes or vllm_capture_sizes(plan.numerics.max_num_seqs))
+    return plan.cuda_graph_sizes()
 
 
 # ---------------------------------------------------------------- benchmarks
 
 
-def regime(rec: dict) -> str:
-    return "decode-sized" if rec.get("phase") == "decode" else "prefill-sized"
+def regime(phase: str) -> str:
+    return "decode-sized" if phase == "decode" else "prefill-sized"
 
 
-def _median(impl) -> float | None:
-    v = impl.get("median_us") if isinstance(impl, dict) else None
-    return v if _is_num(v) else None
+def _median(impl: ImplFigures | None) -> float | None:
+    return impl.median_us if impl is not None and impl.timed else None
 
 
-def _baselines(rec: dict) -> list[str]:
-    names = set((rec.get("impls") or {}).keys()) | set((rec.get("speedup") or {}).keys())
+def _baselines(rec: BenchRecord) -> list[str]:
+    names = set(rec.impls) | set(rec.speedup)
     names.discard("kernel")
     return sorted(names, key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
 
 
-def speedup_verdict(rec: dict, baseline: str) -> str | None:
+def speedup_verdict(rec: BenchRecord, baseline: str) -> str | None:
     """faster | slower | no difference for the kernel against one measured baseline (None: not measured)."""
-    impls = rec.get("impls") or {}
-    kernel, base = _median(impls.get("kernel")), _median(impls.get(baseline))
+    kernel, base = _median(rec.impls.get("kernel")), _median(rec.impls.get(baseline))
     if kernel is None or base is None or kernel <= 0:
         return None
-    s = (rec.get("speedup") or {}).get(baseline)
-    s = s if isinstance(s, dict) else {}
-    low, high = s.get("low"), s.get("high")
-    if _is_num(low) and _is_num(high):
-        return "faster" if low > 1 else "slower" if high < 1 else "no difference"
-    if s.get("verdict") in ("faster", "slower", "no difference"):
-        return s["verdict"]
+    s = rec.speedup.get(baseline)
+    if s is not None and _is_num(s.low) and _is_num(s.high):
+        return "faster" if s.low > 1 else "slower" if s.high < 1 else "no difference"
+    if s is not None and s.verdict in ("faster", "slower", "no difference"):
+        return s.verdict
     return "faster" if base > kernel else "slower" if base < kernel else "no difference"
 
 
-def _why_untimed(impl) -> str:
-    if not isinstance(impl, dict):
+def _why_untimed(impl: ImplFigures | None) -> str:
+    if impl is None:
         return "no figures recorded"
-    return str(impl.get("not_run") or impl.get("error") or "no figures recorded")
+    return str(impl.not_run or impl.error or "no figures recorded")
 
 
-def row_choice(rec: dict) -> str | None:
+def row_choice(rec: BenchRecord) -> str | None:
     """What one benchmark shape recommends; None when the kernel (correct and timed) or every baseline is missing."""
-    impls = rec.get("impls") or {}
+    impls = rec.impls
     measured = [b for b in _baselines(rec) if speedup_verdict(rec, b) is not None]
     kernel = impls.get("kernel")
-    if _median(kernel) is None or kernel.get("error") or not measured:
+    if _median(kernel) is None or kernel.error or not measured:
         return None
     if all(speedup_verdict(rec, b) == "faster" for b in measured):
         return ENABLE
@@ -323,20 +317,20 @@ class Recommendation:
         return self.choice == ENABLE
 
 
-def recommendations(res: Results) -> list[Recommendation]:
+def recommendations(res: Merged) -> list[Recommendation]:
     groups = defaultdict(list)
     for _, rec in res.benchmarks:
-        groups[(REGIMES.index(regime(rec)), res.plan.matrix["sm"].index(rec["sm"]))].append(rec)
+        groups[(REGIMES.index(regime(rec.phase)), res.plan.matrix["sm"].index(rec.sm))].append(rec)
     out = []
     for (ri, si), recs in sorted(groups.items()):
         reg, sm = REGIMES[ri], res.plan.matrix["sm"][si]
-        if any((res.runs.get(r.get("run")) or {}).get("triton_interpreter") for r in recs):
+        if any(res.source(r) and res.source(r).triton_interpreter for r in recs):
             out.append(Recommendation(reg, sm, "", "timed in the Triton interpreter: not a measure of speed"))
             continue
         choices = [c for c in (row_choice(r) for r in recs) if c]
         if not choices:
-            kernel = (recs[0].get("impls") or {}).get("kernel")
-            why = ("no baseline was timed" if _median(kernel) is not None and not (kernel or {}).get("error")
+            kernel = recs[0].impls.get("kernel")
+            why = ("no baseline was timed" if _median(kernel) is not None and not kernel.error
                    else f"the kernel has no valid timing: {_first_line(_why_untimed(kernel), 160)}")
             out.append(Recommendation(reg, sm, "", why))
         elif all(c == ENABLE for c in choices):
@@ -361,7 +355,7 @@ class Verdict:
     rule: str
 
 
-def verdict(res: Results, recs: list[Recommendation] | None = None) -> Verdict:
+def verdict(res: Merged, recs: list[Recommendation] | None = None) -> Verdict:
     failed, xpass = res.cells_with("failed"), res.cells_with("xpass")
     if failed or xpass:
         return Verdict("blocked", f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed or "
@@ -394,7 +388,7 @@ def verdict(res: Results, recs: list[Recommendation] | None = None) -> Verdict:
 # ---------------------------------------------------------------- sections
 
 
-def plan_display(res: Results) -> str:
+def plan_display(res: Merged) -> str:
     """The plan's path as a user types it at the project root (reports/<op>/ lies in the root), else its name."""
     try:
         return Path(res.plan.path).resolve().relative_to(res.op_dir.resolve().parent.parent).as_posix()
@@ -402,7 +396,7 @@ def plan_display(res: Results) -> str:
         return Path(res.plan.path).name
 
 
-def header(res: Results, v: Verdict) -> str:
+def header(res: Merged, v: Verdict) -> str:
     plan = res.plan
     lines = [f"# Integration plan: {md(plan.name)}", ""]
     lines.append(f"- **Op:** {code(plan.name)}, kernel {code(plan.kernel)}")
@@ -419,7 +413,7 @@ def header(res: Results, v: Verdict) -> str:
     return "\n".join(lines)
 
 
-def provenance_line(res: Results) -> str:
+def provenance_line(res: Merged) -> str:
     """The one place dates appear: which machine, GPU, commit and date each SM's results came from."""
     parts = []
     for sm in res.plan.matrix["sm"]:
@@ -428,9 +422,8 @@ def provenance_line(res: Results) -> str:
             continue
         descr = []
         for run in runs:
-            p = res.runs.get(run, {})
-            descr.append(f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}), commit {md(p.get('commit') or '?')}, "
-                         f"{md(p.get('date', '?'))}")
+            p = res.runs[run]
+            descr.append(f"{md(p.host)} ({md(p.gpu)}), commit {md(p.commit or '?')}, {md(p.date)}")
         parts.append(f"{sm}: " + "; ".join(dict.fromkeys(descr)))  # xdist workers of one run read alike
     missing = [sm for sm in res.plan.matrix["sm"] if sm not in res.sources]
     if missing:
@@ -441,8 +434,8 @@ def provenance_line(res: Results) -> str:
 def problem_breakdown(plan: Plan) -> str:
     phases = ", ".join(plan.matrix["phase"])
     signature = f"{plan.kernel.split(':')[-1]}({', '.join(a.name for a in plan.args)})"
-    writes = written_args(plan)
-    returns = returned_outputs(plan)
+    writes = plan.written_args
+    returns = plan.returned_outputs
     effect = []
     if writes:
         effect.append("writes " + ", ".join(code(w) for w in writes))
@@ -478,14 +471,18 @@ def _tp_answer(plan: Plan) -> str:
 
 
 def _vllm_answer(plan: Plan) -> str:
-    if plan.vllm.route == "ir":
-        how = f"vLLM IR provider for {code('vllm.ir.ops.' + ir_op(plan))} (`register_impl`)"
+    op = vllm_op(plan)
+    if plugin_route(plan) == "ir":
+        how = (f"vLLM IR provider {code(provider_name(plan))} for {code('vllm.ir.ops.' + ir_op(plan))} "
+               "(`register_impl`)")
     else:
         how = f"CustomOp out-of-tree subclass of {code(layer_path(plan) or '?')} (`register_oot`)"
+        if op:
+            how += f", enabled by {code(op.oot_flag)} in `custom_ops`"
     return f"{md(plan.vllm.target)}; {how}"
 
 
-def constraints(res: Results) -> str:
+def constraints(res: Merged) -> str:
     plan = res.plan
     sizes = "; ".join(f"{md(k)} ∈ {{{', '.join(map(str, v))}}}" for k, v in plan.sizes.items()) or "none"
     n = plan.numerics
@@ -520,34 +517,30 @@ def _rule_text(rule) -> str:
     return " · ".join(", ".join(f"tp{v}" if axis == "tp" else str(v) for v in values) for axis, values in rule.match)
 
 
-def _machines_table(res: Results) -> str:
+def _machines_table(res: Merged) -> str:
     runs = [run for sm in res.sources for run in res.sources[sm]]
     if not runs:
         return "No results yet: run `pytest --plan " + plan_display(res) + "` on each target machine."
     rows = []
     for run in runs:
         p = res.runs[run]
-        rows.append([md(p.get("sm", "?")), md(p.get("host", "?")), md(p.get("gpu", "?")), fmt(p.get("device_count")),
-                     fmt(p.get("cpu_count")), md(p.get("torch") or "—"), md(p.get("triton") or "—"),
-                     md(p.get("cuda") or "—"), md(p.get("vllm") or "not installed"), md(p.get("python") or "—"),
-                     "yes" if p.get("triton_interpreter") else "no", md(p.get("commit") or "—")])
+        rows.append([md(p.sm), md(p.host), md(p.gpu), fmt(p.device_count), fmt(p.cpu_count), md(p.torch or "—"),
+                     md(p.triton or "—"), md(p.cuda or "—"), md(p.vllm or "not installed"), md(p.python or "—"),
+                     "yes" if p.triton_interpreter else "no", md(p.commit or "—")])
     return table(rows, ["SM", "machine", "GPU / CPU", "GPUs", "CPUs", "torch", "triton", "CUDA", "vLLM", "python",
                         "Triton interpreter", "commit"])
 
 
-def _detected_facts(res: Results) -> str:
+def _detected_facts(res: Merged) -> str:
     """Tolerances used, CPU token caps and graph-mode facts, aggregated over the cells that ran."""
     plan = res.plan
-    ran = [c for c in res.cells if res.status(c) in ("passed", "failed", "xfail", "xpass")]
+    ran = [c for c in res.cells if res.status(c) in RAN]
     tols, caps, facts = Counter(), Counter(), Counter()
     for c in ran:
         rec = res.records[c.id]
-        t = rec.get("tolerance") or {}
-        if isinstance(t, dict):
-            tols[(plan.matrix["dtype"].index(c.dtype), fmt(t.get("atol")), fmt(t.get("rtol")))] += 1
-        f = rec.get("facts") or {}
-        if not isinstance(f, dict):
-            continue
+        if rec.tolerance is not None:
+            tols[(plan.matrix["dtype"].index(c.dtype), fmt(rec.tolerance.atol), fmt(rec.tolerance.rtol))] += 1
+        f = rec.facts
         if f.get("token_cap") is not None:
             caps[(plan.matrix["sm"].index(c.sm), json.dumps(f["token_cap"]))] += 1
         for key, value in f.items():
@@ -557,8 +550,8 @@ def _detected_facts(res: Results) -> str:
     if not ran:
         return "No cell has run yet."
     lines = []
-    rows = [[plan.matrix["dtype"][d], atol, rtol, "plan" if plan.matrix["dtype"][d] in plan.tolerance else "vLLM default",
-             str(n)] for (d, atol, rtol), n in sorted(tols.items())]
+    rows = [[plan.matrix["dtype"][d], atol, rtol, tolerance_source(plan, plan.matrix["dtype"][d]), str(n)]
+            for (d, atol, rtol), n in sorted(tols.items())]
     lines += ["Tolerances used:", "", table(rows, ["dtype", "atol", "rtol", "source", "cells"]), ""]
     if caps:
         per = "; ".join(f"{plan.matrix['sm'][s]}: at most {md(cap)} tokens per call ({n_cells(n)})"
@@ -575,18 +568,20 @@ def design(plan: Plan) -> str:
     op = custom_op_name(plan)
     layer = layer_path(plan)
     layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"
-    ns = op_namespace(plan)
+    op_desc = vllm_op(plan)
+    provider = provider_name(plan)
+    flag = op_desc.oot_flag if op_desc else f"+{plan.vllm.custom_op or plan.name}"
     g = ["flowchart TD", f'    caller["{mm("decoder layer in the model file")}"]',
          f'    layer["{mm(layer_label)}"]']
-    if plan.vllm.route == "ir":
+    if plugin_route(plan) == "ir":
         g += [f'    dispatch{{"{mm("vLLM IR dispatch: vllm.ir.ops." + ir_op(plan) + ", priority per platform")}"}}',
-              f'    provider["{mm("provider " + ns + " (register_impl)")}"]',
+              f'    provider["{mm("provider " + provider + " (register_impl)")}"]',
               f'    native["{mm("native provider: forward_native")}"]']
         edges = ["    caller --> layer --> dispatch",
-                 f'    dispatch -->|"{mm("priority: " + ns)}"| provider --> customop',
+                 f'    dispatch -->|"{mm("priority: " + provider)}"| provider --> customop',
                  f'    dispatch -->|"{mm("fallback: native")}"| native --> inductor']
     else:
-        g += [f'    dispatch{{"{mm("CustomOp dispatch: custom_ops +" + (plan.vllm.custom_op or plan.name))}"}}',
+        g += [f'    dispatch{{"{mm("CustomOp dispatch: custom_ops " + flag)}"}}',
               f'    provider["{mm("forward_cuda of the register_oot subclass")}"]',
               f'    native["{mm("forward_native")}"]']
         edges = ["    caller --> layer --> dispatch",
@@ -609,13 +604,13 @@ def _tensor_type(plan: Plan, name: str) -> str:
 
 
 def interfaces(plan: Plan, integration: dict) -> str:
-    ns, name = op_namespace(plan), plan.name
+    ns, name = plan.op_namespace, plan.name
     module, _, attr = plan.kernel.partition(":")
     kernel_fn = f"{name}_kernel"
     params = ", ".join(f"{a.name}: {_tensor_type(plan, a.name)}" for a in plan.args)
     names = [a.name for a in plan.args]
     call = ", ".join(f"{n}={n}" for n in names)
-    returns = returned_outputs(plan)
+    returns = plan.returned_outputs
     ret_type = "None" if not returns else "torch.Tensor" if len(returns) == 1 else \
         f"tuple[{', '.join(['torch.Tensor'] * len(returns))}]"
     imp = f"from {module} import {attr} as {kernel_fn}" if "." not in attr else \
@@ -624,8 +619,8 @@ def interfaces(plan: Plan, integration: dict) -> str:
         "import torch", "", imp, "", "",
         "@torch.library.custom_op(",
         f"    {py_str(f'{ns}::{name}')},",
-        f"    mutates_args={py_tuple(py_str(n) for n in written_args(plan))},",
-        f"    schema={py_str(_schema(plan))},",
+        f"    mutates_args={py_tuple(py_str(n) for n in plan.written_args)},",
+        f"    schema={py_str(plan.schema())},",
         ")",
         f"def {name}({params}) -> {ret_type}:",
         f"    {'return ' if returns else ''}{kernel_fn}({call})",
@@ -652,7 +647,36 @@ def interfaces(plan: Plan, integration: dict) -> str:
              "CUDA graphs capture its launch (schema from the plan; outputs and mutated inputs declared):", "",
              "```python", *op_code, "```", ""]
     # The vLLM registration: the plugin module the integration items load through vLLM's own plugin loader.
-    lines += ["", vllm_plugin_markdown(plan, integration)]
+    lines += ["", plugin_markdown(plan, integration)]
+    return "\n".join(lines)
+
+
+def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None = None) -> str:
+    """The plugin as the report shows it: entry point, module, how to select it, and whether it was verified."""
+    why = unsupported(plan)
+    if why:
+        return f"No vLLM plugin: {why}.\n"
+    op = vllm_op(plan)
+    route = plugin_route(plan)
+    lines = [f"vLLM general plugin ({'IR provider' if route == 'ir' else 'out-of-tree CustomOp'} route). "
+             "Entry point, in the pyproject.toml of the package that ships the kernel:", "",
+             "```toml", plugin_entry_point(plan).rstrip(), "```", "",
+             f"Module `{plugin_module_name(plan)}.py`:", "", "```python", render_plugin(plan).rstrip(), "```", "",
+             f"Select it in a deployment: `{enable_setting(plan)}`. (`{op.in_tree_flag}` in `custom_ops` turns on "
+             f"vLLM's own kernel, `torch.ops._C.{op.in_tree}`, instead.)", ""]
+    if integration is not None:
+        plugin_items = {k: v for k, v in sorted(integration.items()) if k.startswith("vllm-plugin[")}
+        passed = [k for k, v in plugin_items.items() if v.status == Status.PASSED]
+        failed = [k for k, v in plugin_items.items() if v.status in (Status.FAILED, Status.XFAIL)]
+        if failed:
+            lines.append(f"Loading it through vLLM's plugin loader FAILED in {len(failed)} of {len(plugin_items)} "
+                         f"items: {plugin_items[failed[0]].reason}")
+        elif passed:
+            lines.append(f"Verified: loaded through vLLM's plugin loader, vLLM's layer called the kernel and matched "
+                         f"the reference in {len(passed)} items ({', '.join(passed)}).")
+        else:
+            lines.append("Not verified on any machine yet (vLLM not installed where the plan ran).")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -714,7 +738,7 @@ def critical_path(plan: Plan) -> str:
     return "\n".join(["## Critical path", "", "One forward pass through the op:", "", "```mermaid", *s, "```"])
 
 
-def support_matrix(res: Results) -> str:
+def support_matrix(res: Merged) -> str:
     plan = res.plan
     m = plan.matrix
     lines = ["## Support matrix", "", f"Legend: {LEGEND}.", ""]
@@ -724,9 +748,8 @@ def support_matrix(res: Results) -> str:
     rows = [source]
     for sm in m["sm"]:
         if sm in res.covered:
-            ps = [res.runs.get(r, {}) for r in res.covered[sm]]
-            source.append("; ".join(dict.fromkeys(
-                f"{md(p.get('host', '?'))} ({md(p.get('gpu', '?'))}, {md(p.get('commit') or '?')})" for p in ps)))
+            ps = [res.runs[r] for r in res.covered[sm]]
+            source.append("; ".join(dict.fromkeys(f"{md(p.host)} ({md(p.gpu)}, {md(p.commit or '?')})" for p in ps)))
         else:
             source.append("no results from this SM yet")
     for status in (*MARKS, None):
@@ -761,21 +784,21 @@ def support_matrix(res: Results) -> str:
     return "\n".join(lines).rstrip()
 
 
-def _mark_status(res: Results, cell: Cell) -> str | None:
+def _mark_status(res: Merged, cell: Cell) -> str | None:
     s = res.status(cell)
     return s if s in MARKS else None
 
 
-def _mark(res: Results, cell: Cell) -> str:
+def _mark(res: Merged, cell: Cell) -> str:
     return MARKS.get(_mark_status(res, cell), NO_RESULT)
 
 
-def _error_fields(rec: dict) -> tuple[str, str]:
-    err = rec.get("error") if isinstance(rec.get("error"), dict) else {}
-    return fmt(err.get("max_abs")), fmt(err.get("max_ulp"))
+def _error_fields(rec: CellRecord) -> tuple[str, str]:
+    err = rec.error
+    return (fmt(err.max_abs), fmt(err.max_ulp)) if err else (NO_RESULT, NO_RESULT)
 
 
-def _failures(res: Results) -> list[str]:
+def _failures(res: Merged) -> list[str]:
     out = []
     failed = res.cells_with("failed")
     if failed:
@@ -783,13 +806,13 @@ def _failures(res: Results) -> list[str]:
         for c in failed:
             rec = res.records[c.id]
             max_abs, ulp = _error_fields(rec)
-            rows.append([code(c.id), md(_first_line(rec.get("reason"), 400)), max_abs, ulp,
-                         md(rec.get("minimal_example") or "—"), code(rec["repro"]) if rec.get("repro") else "—"])
+            rows.append([code(c.id), md(_first_line(rec.reason, 400)), max_abs, ulp,
+                         md(rec.minimal_example or "—"), code(rec.repro) if rec.repro else "—"])
         out += ["Failed cells:", "", table(rows, ["cell", "reason", "max abs error", "ULP", "minimal input",
                                                   "reproduce"]), ""]
     xpass = res.cells_with("xpass")
     if xpass:
-        rows = [[code(c.id), md(res.records[c.id].get("expectation") or "—")] for c in xpass]
+        rows = [[code(c.id), md(res.records[c.id].expectation or "—")] for c in xpass]
         out += ["Unexpected passes (the plan expects these to fail):", "",
                 table(rows, ["cell", "the plan's expectation"]), ""]
     xfail = res.cells_with("xfail")
@@ -797,31 +820,31 @@ def _failures(res: Results) -> list[str]:
         rows = []
         for c in xfail:
             rec = res.records[c.id]
-            rows.append([code(c.id), md(rec.get("expectation") or "—"), md(_first_line(rec.get("reason"), 400)),
-                         code(rec["repro"]) if rec.get("repro") else "—"])
+            rows.append([code(c.id), md(rec.expectation or "—"), md(_first_line(rec.reason, 400)),
+                         code(rec.repro) if rec.repro else "—"])
         out += ["Expected failures:", "", table(rows, ["cell", "the plan's expectation", "failure", "reproduce"]), ""]
     return out
 
 
-def _grouped_reasons(res: Results, cells: list[Cell]) -> list[tuple[str, list[Cell]]]:
+def _grouped_reasons(res: Merged, cells: list[Cell]) -> list[tuple[str, list[Cell]]]:
     groups = defaultdict(list)
     for c in cells:
-        groups[_first_line(res.records[c.id].get("reason") or "no reason given")].append(c)
+        groups[_first_line(res.records[c.id].reason or "no reason given")].append(c)
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
-def _excluded(res: Results) -> list[tuple[str, list[Cell]]]:
+def _excluded(res: Merged) -> list[tuple[str, list[Cell]]]:
     """Excluded cells by reason: the record's on SMs with results, the plan's elsewhere."""
     groups = defaultdict(list)
     for c in res.cells:
-        reason = (res.records[c.id].get("reason") if c.sm in res.covered and res.status(c) == "excluded"
+        reason = (res.records[c.id].reason if c.sm in res.covered and res.status(c) == Status.EXCLUDED
                   else res.excluded_by_plan(c) if c.sm not in res.covered else None)
         if reason is not None:
             groups[_first_line(reason or "no reason given")].append(c)
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
 
 
-def _not_run(res: Results) -> list[str]:
+def _not_run(res: Merged) -> list[str]:
     rows = []
     covered_not_run = [c for c in res.cells_with("not_run") if c.sm in res.covered]
     for reason, cells in _grouped_reasons(res, covered_not_run):
@@ -843,7 +866,7 @@ def _not_run(res: Results) -> list[str]:
 # ---------------------------------------------------------------- performance
 
 
-def performance(res: Results, op_dir: Path, recs: list[Recommendation]) -> str:
+def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
     plan = res.plan
     lines = ["## Performance", ""]
     untimed = _grouped_untimed(res)
@@ -852,15 +875,15 @@ def performance(res: Results, op_dir: Path, recs: list[Recommendation]) -> str:
         return "\n".join(lines + (["", *untimed] if untimed else []))
     groups = defaultdict(list)
     for bid, rec in res.benchmarks:
-        gpu = (res.runs.get(rec.get("run")) or {}).get("gpu", "?")
-        groups[(REGIMES.index(regime(rec)), plan.matrix["sm"].index(rec["sm"]), str(gpu))].append((bid, rec))
+        gpu = res.source(rec).gpu if res.source(rec) else "?"
+        groups[(REGIMES.index(regime(rec.phase)), plan.matrix["sm"].index(rec.sm), str(gpu))].append((bid, rec))
     for (ri, si, gpu), items in sorted(groups.items()):
         lines += [f"### {REGIMES[ri]} on {plan.matrix['sm'][si]} ({md(gpu)})", "", *_bench_table(plan, items), ""]
     lines += ["Cells: median µs · GB/s · % of the measured copy bandwidth. Speedup: the kernel against each baseline, "
               "with its interval; \"no difference\" where the interval spans 1.", ""]
-    for sm in [s for s in plan.matrix["sm"] if any(r["sm"] == s for _, r in res.benchmarks)]:
-        lines.append(_plot(res, sm, op_dir))
-        lines.append("")
+    for sm in [s for s in plan.matrix["sm"] if any(r.sm == s for _, r in res.benchmarks)]:
+        if (Path(op_dir) / plot_name(sm)).exists():  # drawn by the run or `python -m harness plot`
+            lines += [f"![GB/s against token count on {sm}]({plot_name(sm)})", ""]
     if untimed:
         lines += [*untimed, ""]
     rows = [[r.regime, r.sm, f"**{r.choice}**" if r.choice else "none", md(r.why)] for r in recs]
@@ -868,12 +891,11 @@ def performance(res: Results, op_dir: Path, recs: list[Recommendation]) -> str:
     return "\n".join(lines)
 
 
-def _grouped_untimed(res: Results) -> list[str]:
+def _grouped_untimed(res: Merged) -> list[str]:
     """Benchmark shapes a machine skipped, by reason (the kernel's, else the first implementation's)."""
     groups = defaultdict(list)
     for bid, rec in res.untimed:
-        impls = rec.get("impls") or {}
-        first = impls.get("kernel") or next(iter(impls.values()), None)
+        first = rec.impls.get("kernel") or next(iter(rec.impls.values()), None)
         groups[_first_line(_why_untimed(first))].append(bid)
     if not groups:
         return []
@@ -884,51 +906,51 @@ def _grouped_untimed(res: Results) -> list[str]:
 
 def _bench_table(plan: Plan, items: list) -> list[str]:
     recs = [r for _, r in items]
-    symbols = sorted({k for r in recs for k in (r.get("sizes") or {})},
+    symbols = sorted({k for r in recs for k in r.sizes},
                      key=lambda k: (list(plan.sizes).index(k) if k in plan.sizes else len(plan.sizes), k))
-    varying = [axis for axis in ("phase", "dtype", "graph_mode") if len({str(r.get(axis)) for r in recs}) > 1]
-    fixed = [f"{axis.replace('_', ' ')} {md(recs[0].get(axis, '—'))}" for axis in ("phase", "dtype", "graph_mode")
+    varying = [axis for axis in ("phase", "dtype", "graph_mode") if len({str(getattr(r, axis)) for r in recs}) > 1]
+    fixed = [f"{axis.replace('_', ' ')} {md(getattr(recs[0], axis))}" for axis in ("phase", "dtype", "graph_mode")
              if axis not in varying]
-    impls = sorted({k for r in recs for k in (r.get("impls") or {})},
+    impls = sorted({k for r in recs for k in r.impls},
                    key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
     baselines = sorted({b for r in recs for b in _baselines(r)},
                        key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
 
     def order(item):
         bid, r = item
-        return (PHASES.index(r["phase"]) if r.get("phase") in PHASES else 9,
-                plan.matrix["dtype"].index(r["dtype"]) if r.get("dtype") in plan.matrix["dtype"] else 99,
-                str(r.get("graph_mode")), r.get("num_tokens") if _is_num(r.get("num_tokens")) else 0,
-                [(k, str(v)) for k, v in sorted((r.get("sizes") or {}).items())], bid)
+        return (PHASES.index(r.phase) if r.phase in PHASES else 9,
+                plan.matrix["dtype"].index(r.dtype) if r.dtype in plan.matrix["dtype"] else 99,
+                str(r.graph_mode), r.num_tokens if _is_num(r.num_tokens) else 0,
+                [(k, str(v)) for k, v in sorted(r.sizes.items())], bid)
 
     rows = []
     for bid, r in sorted(items, key=order):
-        sizes = r.get("sizes") or {}
-        row = [fmt(r.get("num_tokens"), 12), *(fmt(sizes.get(k), 12) for k in symbols), *(md(r.get(a, "—")) for a in varying)]
+        row = [fmt(r.num_tokens, 12), *(fmt(r.sizes.get(k), 12) for k in symbols),
+               *(md(getattr(r, a)) for a in varying)]
         for name in impls:
-            row.append(_impl_cell((r.get("impls") or {}).get(name)))
+            row.append(_impl_cell(r.impls.get(name)))
         for b in baselines:
             row.append(_speedup_cell(r, b))
         rows.append(row)
-    copy = sorted({fmt(r.get("copy_bw_gbps"), 6) for r in recs})
-    timers = sorted({md(r["timer"]) for r in recs if r.get("timer")})
+    copy = sorted({fmt(r.copy_bw_gbps, 6) for r in recs})
+    timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
             + (f"; timer: {', '.join(timers)}" if timers else ""))
     headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in baselines)]
     return [note, "", table(rows, headers)]
 
 
-def _impl_cell(impl) -> str:
-    if not isinstance(impl, dict):
+def _impl_cell(impl: ImplFigures | None) -> str:
+    if impl is None:
         return NO_RESULT
     if _median(impl) is None:
         return f"not run: {md(_why_untimed(impl))}"
-    gbps = f"{impl['gbps']:.0f}" if _is_num(impl.get("gbps")) else NO_RESULT
-    text = f"{fmt_us(impl.get('median_us'))} µs · {gbps} GB/s · {fmt(impl.get('pct_copy_bw'), 3)}%"
-    if _is_num(impl.get("tflops")):
-        text += f" · {fmt(impl['tflops'], 3)} TFLOP/s"
-    if impl.get("error"):
-        text += f" · ❌ {md(_first_line(impl['error'], 160))}"
+    gbps = f"{impl.gbps:.0f}" if _is_num(impl.gbps) else NO_RESULT
+    text = f"{fmt_us(impl.median_us)} µs · {gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%"
+    if _is_num(impl.tflops):
+        text += f" · {fmt(impl.tflops, 3)} TFLOP/s"
+    if impl.error:
+        text += f" · ❌ {md(_first_line(impl.error, 160))}"
     return text
 
 
@@ -936,65 +958,23 @@ def _speedup_cell(rec: dict, baseline: str) -> str:
     verdict_ = speedup_verdict(rec, baseline)
     if verdict_ is None:
         return NO_RESULT
-    s = (rec.get("speedup") or {}).get(baseline)
-    s = s if isinstance(s, dict) else {}
-    impls = rec["impls"]
-    ratio = s.get("value") if _is_num(s.get("value")) else _median(impls[baseline]) / _median(impls["kernel"])
+    s = rec.speedup.get(baseline)
+    impls = rec.impls
+    ratio = s.value if s is not None and _is_num(s.value) else _median(impls[baseline]) / _median(impls["kernel"])
     value = f"{ratio:.2f}×"
-    interval = f" ({s['low']:.2f}–{s['high']:.2f})" if _is_num(s.get("low")) and _is_num(s.get("high")) else ""
+    interval = f" ({s.low:.2f}–{s.high:.2f})" if s is not None and _is_num(s.low) and _is_num(s.high) else ""
     return f"no difference: {value}{interval}" if verdict_ == "no difference" else f"{value}{interval}"
 
 
-def _plot(res: Results, sm: str, op_dir: Path) -> str:
-    """GB/s against token count per implementation, as perf-<sm>.png beside the report."""
-    name = f"perf-{re.sub(r'[^A-Za-z0-9_]+', '-', sm)}.png"
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-        from matplotlib.ticker import ScalarFormatter
-    except ImportError:
-        return "The plot of GB/s against token count needs matplotlib (`pip install matplotlib`); the tables hold the same numbers."
-    lines = defaultdict(list)
-    recs = [r for _, r in res.benchmarks if r["sm"] == sm]
-    varying = [a for a in ("phase", "dtype", "graph_mode") if len({str(r.get(a)) for r in recs}) > 1]
-    for r in recs:
-        if not _is_num(r.get("num_tokens")):
-            continue
-        sizes = ", ".join(f"{k}={v}" for k, v in sorted((r.get("sizes") or {}).items()))
-        for impl, t in sorted((r.get("impls") or {}).items()):
-            if isinstance(t, dict) and _is_num(t.get("gbps")):
-                key = (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 9, impl, sizes,
-                       *(str(r.get(a)) for a in varying))
-                lines[key].append((r["num_tokens"], t["gbps"]))
-    if not lines:
-        return "No GB/s figures to plot."
-    fig = Figure(figsize=(12, 5), dpi=100)
-    FigureCanvasAgg(fig)  # Agg: the same pixels on every machine with the same matplotlib
-    ax = fig.subplots()
-    colors = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
-    styles = ["-", "--", ":", "-."]
-    variants = sorted({k[2:] for k in lines})
-    for key, points in sorted(lines.items()):
-        points.sort()
-        label = ", ".join(p for p in (key[1], *key[2:]) if p)
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
-                color=colors.get(key[1], "black"), linestyle=styles[variants.index(key[2:]) % len(styles)])
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("GB/s")
-    ax.set_title(f"{res.plan.name} on {sm}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot, not over it
-    fig.tight_layout()
-    fig.savefig(Path(op_dir) / name, format="png", metadata={"Software": None})
-    return f"![GB/s against token count on {sm}]({name})"
+def plot_name(sm: str) -> str:
+    """The file harness.plots draws for an SM, beside PLAN.md."""
+    return f"perf-{re.sub(r'[^A-Za-z0-9_]+', '-', sm)}.png"
 
 
 # ---------------------------------------------------------------- trade-offs, open items, decisions
 
 
-def tradeoffs(res: Results, recs: list[Recommendation]) -> str:
+def tradeoffs(res: Merged, recs: list[Recommendation]) -> str:
     plan = res.plan
     cs = capture_sizes(plan)
     pad = max((b - a - 1 for a, b in zip(cs, cs[1:])), default=0)
@@ -1013,21 +993,21 @@ def tradeoffs(res: Results, recs: list[Recommendation]) -> str:
                          "tensor parallelism saves nothing here.")
         else:
             items.append("Sharded: each rank works on its shard; recombining the outputs costs a collective per call.")
-    if plan.vllm.route == "ir":
+    if plugin_route(plan) == "ir":
         items.append("vLLM IR: the provider is chosen by priority per platform and falls back to native where "
                      "`supports_args` rejects a call; a fallback is silent, so check the priority per platform.")
     else:
         items.append("CustomOp route: `register_oot` replaces the layer class for every model, and the op then "
                      "carries the layer's name in `custom_ops`.")
     caps = [c for c in res.cells if c.sm == "cpu" and c.id in res.records
-            and (res.records[c.id].get("facts") or {}).get("token_cap")]
+            and res.records[c.id].facts.get("token_cap")]
     if caps:
         items.append("CPU results run the kernel in Triton's interpreter with capped token counts: they check "
                      "numerics, not speed, and not the largest shapes.")
     return "\n".join(["## Trade-offs", "", *(f"- {i}" for i in items)])
 
 
-def open_items(res: Results, recs: list[Recommendation]) -> list[str]:
+def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
     plan = res.plan
     pd = plan_display(res)
     items = []
@@ -1037,7 +1017,7 @@ def open_items(res: Results, recs: list[Recommendation]) -> list[str]:
         items.append(f"Fix {md(describe(plan, cells))}: {md(reason)}")
     for c in res.cells_with("xpass"):
         items.append(f"{code(c.id)} passes although the plan expects a failure: drop or narrow the expectation "
-                     f"({md(res.records[c.id].get('expectation') or '—')})")
+                     f"({md(res.records[c.id].expectation or '—')})")
     for sm in plan.matrix["sm"]:
         n = sum(1 for c in res.uncovered_cells() if c.sm == sm)
         if n:
@@ -1052,9 +1032,9 @@ def open_items(res: Results, recs: list[Recommendation]) -> list[str]:
     for reason, cells in _excluded(res):
         items.append(f"State as unsupported, or support, {md(describe(plan, cells))}: {md(reason)}")
     for bid, rec in res.benchmarks:
-        for impl, t in sorted((rec.get("impls") or {}).items()):
-            if isinstance(t, dict) and t.get("error"):
-                items.append(f"Fix {md(impl)} in benchmark {code(bid)}: {md(_first_line(t['error']))}")
+        for impl, t in sorted(rec.impls.items()):
+            if t.error:
+                items.append(f"Fix {md(impl)} in benchmark {code(bid)}: {md(_first_line(t.error))}")
     if not res.benchmarks:
         items.append(f"Benchmark on a GPU machine: {code(f'pytest --plan {pd} --bench')}")
     else:
@@ -1067,7 +1047,7 @@ def open_items(res: Results, recs: list[Recommendation]) -> list[str]:
     return items
 
 
-def decisions(res: Results, v: Verdict, recs: list[Recommendation]) -> str:
+def decisions(res: Merged, v: Verdict, recs: list[Recommendation]) -> str:
     plan = res.plan
 
     def tally(**axis) -> str:

@@ -1,40 +1,297 @@
-"""The results file: per cell its status, reason and figures, with the provenance of the run that produced it.
+"""Result records and the results file: what every item ended in, and where and with what it ran.
 
-One JSON file per machine kind under `reports/<op>/results/` (e.g. `cpu.json`,
-`sm90-nvidia-h200.json`). A run folds its cells into that file; every write goes to a temporary
-file that replaces the old one atomically, after each cell, so an interrupted run (Ctrl-C,
-SIGTERM, SIGKILL) leaves a valid file holding every finished cell. xdist workers write files of
-their own, folded in at the end of the run (or by the next run or `python -m harness report`).
-Merging across files: per cell, the latest result wins.
+The records are dataclasses, written to and read from JSON here and nowhere else. One file per
+machine kind under `reports/<op>/results/` (`cpu.json`, `sm90-nvidia-h200.json`, ...). A run
+folds its records into that file after every item, through a temporary file that atomically
+replaces the old one, so an interrupted run (Ctrl-C, SIGTERM, SIGKILL) leaves a valid file holding
+every finished item. xdist workers write files of their own, folded in at the end of the run (or
+by the next run or `python -m harness report`). Merging across files: per record, the latest wins,
+except that another SM's "not run here" never replaces a real result.
+
+Plain Python: no torch, so the report can read results anywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
 import os
 import re
 import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-FORMAT, VERSION = "harness-results", 1
-SECTIONS = ("cells", "benchmarks", "integration")  # per-item results; "runs" holds their provenance
+FORMAT = "harness-results"
+VERSION = 2
+# Version 1 files have the same layout (records were untyped dicts); they are read as they are.
+READABLE_VERSIONS = (1, 2)
+
+
+class Status(str, enum.Enum):
+    """How one item ended. `str` so records compare and serialise as their plain names."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_RUN = "not_run"  # this machine cannot run it (another SM, too few GPUs, no CUDA)
+    EXCLUDED = "excluded"  # the plan's exclude rule
+    XFAIL = "xfail"  # failed, as the plan's expect rule says
+    XPASS = "xpass"  # passed although the plan expects a failure (strict: fails the run)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RAN = (Status.PASSED, Status.FAILED, Status.XFAIL, Status.XPASS)
 
 
 class ResultsError(Exception):
     """A results file that cannot be merged: named, with why."""
 
 
-def machine_key(prov: dict) -> str:
-    if prov["sm"] == "cpu":
-        return "cpu"
-    return f"{prov['sm']}-" + re.sub(r"[^a-z0-9]+", "-", prov["gpu"].lower()).strip("-")
+# ---------------------------------------------------------------- records
 
 
-def empty(op: str) -> dict:
-    return {"format": FORMAT, "version": VERSION, "op": op, "runs": {}, "cells": {}, "benchmarks": {}, "integration": {}}
+@dataclass(frozen=True)
+class Provenance:
+    """Where and with what a run happened."""
+
+    sm: str
+    device: str
+    gpu: str
+    device_count: int
+    cpu_count: int
+    host: str = "?"
+    torch: str | None = None
+    triton: str | None = None
+    vllm: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+    triton_interpreter: bool = False
+    commit: str | None = None
+    date: str = "?"
+
+    @property
+    def machine_key(self) -> str:
+        """The results file's name: `cpu`, or the SM and the GPU's name (`sm90-nvidia-h200`)."""
+        if self.sm == "cpu":
+            return "cpu"
+        return f"{self.sm}-" + re.sub(r"[^a-z0-9]+", "-", self.gpu.lower()).strip("-")
 
 
-def load(path: Path, op: str | None = None) -> dict:
+@dataclass(frozen=True)
+class ErrorStats:
+    """Worst errors over an item's examples; non-finite values are kept as their text ("nan", "inf")."""
+
+    max_abs: float | str | None = 0.0
+    max_rel: float | str | None = 0.0
+    max_ulp: int | None = None
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class Tol:
+    atol: float
+    rtol: float
+
+
+@dataclass
+class CellRecord:
+    """One numerics cell: its axes, status and reason, and what the run measured."""
+
+    phase: str
+    dtype: str
+    tp: int
+    graph_mode: str
+    sm: str
+    status: Status
+    reason: str = ""
+    examples: int | None = None
+    duration_s: float | None = None
+    tolerance: Tol | None = None
+    error: ErrorStats | None = None
+    facts: dict = field(default_factory=dict)
+    minimal_example: str | None = None
+    repro: str | None = None
+    expectation: str | None = None
+    finished: str = ""
+    run: str = ""
+
+
+@dataclass
+class ImplFigures:
+    """One implementation's timing in a benchmark item, or why it has none."""
+
+    median_us: float | None = None
+    q20_us: float | None = None
+    q80_us: float | None = None
+    gbps: float | None = None
+    pct_copy_bw: float | None = None
+    tflops: float | None = None
+    launches: int | None = None
+    samples: int | None = None
+    error: str | None = None  # raised, or a wrong result after timing
+    not_run: str | None = None
+
+    @property
+    def timed(self) -> bool:
+        return _finite(self.median_us)
+
+
+@dataclass
+class Speedup:
+    """Baseline time over kernel time (> 1: the kernel is faster), with its interval."""
+
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    verdict: str | None = None  # faster | slower | no difference
+    not_run: str | None = None
+
+
+@dataclass
+class BenchRecord:
+    phase: str
+    dtype: str
+    sm: str
+    graph_mode: str
+    num_tokens: int
+    sizes: dict = field(default_factory=dict)
+    copy_bw_gbps: float | None = None
+    l2_bytes: int | None = None
+    working_set_bytes: int | None = None
+    rotated_sets: int | None = None
+    timer: str | None = None
+    impls: dict[str, ImplFigures] = field(default_factory=dict)
+    speedup: dict[str, Speedup] = field(default_factory=dict)
+    finished: str = ""
+    run: str = ""
+
+
+@dataclass
+class IntegrationRecord:
+    """One vLLM integration item: vLLM's own layer reaching the kernel through one route."""
+
+    route: str
+    phase: str
+    dtype: str
+    tp: int
+    graph_mode: str
+    sm: str
+    status: Status
+    reason: str = ""
+    examples: int | None = None
+    kernel_calls: int | None = None
+    registered_as: dict | None = None
+    tolerance: Tol | None = None
+    error: ErrorStats | None = None
+    vllm: str | None = None
+    duration_s: float | None = None
+    finished: str = ""
+    run: str = ""
+
+
+SECTIONS = {"cells": CellRecord, "benchmarks": BenchRecord, "integration": IntegrationRecord}
+Record = CellRecord | BenchRecord | IntegrationRecord
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+# ---------------------------------------------------------------- JSON <-> records
+
+
+def to_json(obj: Any) -> Any:
+    """A record as JSON data: dataclasses as objects, statuses as their names, None fields left out."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if getattr(obj, f.name) is not None}
+    if isinstance(obj, Status):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, float) and not _finite(obj):
+        return str(obj)
+    return obj
+
+
+def from_json(cls: type, data: Any, where: str) -> Any:
+    """A record of `cls` from JSON data; ResultsError names the place when the data does not fit."""
+    if not isinstance(data, dict):
+        raise ResultsError(f"{where}: expected an object, found {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            continue  # a field an older or newer harness wrote and this one does not use
+        kwargs[key] = _convert(hints[key], value, f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ResultsError(f"{where}: {exc}") from None
+
+
+def _convert(hint, value, where: str):
+    if value is None:
+        return None
+    target = hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: convert as X
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        target = args[0] if len(args) == 1 else hint
+    if target is Status:
+        try:
+            return Status(value)
+        except ValueError:
+            raise ResultsError(f"{where}: unknown status {value!r}") from None
+    if dataclasses.is_dataclass(target):
+        return from_json(target, value, where)
+    if typing.get_origin(target) is dict:
+        inner = typing.get_args(target)[1]
+        if dataclasses.is_dataclass(inner):
+            if not isinstance(value, dict):
+                raise ResultsError(f"{where}: expected an object")
+            return {k: from_json(inner, v, f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+# ---------------------------------------------------------------- the file
+
+
+@dataclass
+class Results:
+    """One results file, or several merged: the runs' provenance and every record, by section and key."""
+
+    op: str
+    runs: dict[str, Provenance] = field(default_factory=dict)
+    cells: dict[str, CellRecord] = field(default_factory=dict)
+    benchmarks: dict[str, BenchRecord] = field(default_factory=dict)
+    integration: dict[str, IntegrationRecord] = field(default_factory=dict)
+
+    def section(self, name: str) -> dict:
+        return getattr(self, name)
+
+    def provenance(self, rec: Record) -> Provenance | None:
+        return self.runs.get(rec.run)
+
+    def on_own_sm(self, rec: Record) -> bool:
+        """Whether a record was made on a machine of its own SM (not another machine's 'not run here')."""
+        prov = self.provenance(rec)
+        return prov is not None and prov.sm == rec.sm
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "op": self.op,
+                "runs": {k: to_json(v) for k, v in self.runs.items()},
+                **{name: {k: to_json(v) for k, v in self.section(name).items()} for name in SECTIONS}}
+
+
+def load(path: Path, op: str | None = None) -> Results:
     """Read and check one results file; ResultsError names the file and what is wrong with it."""
     try:
         data = json.loads(Path(path).read_text())
@@ -43,25 +300,28 @@ def load(path: Path, op: str | None = None) -> dict:
     except OSError as exc:
         raise ResultsError(f"{path}: cannot be read: {exc.strerror}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ResultsError(f"{path}: not a harness results file (format {data.get('format') if isinstance(data, dict) else None!r})")
-    if data.get("version") != VERSION:
-        raise ResultsError(f"{path}: results format version {data.get('version')!r}; this harness reads version {VERSION}")
+        found = data.get("format") if isinstance(data, dict) else None
+        raise ResultsError(f"{path}: not a harness results file (format {found!r})")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise ResultsError(f"{path}: results format version {data.get('version')!r}; this harness reads versions "
+                           f"{', '.join(map(str, READABLE_VERSIONS))} (a newer harness wrote it: update this one)")
     if op is not None and data.get("op") != op:
         raise ResultsError(f"{path}: results for op {data.get('op')!r}, not {op!r}")
-    for key in SECTIONS:
-        data.setdefault(key, {})  # files written before a section existed
-    for key in ("runs",) + SECTIONS:
-        if not isinstance(data.get(key), dict):
+    for key in ("runs", *SECTIONS):
+        if not isinstance(data.get(key, {}), dict):
             raise ResultsError(f"{path}: missing or malformed '{key}'")
-    return data
+    res = Results(data["op"], {k: from_json(Provenance, v, f"{path}: runs.{k}") for k, v in data["runs"].items()})
+    for name, cls in SECTIONS.items():
+        res.section(name).update({k: from_json(cls, v, f"{path}: {name}.{k}") for k, v in data.get(name, {}).items()})
+    return res
 
 
-def write_atomic(path: Path, data: dict) -> None:
+def write_atomic(path: Path, results: Results) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            json.dump(results.to_json(), f, indent=1, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -72,27 +332,22 @@ def write_atomic(path: Path, data: dict) -> None:
         raise
 
 
-def _own_sm(data: dict, rec: dict) -> bool:
-    """Whether a record was made on a machine of the cell's own SM (not another machine's 'not run here')."""
-    return (data["runs"].get(rec.get("run")) or {}).get("sm") == rec.get("sm")
-
-
-def fold(into: dict, other: dict) -> dict:
-    """Merge `other` into `into`: runs are unioned; per cell and benchmark the latest result wins,
-    except that a machine of another SM saying "not run here" never replaces a real result."""
-    into["runs"].update(other["runs"])
-    for section in SECTIONS:
-        for key, rec in other[section].items():
-            old = into[section].get(key)
-            if old is None or (_own_sm(into, rec), rec.get("finished", "")) >= \
-                    (_own_sm(into, old), old.get("finished", "")):
-                into[section][key] = rec
+def fold(into: Results, other: Results) -> Results:
+    """Merge `other` into `into`: runs are unioned; per record the latest result wins, except that a machine
+    of another SM saying "not run here" never replaces a real result."""
+    into.runs.update(other.runs)
+    for name in SECTIONS:
+        ours = into.section(name)
+        for key, rec in other.section(name).items():
+            old = ours.get(key)
+            if old is None or (into.on_own_sm(rec), rec.finished) >= (into.on_own_sm(old), old.finished):
+                ours[key] = rec
     return into
 
 
-def merge_dir(directory: Path, op: str) -> tuple[dict, list[str]]:
+def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:
     """Every results file of an op merged; problems with single files are returned, not swallowed."""
-    merged, problems = empty(op), []
+    merged, problems = Results(op), []
     for path in sorted(Path(directory).glob("*.json")):
         try:
             fold(merged, load(path, op))
@@ -102,32 +357,33 @@ def merge_dir(directory: Path, op: str) -> tuple[dict, list[str]]:
 
 
 class Recorder:
-    """The running pytest process's results file, rewritten atomically after every cell."""
+    """The running pytest process's results file, rewritten atomically after every item."""
 
-    def __init__(self, directory: Path, op: str, provenance: dict, run_id: str, worker: str | None = None):
-        key = machine_key(provenance)
+    def __init__(self, directory: Path, op: str, provenance: Provenance, run_id: str, worker: str | None = None):
+        key = provenance.machine_key
         self.path = Path(directory) / (f"{key}.{worker}.json" if worker else f"{key}.json")
-        self.data = empty(op)
+        self.results = Results(op)
         if self.path.exists():
             try:
-                self.data = load(self.path, op)
+                self.results = load(self.path, op)
             except ResultsError:
                 # Never overwrite what we cannot read: keep it beside, and start afresh.
                 self.path.replace(self.path.with_suffix(".unreadable"))
         self.run_id = run_id
-        self.data["runs"][run_id] = provenance
+        self.results.runs[run_id] = provenance
 
-    def record(self, section: str, key: str, rec: dict) -> None:
-        self.data[section][key] = {**rec, "run": self.run_id}
-        write_atomic(self.path, self.data)
+    def record(self, section: str, key: str, rec: Record) -> None:
+        rec.run = self.run_id
+        self.results.section(section)[key] = rec
+        write_atomic(self.path, self.results)
 
     def fold_worker_files(self) -> None:
         """Fold xdist workers' files (and those an interrupted run left) into this machine's file."""
         for path in sorted(self.path.parent.glob(f"{self.path.stem}.*.json")):
             try:
-                fold(self.data, load(path, self.data["op"]))
+                fold(self.results, load(path, self.results.op))
             except ResultsError:
                 continue  # reported by the report step, which reads every file
-            write_atomic(self.path, self.data)
+            write_atomic(self.path, self.results)
             path.unlink()
-        write_atomic(self.path, self.data)
+        write_atomic(self.path, self.results)

@@ -7,7 +7,8 @@ along a dimension (undoing a merged layout), or summed (the all-reduce after a r
 With sequence parallelism every tensor with a num_tokens dimension is split by tokens, padded to
 a multiple of the TP size.
 
-Rank 0 of a worker group (workers.py) runs the cell's hypothesis loop with TPCheck. Per example
+Every rank of a worker group (workers.py) runs `run_cell_on_rank`; rank 0 runs the cell's
+hypothesis loop with TPCheck. Per example
 it broadcasts the drawn Example; every rank rebuilds the full inputs from the example's seed (no
 input tensor crosses process boundaries), takes its shard, runs the op in the cell's graph mode;
 rank 0 gathers the outputs, recombines them and compares them with the unsharded reference.
@@ -17,22 +18,21 @@ Ranks above 0 run `follow_cell` until rank 0 calls `finish_cell`.
 from __future__ import annotations
 
 import math
+import time
 import traceback
 
 import torch
 import torch.distributed as dist
 
 from . import numerics
-from .inputs import Example, build_args, poisoned
+from .calls import kernel_outputs, reference_outputs
+from .device import detect
+from .inputs import Example, build_args, in_layout, poisoned
 from .matrix import Cell
-from .modes import make_runner, token_dim
+from .modes import make_runner
 from .numerics import Mismatch
 from .plan import Plan, load_plan
-from .runner import CellCheck, KernelRaised, _outputs, reference_outputs
-
-# Rank 0's record of the cell in progress, read by the worker after the cell: the full traceback
-# of the last rank that raised, and whether the group must be restarted before the next cell.
-last_rank_failure: dict = {"traceback": None, "restart": False}
+from .runner import CellCheck, KernelRaised, Outcome, RunSettings, run_examples
 
 
 # ---------------------------------------------------------------- layouts
@@ -66,16 +66,6 @@ def split_tokens(t: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tenso
     return t.narrow(dim, rank * step, step).clone()
 
 
-def with_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
-    """A fresh copy of `t` in the example's layout (strided: a view of a buffer `pad` columns wider)."""
-    if layout != "strided":
-        return t.clone(memory_format=torch.contiguous_format)
-    buf = torch.zeros(list(t.shape[:-1]) + [t.shape[-1] + pad], dtype=t.dtype, device=t.device)
-    view = buf[..., : t.shape[-1]]
-    view.copy_(t)
-    return view
-
-
 def input_shard(plan: Plan, name: str) -> tuple[int, int] | None:
     """(dim, merged parts) of a sharded input; None when every rank gets it whole."""
     return next(((dim, merged) for n, dim, merged in plan.tp.shard if n == name), None)
@@ -90,20 +80,13 @@ def output_combine(plan: Plan, name: str) -> tuple[str, int, int]:
     return ("gather", *spec) if spec else ("replicated", 0, 1)
 
 
-def _token_dim(plan: Plan, name: str) -> int | None:
-    if any(a.name == name for a in plan.args):
-        return token_dim(plan, name)
-    return 0  # a returned output: tokens first, as every vLLM activation
-
-
 def tp_multiples(plan: Plan, size: int) -> dict[str, int]:
     """Size symbol -> the multiple it must be drawn as, so every sharded dimension splits evenly."""
     need: dict[str, int] = {}
-    arg_names = {a.name for a in plan.args}
     split = list(plan.tp.shard)
     for name in plan.outputs:
         how, dim, merged = output_combine(plan, name)
-        if how == "gather" and name in arg_names:
+        if how == "gather" and plan.has_arg(name):
             split.append((name, dim, merged))
     for name, dim, merged in split:
         d = plan.arg(name).shape[dim]
@@ -121,7 +104,7 @@ def local_values(plan: Plan, ex: Example, full: dict, rank: int, size: int) -> d
         if not arg.is_tensor:
             local[arg.name] = value
             continue
-        tdim = token_dim(plan, arg.name)
+        tdim = plan.token_dim(arg.name)
         if plan.tp.sequence_parallel and tdim is not None:
             value = split_tokens(value, tdim, rank, size)
         if arg.role == "output":
@@ -132,15 +115,14 @@ def local_values(plan: Plan, ex: Example, full: dict, rank: int, size: int) -> d
             local[arg.name] = poisoned(shape, value.dtype, value.device)
             continue
         spec = input_shard(plan, arg.name)
-        if spec:
-            value = shard(value, *spec, rank, size)
-        local[arg.name] = with_layout(value, *ex.layouts.get(arg.name, ("contiguous", 0)))
+        value = shard(value, *spec, rank, size) if spec else value.clone(memory_format=torch.contiguous_format)
+        local[arg.name] = in_layout(value, *ex.layout(arg.name))
     return local
 
 
 def recombine(plan: Plan, name: str, pieces: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
     """One output from every rank's value, as the plan says; Mismatch when replicated ranks disagree."""
-    tdim = _token_dim(plan, name)
+    tdim = plan.token_dim(name)
     if plan.tp.sequence_parallel and tdim is not None:
         return torch.cat(pieces, tdim).narrow(tdim, 0, num_tokens)  # drop the padding tokens
     how, dim, merged = output_combine(plan, name)
@@ -184,7 +166,7 @@ class RankRun:
         except Exception as exc:
             return {"error": _error("raised", f"building this rank's inputs failed: {_short(exc)}")}, {}
         try:
-            outputs = _outputs(plan, local, self.runner(local, ex))
+            outputs = kernel_outputs(plan, local, self.runner(local, ex))
         except Mismatch as exc:
             return {"error": _error("mismatch", str(exc))}, {}
         except Exception as exc:
@@ -237,12 +219,12 @@ def _broadcast(command=None):
     return box[0]
 
 
-def follow_cell(task: dict, rank: int, size: int, device: str) -> None:
+def follow_cell(plan_path: str, cell_id: str, rank: int, size: int, device: str) -> None:
     """Ranks above 0: run each example rank 0 broadcasts, until it says the cell is done."""
     run, setup_error = None, None
     try:
-        plan = load_plan(task["plan"])
-        run = RankRun(plan, Cell.from_id(task["cell"]), device, rank, size)
+        plan = load_plan(plan_path)
+        run = RankRun(plan, Cell.from_id(cell_id), device, rank, size)
     except Exception as exc:
         setup_error = _error("raised", f"setting up the cell failed: {_short(exc)}")
     while True:
@@ -264,14 +246,13 @@ def finish_cell() -> None:
 class TPCheck(CellCheck):
     """Checks one example on every rank of the group: recombined outputs against the unsharded reference."""
 
-    def __init__(self, plan: Plan, cell: Cell, device: str, tol_default=None):
-        if not dist.is_initialized() or dist.get_world_size() != cell.tp or dist.get_rank() != 0:
-            raise RuntimeError(f"a tp{cell.tp} cell runs on rank 0 of a group of {cell.tp} worker processes "
-                               "(harness.workers); use --isolation process")
-        super().__init__(plan, cell, device, tol_default)
+    def __init__(self, plan: Plan, cell: Cell, device: str):
+        super().__init__(plan, cell, device)
         self.size = cell.tp
         self.tp_multiple = tp_multiples(plan, self.size)
         self.local = RankRun(plan, cell, device, 0, self.size, self.runner)
+        self.rank_traceback: str | None = None  # of the last rank that raised
+        self.restart = False  # a rank raised or a collective failed: the group is replaced after the cell
 
     def _check(self, ex: Example) -> None:
         plan = self.plan
@@ -282,7 +263,7 @@ class TPCheck(CellCheck):
             _broadcast(("example", ex))
             metas, pieces = exchange(*self.local(ex, full), 0, self.size)
         except Exception:
-            last_rank_failure["restart"] = True  # a collective failed: a rank died, or the ranks are out of step
+            self.restart = True  # a collective failed: a rank died, or the ranks are out of step
             raise
         for r, meta in enumerate(metas):
             err = meta["error"]
@@ -290,14 +271,39 @@ class TPCheck(CellCheck):
                 continue
             where = f"rank {r} of {self.size}"
             if err["kind"] == "raised":
-                last_rank_failure.update(traceback=f"{where}:\n{err['traceback']}", restart=True)
+                self.rank_traceback, self.restart = f"{where}:\n{err['traceback']}", True
                 raise KernelRaised(f"{where}: {err['message']}")
             raise Mismatch(f"{where}: {err['message']}")
         if pieces is None:
             raise Mismatch(_disagreement(metas))
         for name in plan.outputs:
             actual = recombine(plan, name, pieces[name], ex.num_tokens)
-            self._compare(name, actual, expected[name], full, False)
+            self.compare(name, actual, expected[name], full, False)
+
+
+def run_cell_on_rank(plan_path: str, cell_id: str, run: RunSettings) -> Outcome | None:
+    """One tp>1 cell, called on every rank of a group: rank 0 draws and checks, the others follow it."""
+    start = time.monotonic()
+    device = detect().device
+    rank, size = dist.get_rank(), dist.get_world_size()
+    cell = Cell.from_id(cell_id)
+    if size != cell.tp:
+        raise RuntimeError(f"a tp{cell.tp} cell runs on a group of {cell.tp} ranks, not {size}")
+    if rank != 0:
+        follow_cell(plan_path, cell_id, rank, size, device)
+        return None
+    try:
+        plan = load_plan(plan_path)
+        check = TPCheck(plan, cell, device)
+        outcome = run_examples(plan, cell, check, run, check.tp_multiple, start=start)
+    except BaseException:
+        finish_cell()
+        raise  # the group replies with a fault, and is replaced
+    finish_cell()
+    if outcome.record.status != "passed" and check.rank_traceback:
+        outcome.traceback = check.rank_traceback
+    outcome.fatal = outcome.fatal or check.restart  # a rank raised: its process (or device) may be in any state
+    return outcome
 
 
 def _disagreement(metas: list[dict]) -> str:

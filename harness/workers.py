@@ -1,14 +1,17 @@
-"""Fault isolation: cells run in a child process that is replaced after a crash, a hang or a poisoned device.
+"""Fault isolation: items run in a child process that is replaced after a crash, a hang or a poisoned device.
 
-One worker serves many cells (starting one costs an interpreter plus torch and triton imports),
-so the price of isolation is paid once per pytest process and again only after a fault. A cell
-that kills its worker, or outlives its time limit, fails with the cause in words; the next cell
-gets a fresh worker on a healthy device.
+The layer is generic: `Worker.call(fn, kwargs, timeout_s)` runs a module-level function in a child
+process (sent by reference, as pickle sends functions) and returns its value, or a `Fault` saying in
+words why there is none. Numerics cells, benchmark items and vLLM integration items all run this way.
+One worker serves many calls (starting one costs an interpreter plus torch and triton imports), so
+the price of isolation is paid once per pytest process and again only after a fault. A value whose
+`fatal` attribute is true (a poisoned CUDA context) also retires the worker.
 
 Tensor-parallel cells run in a WorkerGroup: N processes joined by torch.distributed (gloo on CPU,
 NCCL with one GPU per rank), started once per TP size and kept for every later cell of that size.
-Rank 0 takes the cell, runs its hypothesis loop and drives the other ranks (tp.py). A rank that
-crashes or hangs fails the cell with its exit or its stack, and the whole group is replaced.
+Every rank gets the same call; rank 0's value is the result (harness.tp has rank 0 drive the
+others). A rank that crashes or hangs faults the call with its exit or its stack, and the whole
+group is replaced.
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Callable
 
-from .matrix import Cell
-from .runner import RunSettings, run_cell
+import torch
+import torch.distributed as dist
+
+from .device import detect
+from .interpreter import make_faithful
 
 # Multicast NVLink (NVLS) is off for every group: where the fabric does not support it, NCCL and
 # symmetric memory fail at init or hang.
@@ -42,28 +49,45 @@ def _inherited_env() -> dict:
     return {k: v for k, v in os.environ.items() if k.startswith(("TRITON_", "CUDA_", "NCCL_", "TORCH_"))}
 
 
-def _worker_main(conn, env: dict) -> None:
-    os.environ.update(env)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    from .hardware import use_triton_interpreter
+@dataclass
+class Fault:
+    """A call that gave no value: the function raised, the process died, or it outlived its time limit."""
 
-    use_triton_interpreter()  # imports torch: the slow part of a start
-    conn.send("ready")  # a cell's time limit starts after this, so a slow start never times a cell out
+    reason: str
+    traceback: str | None = None
+    facts: dict | None = None
+
+
+def _serve(conn, fn: Callable, kwargs: dict) -> bool:
+    """Run one call and send its reply; returns whether this process must exit (a fatal value)."""
+    try:
+        value = fn(**kwargs)
+        reply = ("ok", value)
+    except BaseException as exc:  # a harness-side failure still replies instead of killing the process
+        reply = ("raised", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    conn.send(reply)
+    return reply[0] == "ok" and bool(getattr(reply[1], "fatal", False))
+
+
+def _worker_main(conn, env: dict) -> None:
+    os.environ.update(env)  # TRITON_INTERPRET among them, before any kernel imports triton
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.interpreter)
+    conn.send("ready")  # a call's time limit starts after this, so a slow start never times a call out
     while True:
         try:
             task = conn.recv()
         except EOFError:
             return
-        if task is None:
-            return
-        try:
-            result = run_cell(task["plan"], task["cell"], RunSettings(**task["run"]), task.get("tol_default"))
-        except BaseException as exc:  # a harness-side failure still reports instead of killing the worker
-            result = {"status": "failed", "reason": f"harness error: {type(exc).__name__}: {exc}",
-                      "traceback": traceback.format_exc(), "fatal": False}
-        conn.send(result)
-        if result.get("fatal"):
-            return  # the device context is unusable: exit so the parent starts a fresh worker
+        if task is None or _serve(conn, *task):
+            return  # asked to stop, or the device context is unusable: the parent starts a fresh worker
+
+
+def _fault(reply: tuple) -> Any:
+    """The caller's view of a reply: the value, or a Fault for a call that raised."""
+    if reply[0] == "ok":
+        return reply[1]
+    return Fault(f"harness error: {reply[1]}", reply[2])
 
 
 def describe_exit(code: int | None) -> str:
@@ -81,64 +105,51 @@ def describe_exit(code: int | None) -> str:
 
 
 class Worker:
-    """A child process that runs cells; restarted on demand after it dies or is killed.
-
-    Cells of a TP size above 1 go to that size's WorkerGroup, started on first use.
-    """
+    """A child process that runs calls; restarted on demand after it dies, hangs or reports a fatal value."""
 
     def __init__(self):
         self.proc = None
         self.conn = None
         self.starts = 0
-        self.start_seconds = 0.0
-        self.groups: dict[int, WorkerGroup] = {}
 
     def _start(self) -> None:
-        t0 = time.monotonic()
         ctx = mp.get_context("spawn")  # fork after CUDA init is unsafe; spawn gives a clean device context
         parent, child = ctx.Pipe()
-        env = _inherited_env()
-        self.proc = ctx.Process(target=_worker_main, args=(child, env), daemon=True, name="harness-worker")
+        self.proc = ctx.Process(target=_worker_main, args=(child, _inherited_env()), daemon=True,
+                                name="harness-worker")
         self.proc.start()
         child.close()
         self.conn = parent
         try:
             if parent.poll(GROUP_START_TIMEOUT_S):
-                parent.recv()  # "ready"; a worker that died starting shows up as a crash of the first cell
+                parent.recv()  # "ready"; a worker that died starting shows up as a crash of the first call
         except EOFError:
             pass
         self.starts += 1
-        self.start_seconds += time.monotonic() - t0
 
-    def run(self, plan_path: str, cell_id: str, run: RunSettings, timeout_s: float, tol_default=None) -> dict:
-        tp = Cell.from_id(cell_id).tp
-        if tp > 1:
-            if tp not in self.groups:
-                self.groups[tp] = WorkerGroup(tp)
-            return self.groups[tp].run(plan_path, cell_id, run, timeout_s, tol_default)
+    def call(self, fn: Callable, kwargs: dict, timeout_s: float) -> Any:
+        """`fn(**kwargs)` in the worker: its value, or a Fault."""
         if self.proc is None or not self.proc.is_alive():
             self._start()
-        task = {"plan": str(plan_path), "cell": cell_id, "run": asdict(run), "tol_default": tol_default}
         try:
-            self.conn.send(task)
+            self.conn.send((fn, kwargs))
             if not self.conn.poll(timeout_s):
                 self.stop(kill=True)
-                return {"status": "failed", "reason": f"timed out after {timeout_s:g} s (numerics.timeout_s): "
-                        "the kernel did not return (a hang or an endless loop?)", "fatal": True}
-            result = self.conn.recv()
+                return Fault(f"timed out after {timeout_s:g} s (numerics.timeout_s): the kernel did not return "
+                             "(a hang or an endless loop?)")
+            reply = self.conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self.proc.join(5)
             code = self.proc.exitcode
             self.stop(kill=True)
-            return {"status": "failed", "reason": f"the worker process running this cell {describe_exit(code)}; "
-                    "the cell crashed the process (later cells run in a fresh one)", "fatal": True}
-        if result.get("fatal"):
+            return Fault(f"the worker process running this cell {describe_exit(code)}; the cell crashed the "
+                         "process (later cells run in a fresh one)")
+        value = _fault(reply)
+        if getattr(value, "fatal", False):
             self.stop(kill=False)
-        return result
+        return value
 
     def stop(self, kill: bool = False) -> None:
-        for group in self.groups.values():
-            group.stop(kill)
         if self.proc is None:
             return
         if kill and self.proc.is_alive():
@@ -177,23 +188,16 @@ def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str
     _exit_with_parent(parent_pid)
     stacks_file = open(stacks, "w")
     faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)  # where a hung rank is stuck
+    make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.interpreter)
     try:
-        from .hardware import use_triton_interpreter
-
-        use_triton_interpreter()
-        import torch
-        import torch.distributed as dist
-
         if backend == "nccl":
             torch.cuda.set_device(rank)  # one GPU per rank
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
                                 timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
-        from . import tp
     except BaseException:
         conn.send({"error": traceback.format_exc()})
         return
     conn.send({"ready": True})
-    device = "cuda" if backend == "nccl" else "cpu"
     while True:
         try:
             task = conn.recv()
@@ -201,43 +205,15 @@ def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str
             break
         if task is None:
             break
-        if rank == 0:
-            reply = _lead_cell(task, tp)
-        else:
-            try:
-                tp.follow_cell(task, rank, size, device)
-                reply = {"ok": True}
-            except BaseException:
-                reply = {"error": traceback.format_exc(), "fatal": True}
+        fatal = _serve(conn, *task)
         if backend == "nccl":
             torch.cuda.empty_cache()  # groups of every TP size share GPU 0..N-1: hold no cached blocks between cells
-        conn.send(reply)
-        if reply.get("fatal"):
+        if fatal:
             break  # the group is replaced before the next cell
     try:
         dist.destroy_process_group()
     except Exception:
         pass
-
-
-def _lead_cell(task: dict, tp) -> dict:
-    """Rank 0: run the cell's hypothesis loop (driving the other ranks), then release them."""
-    tp.last_rank_failure.update(traceback=None, restart=False)
-    try:
-        result = run_cell(task["plan"], task["cell"], RunSettings(**task["run"]), task.get("tol_default"))
-    except BaseException as exc:  # ranks may be out of step now: the group is replaced
-        result = {"status": "failed", "reason": f"harness error: {type(exc).__name__}: {exc}",
-                  "traceback": traceback.format_exc(), "fatal": True}
-    try:
-        tp.finish_cell()
-    except BaseException as exc:
-        result.update(fatal=True, status="failed",
-                      reason=result.get("reason") or f"the ranks could not be released after the cell: {exc}")
-    if result["status"] != "passed" and tp.last_rank_failure["traceback"]:
-        result["traceback"] = tp.last_rank_failure["traceback"]
-    if tp.last_rank_failure["restart"]:
-        result["fatal"] = True  # a rank raised: its process (or device) may be in any state
-    return result
 
 
 class GroupFault(Exception):
@@ -252,15 +228,12 @@ class WorkerGroup:
     """N rank processes in one torch.distributed group, serving every cell of one TP size."""
 
     def __init__(self, size: int):
-        from .hardware import detect
-
         self.size = size
         self.backend = "nccl" if detect().has_cuda else "gloo"
         self.procs: list = []
         self.conns: list = []
         self.dir: str | None = None
         self.starts = 0
-        self.start_seconds = 0.0
 
     @property
     def alive(self) -> bool:
@@ -270,7 +243,6 @@ class WorkerGroup:
         return os.path.join(self.dir, f"rank{rank}.stacks")
 
     def _start(self) -> None:
-        t0 = time.monotonic()
         ctx = mp.get_context("spawn")  # fork after torch (or CUDA) init is unsafe
         self.dir = tempfile.mkdtemp(prefix=f"harness-tp{self.size}-")
         env = {**_inherited_env(), **TP_ENV}
@@ -292,8 +264,6 @@ class WorkerGroup:
                     raise GroupFault(f"rank {rank} could not join the {self.backend} group:\n{msg['error']}")
         except GroupTimeout:
             raise GroupFault(f"the ranks did not join the {self.backend} group within {GROUP_START_TIMEOUT_S:g} s")
-        finally:
-            self.start_seconds += time.monotonic() - t0
 
     def _receive(self, rank: int, deadline: float) -> dict:
         """The next message from `rank`; GroupFault as soon as any rank has died, GroupTimeout at the deadline."""
@@ -310,45 +280,44 @@ class WorkerGroup:
             if time.monotonic() > deadline:
                 raise GroupTimeout()
 
-    def run(self, plan_path: str, cell_id: str, run: RunSettings, timeout_s: float, tol_default=None) -> dict:
-        t0 = time.monotonic()
+    @property
+    def facts(self) -> dict:
+        return {"ranks": self.size, "backend": self.backend, "worker_starts": self.starts}
+
+    def call(self, fn: Callable, kwargs: dict, timeout_s: float) -> Any:
+        """`fn(**kwargs)` on every rank: rank 0's value, or a Fault naming the rank that failed and how."""
         if not self.alive:
             self.stop(kill=True)  # whatever is left of a broken group
             try:
                 self._start()
             except GroupFault as exc:
                 self.stop(kill=True)
-                return self._facts({"status": "failed", "fatal": True, "duration_s": round(time.monotonic() - t0, 3),
-                                    "reason": f"the {self.size}-rank worker group did not start: {exc}"})
-        task = {"plan": str(plan_path), "cell": cell_id, "run": asdict(run), "tol_default": tol_default}
-        t0 = time.monotonic()
+                return Fault(f"the {self.size}-rank worker group did not start: {exc}", facts=self.facts)
         try:
             for conn in self.conns:
-                conn.send(task)
-            result = self._receive(0, t0 + timeout_s)
-            if not result.get("fatal"):
+                conn.send((fn, kwargs))
+            value = _fault(self._receive(0, time.monotonic() + timeout_s))
+            fatal = isinstance(value, Fault) or getattr(value, "fatal", False)
+            if not fatal:
                 for rank in range(1, self.size):
                     ack = self._receive(rank, time.monotonic() + FOLLOWER_ACK_TIMEOUT_S)
-                    if "error" in ack:
-                        result = {"status": "failed", "fatal": True, "traceback": ack["error"],
-                                  "reason": f"rank {rank} of {self.size} failed in the cell: "
-                                            f"{ack['error'].strip().splitlines()[-1]}"}
-            if result.get("fatal"):
+                    if ack[0] != "ok":
+                        value, fatal = Fault(f"rank {rank} of {self.size} failed in the cell: {ack[1]}", ack[2]), True
+                        break
+            if fatal:
                 self._raise_if_a_rank_died()  # a rank that died explains rank 0's failure better than rank 0 can
         except GroupTimeout:
             where, stacks = self._where_stuck()
             self.stop(kill=True)
-            result = {"status": "failed", "fatal": True, "traceback": stacks,
-                      "reason": f"timed out after {timeout_s:g} s (numerics.timeout_s): {where}"}
+            value, fatal = Fault(f"timed out after {timeout_s:g} s (numerics.timeout_s): {where}", stacks), True
         except (GroupFault, BrokenPipeError, ConnectionResetError) as exc:
             self.stop(kill=True)
-            result = {"status": "failed", "fatal": True,
-                      "reason": f"{exc} while running this cell; the group is restarted for later cells"}
-        if "duration_s" not in result:
-            result["duration_s"] = round(time.monotonic() - t0, 3)
-        if result.get("fatal"):
-            self.stop()
-        return self._facts(result)
+            value, fatal = Fault(f"{exc} while running this cell; the group is restarted for later cells"), True
+        if fatal:
+            self.stop()  # ranks may be out of step: the next call gets a fresh group
+        if isinstance(value, Fault):
+            value.facts = self.facts
+        return value
 
     def _raise_if_a_rank_died(self, grace_s: float = 1.0) -> None:
         deadline = time.monotonic() + grace_s

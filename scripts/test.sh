@@ -3,6 +3,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test || exit 1
+# The layer contract (pyproject.toml, [tool.importlinter]) first: a module importing upward fails fast.
+.venv/bin/lint-imports || exit 1
 workers=$(.venv/bin/python -c "import os; print(min(4, os.cpu_count() or 1))")
 .venv/bin/python -m pytest tests -p xdist -n "$workers" "$@"
 rc=$?

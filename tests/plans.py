@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 OUT_PARAM_ARGS = """\
@@ -43,3 +44,8 @@ numerics: {numerics}
     path = tmp_path / name
     path.write_text(text)
     return path
+
+
+def read_results(path: Path) -> dict:
+    """A results file as the JSON a run wrote (tests assert on the file, as a user or CI job reads it)."""
+    return json.loads(Path(path).read_text())

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.results import load
+from tests.plans import read_results as load
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTY_PLAN = ROOT / "tests" / "fixtures" / "faulty_plan.yaml"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import load
+from tests.plans import read_results as load
 from tests.plans import rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]

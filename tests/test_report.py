@@ -16,6 +16,7 @@ import pytest
 from harness import report
 from harness.matrix import Cell
 from harness.plan import load_plan
+from harness.plots import draw_plots
 from harness.report import write_report
 from harness.results import FORMAT, VERSION
 
@@ -242,7 +243,7 @@ vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activati
     for block in re.findall(r"```python\n(.*?)```", interfaces, re.S):
         ast.parse(block)
     assert "all-gather out on dim 1" in section(text, "Critical path")
-    assert "custom_ops +silu_and_mul" in section(text, "High-level design")
+    assert "custom_ops +SiluAndMul" in section(text, "High-level design")
 
 
 def test_generated_custom_op_registers_and_runs(tmp_path):
@@ -423,11 +424,15 @@ def test_same_results_give_byte_identical_report_and_plot(tmp_path, monkeypatch)
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 6.0),
                                     "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 29.0)})
+    without_plot = render(plan, op_dir)
+    draw_plots(plan, op_dir)
     first = render(plan, op_dir)
     png = (op_dir / "perf-sm90.png").read_bytes()
     monkeypatch.chdir(tmp_path)  # a relative op_dir and another working directory give the same text
+    draw_plots(plan, Path("reports/rms_norm"))
     second = render(plan, Path("reports/rms_norm"))
-    assert first == second
+    assert first == second and first[0].replace("![GB/s against token count on sm90](perf-sm90.png)\n\n", "") \
+        == without_plot[0]  # the page only links the plot
     assert (op_dir / "perf-sm90.png").read_bytes() == png
     assert b"Software" not in png and png.startswith(b"\x89PNG")
 
@@ -485,6 +490,7 @@ def test_verdict_go_no_go_per_regime_from_benchmarks(tmp_path):
     op_dir = tmp_path / "go" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
                                     "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)})
+    draw_plots(plan, op_dir)
     text = render(plan, op_dir)
     assert "**go**" in verdict_line(text)
     assert "![GB/s against token count on sm90](perf-sm90.png)" in text and (op_dir / "perf-sm90.png").exists()
@@ -513,13 +519,10 @@ def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
     op_dir = tmp_path / "reports" / "rms_norm"
     partial = bench("decode", 8, 4.0, 8.0, 6.0)
     del partial["impls"]["native"]["gbps"], partial["copy_bw_gbps"], partial["speedup"]["compiled"]
-    skipped = {"phase": "prefill", "sm": "sm90", "impls": {"kernel": {"not_run": "needs 2 GPUs"}}}
+    skipped = {"phase": "prefill", "dtype": "bf16", "sm": "sm90", "graph_mode": "eager", "num_tokens": 2048,
+               "impls": {"kernel": {"not_run": "needs 2 GPUs"}}}
     passed_sm90(op_dir, benchmarks={"decode-8": partial, "decode-64": bench("decode", 64, 5.0, 9.0, 6.0),
                                     "prefill-x": skipped})
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without matplotlib
-    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
-    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
-    monkeypatch.setitem(sys.modules, "matplotlib.ticker", None)
     perf = section(render(plan, op_dir), "Performance")
     assert "### decode-sized on sm90 (NVIDIA H200)" in perf
     table_lines = tables(perf)[0]
@@ -528,7 +531,7 @@ def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
     first = table_lines[2]
     assert "| 8 " in first and "4.00 µs" in first and "— GB/s" in first and "not run: vllm not installed" in first
     assert "1.80× (" in table_lines[3]  # native 9.0 / kernel 5.0
-    assert "the plot of gb/s against token count needs matplotlib" in perf.lower()
+    assert "![GB/s" not in perf  # no plot drawn: none linked
     assert "Benchmark shapes not timed" in perf and "needs 2 GPUs" in perf
     assert not (op_dir / "perf-sm90.png").exists()
 

@@ -336,19 +336,21 @@ def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytes
 
 def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monkeypatch):
     from harness.runner import RunSettings
-    from harness.workers import Worker
+    from harness.tp import run_cell_on_rank
+    from harness.workers import Fault, WorkerGroup
 
     (tmp_path / "tp_faults.py").write_text(FAULTS)
     monkeypatch.syspath_prepend(str(tmp_path))  # spawned ranks inherit sys.path
     plan = rms_norm_plan(tmp_path, "tp_faults:crashes_on_rank1", tp="[2]", numerics="{examples: 2, max_num_seqs: 8}",
                          extra="tp: {kind: trivial}")
-    worker = Worker()
+    group = WorkerGroup(2)
     try:
-        outcome = worker.run(plan, "decode-fp32-tp2-eager-cpu", RunSettings(2, "ci", None), timeout_s=120)
+        outcome = group.call(run_cell_on_rank, {"plan_path": str(plan), "cell_id": "decode-fp32-tp2-eager-cpu",
+                                                "run": RunSettings(2, "ci", None)}, timeout_s=120)
     finally:
-        worker.stop()
-    assert outcome["status"] == "failed", outcome
-    assert outcome["reason"].startswith("rank 1 of 2 was killed by SIGSEGV (segmentation fault"), outcome
-    assert outcome["facts"] == {"ranks": 2, "backend": "gloo", "worker_starts": 1}
+        group.stop()
+    assert isinstance(outcome, Fault), outcome
+    assert outcome.reason.startswith("rank 1 of 2 was killed by SIGSEGV (segmentation fault"), outcome
+    assert outcome.facts == {"ranks": 2, "backend": "gloo", "worker_starts": 1}
     assert multiprocessing.active_children() == []
     assert _spawned_descendants() == []

@@ -15,7 +15,15 @@ import pytest
 import torch
 
 import kernels.rms_norm  # noqa: F401  triton imported here first, not inside a pytester run
-from harness import vllm_support as vs
+from harness import integration
+from harness.calls import reference_outputs
+from harness.inputs import Example, build_args
+from harness.plan import Tolerance
+from harness.report import plugin_markdown
+from harness.results import IntegrationRecord, Status, to_json
+from harness.tolerances import tolerance_for
+from harness.vllm_kernels import vllm_kernel, vllm_missing
+from harness.vllm_ops import plugin_entry_point, plugin_module_name, provider_name, render_plugin
 from harness.matrix import Cell
 from harness.plan import PlanError, load_plan
 from tests.plans import rms_norm_plan
@@ -26,12 +34,17 @@ FUSED_PLAN = ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml"
 SILU_PLAN = ROOT / "kernels" / "plans" / "silu_and_mul.yaml"
 VLLM_SECTION = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
 
-needs_vllm = pytest.mark.skipif(bool(vs.vllm_missing()), reason="vllm not installed")
+needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
 
 
 def small_rms_plan(tmp_path, extra: str = VLLM_SECTION, **kw) -> Path:
     """The bundled RMSNorm on hidden 64/128 with a vllm section: quick in Triton's interpreter."""
     return rms_norm_plan(tmp_path, extra=extra, **kw)
+
+
+def check_route(*args, **kwargs) -> dict:
+    """An integration item's record as the results file holds it."""
+    return to_json(integration.check_route(*args, **kwargs))
 
 
 def cell(dtype="bf16", phase="decode") -> Cell:
@@ -48,16 +61,10 @@ def no_vllm(monkeypatch):
 
 def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    assert vs.vllm_missing() == "vllm not installed"
-    assert vs.vllm_baseline(plan) == "vllm not installed"
-    assert vs.vllm_tolerance(plan, "bf16") is None
-    for route in vs.ROUTES:
-        assert vs.why_not_runnable(plan, route) == "vllm not installed"
-    vref = small_rms_plan(tmp_path, extra="").read_text().replace(
-        "kernels.rms_norm:rms_norm_ref", "vllm.model_executor.layers.layernorm:RMSNorm.forward_native")
-    (tmp_path / "vref.yaml").write_text(vref)
-    with pytest.raises(ImportError, match="op.reference names .*RMSNorm.forward_native: vllm not installed"):
-        load_plan(tmp_path / "vref.yaml").load_reference()
+    assert vllm_missing() == "vllm not installed"
+    assert vllm_kernel(plan).startswith("vllm not installed")
+    for route in integration.ROUTES:
+        assert integration.why_not_runnable(plan, route) == "vllm not installed"
 
 
 def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, monkeypatch):
@@ -72,7 +79,7 @@ def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, monkeypatch
     result.stdout.fnmatch_lines(["*SKIPPED*vllm not installed*"])
     results = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())
     assert results["cells"]["decode-bf16-tp1-eager-cpu"]["status"] == "passed"
-    assert set(results["integration"]) == {f"vllm-{r}[decode-bf16-cpu]" for r in vs.ROUTES}
+    assert set(results["integration"]) == {f"vllm-{r}[decode-bf16-cpu]" for r in integration.ROUTES}
     for rec in results["integration"].values():
         assert (rec["status"], rec["reason"], rec["phase"], rec["dtype"]) == ("not_run", "vllm not installed",
                                                                               "decode", "bf16"), rec
@@ -84,7 +91,7 @@ def test_integration_items_per_route_phase_and_dtype_only_for_plans_naming_a_vll
     named = small_rms_plan(pytester.path, phase="[decode, prefill]", dtype="[fp16, fp8_e4m3fn]", sm="[cpu, sm90]")
     result = pytester.runpytest("--plan", str(named), "-k", "vllm-", *common)
     ids = sorted(line.split("::")[-1] for line in result.outlines if "::vllm-" in line)
-    assert ids == sorted(f"vllm-{r}[{p}-fp16-cpu]" for r in vs.ROUTES for p in ("decode", "prefill"))
+    assert ids == sorted(f"vllm-{r}[{p}-fp16-cpu]" for r in integration.ROUTES for p in ("decode", "prefill"))
     unnamed = small_rms_plan(pytester.path, extra="", name="unnamed.yaml")
     result = pytester.runpytest("--plan", str(unnamed), "-k", "vllm-", *common)
     assert not [line for line in result.outlines if "::vllm-" in line]
@@ -95,45 +102,47 @@ def test_integration_items_per_route_phase_and_dtype_only_for_plans_naming_a_vll
 
 def test_plugin_module_for_rms_norm_registers_an_ir_provider():
     plan = load_plan(RMS_PLAN)
-    text = vs.vllm_plugin_module(plan)
+    text = render_plugin(plan)
     compile(text, "rms_norm_vllm_plugin.py", "exec")
     assert "from kernels.rms_norm import rms_norm as kernel" in text
     assert 'PROVIDER = "rms_norm_kernel"' in text
     assert "ir.ops.rms_norm.register_impl(PROVIDER, supports_args=supports_args)(rms_norm_impl)" in text
     assert 'CustomOp.register_oot(PluginRMSNorm, name="RMSNorm")' in text
-    assert text.rstrip().endswith("register_ir()")
+    assert 'ROUTE = "ir"' in text
     assert """--ir-op-priority '{"rms_norm": ["rms_norm_kernel", "native"]}'""" in text
-    assert vs.vllm_plugin_entry_point(plan) == \
+    assert plugin_entry_point(plan) == \
         '[project.entry-points."vllm.general_plugins"]\nrms_norm = "rms_norm_vllm_plugin:register"\n'
 
 
 def test_plugin_module_for_fused_and_silu():
-    fused = vs.vllm_plugin_module(load_plan(FUSED_PLAN))
+    fused = render_plugin(load_plan(FUSED_PLAN))
     compile(fused, "fused.py", "exec")
     assert "register_impl(PROVIDER, supports_args=supports_args, inplace=True)" in fused
     silu_plan = load_plan(SILU_PLAN)
-    silu = vs.vllm_plugin_module(silu_plan)
+    silu = render_plugin(silu_plan)
     compile(silu, "silu.py", "exec")
     assert "from vllm import ir" not in silu and "def register_ir" not in silu  # vLLM has no IR op for it
-    assert silu.rstrip().endswith("register_custom_op()")
+    assert 'ROUTE = "custom_op"' in silu
     assert """--compilation-config '{"custom_ops": ["none", "+SiluAndMul"]}'""" in silu
 
 
 def test_plugin_section_for_the_report(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    md = vs.vllm_plugin_markdown(plan, integration={})
+    md = plugin_markdown(plan, integration={})
     assert "```toml" in md and "```python" in md and "Not verified" in md
-    assert vs.vllm_plugin_module(plan).rstrip() in md
-    verified = vs.vllm_plugin_markdown(plan, {"vllm-plugin[decode-bf16-cpu]": {"status": "passed"}})
+    assert render_plugin(plan).rstrip() in md
+    item = dict(route="plugin", phase="decode", dtype="bf16", tp=1, graph_mode="eager", sm="cpu")
+    verified = plugin_markdown(plan, {"vllm-plugin[decode-bf16-cpu]": IntegrationRecord(**item, status=Status.PASSED)})
     assert "Verified: loaded through vLLM's plugin loader" in verified
-    failed = vs.vllm_plugin_markdown(plan, {"vllm-plugin[decode-bf16-cpu]": {"status": "failed", "reason": "boom"}})
+    failed = plugin_markdown(plan, {"vllm-plugin[decode-bf16-cpu]": IntegrationRecord(**item, status=Status.FAILED,
+                                                                                      reason="boom")})
     assert "FAILED in 1 of 1 items: boom" in failed
 
 
 def test_plan_names_the_provider(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path, extra="vllm: {ir_op: rms_norm, provider: triton_rms}\n"))
-    assert vs.provider_name(plan) == "triton_rms"
-    assert 'PROVIDER = "triton_rms"' in vs.vllm_plugin_module(plan)
+    assert provider_name(plan) == "triton_rms"
+    assert 'PROVIDER = "triton_rms"' in render_plugin(plan)
     with pytest.raises(PlanError, match=r"plan.yaml:\d+: vllm.provider: expected a provider name .*'native'"):
         load_plan(small_rms_plan(tmp_path, extra="vllm: {ir_op: rms_norm, provider: native}\n"))
 
@@ -149,17 +158,17 @@ BUNDLED = [(RMS_PLAN, "ir"), (RMS_PLAN, "custom_op"), (RMS_PLAN, "plugin"),
 @pytest.mark.parametrize("plan_path, route", BUNDLED, ids=[f"{p.stem}-{r}" for p, r in BUNDLED])
 def test_bundled_op_reaches_the_kernel_through_vllm(plan_path, route):
     plan = load_plan(plan_path)
-    assert vs.why_not_runnable(plan, route) == ""
-    outcome = vs.check_route(plan, cell("bf16", "chunked_prefill"), route)
+    assert integration.why_not_runnable(plan, route) == ""
+    outcome = check_route(plan, cell("bf16", "chunked_prefill"), route)
     assert outcome["status"] == "passed", outcome
-    assert outcome["kernel_calls"] >= outcome["examples"] == vs.MAX_EXAMPLES
+    assert outcome["kernel_calls"] >= outcome["examples"] == integration.MAX_EXAMPLES
     assert isinstance(outcome["error"]["max_abs"], float) and outcome["error"]["max_ulp"] is not None
     _assert_clean(plan)
 
 
 @needs_vllm
 def test_silu_and_mul_has_no_ir_route():
-    assert vs.why_not_runnable(load_plan(SILU_PLAN), "ir").startswith("vLLM 0.32.0 has no IR op for silu_and_mul")
+    assert integration.why_not_runnable(load_plan(SILU_PLAN), "ir").startswith("vLLM 0.32.0 has no IR op for silu_and_mul")
 
 
 def _assert_clean(plan):
@@ -171,7 +180,7 @@ def _assert_clean(plan):
     for op in ir.op.IrOp.registry.values():
         assert not any(name.endswith("_kernel") or name == "elsewhere" for name in op.impls), op.impls
         assert op.get_priority() == []
-    assert vs.plugin_module_name(plan) not in sys.modules
+    assert plugin_module_name(plan) not in sys.modules
 
 
 # ---------------------------------------------------------------- with vLLM: registrations that do not take effect
@@ -179,7 +188,7 @@ def _assert_clean(plan):
 
 def _bad_supports_args(plan_path) -> str:
     """The generated plugin with a supports_args that rejects every input (same signature)."""
-    text = vs.vllm_plugin_module(load_plan(plan_path))
+    text = render_plugin(load_plan(plan_path))
     start = text.index("def supports_args(")
     signature = text[start:text.index(":\n", start) + 2]
     return text + "\n\n" + signature + "    return False\n"
@@ -194,7 +203,7 @@ def _bad_supports_args(plan_path) -> str:
 ])
 def test_supports_args_returning_false_fails_with_that_cause(tmp_path, route, words):
     plan = load_plan(small_rms_plan(tmp_path))
-    outcome = vs.check_route(plan, cell(), route, plugin_text=_bad_supports_args(small_rms_plan(tmp_path)))
+    outcome = check_route(plan, cell(), route, plugin_text=_bad_supports_args(small_rms_plan(tmp_path)))
     assert outcome["status"] == "failed" and outcome["kernel_calls"] == 0, outcome
     assert outcome["reason"].startswith("vLLM's RMSNorm did not call the kernel: "), outcome["reason"]
     assert words in outcome["reason"], outcome["reason"]
@@ -204,7 +213,7 @@ def test_supports_args_returning_false_fails_with_that_cause(tmp_path, route, wo
 @needs_vllm
 def test_provider_outside_the_priority_list_fails_with_that_cause(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    outcome = vs.check_route(plan, cell(), "ir", priority=["native"])
+    outcome = check_route(plan, cell(), "ir", priority=["native"])
     assert outcome["status"] == "failed", outcome
     assert outcome["reason"] == ("vLLM's RMSNorm did not call the kernel: it dispatched to forward_native and "
                                  "vllm.ir.ops.rms_norm chose 'native': the provider 'rms_norm_kernel' is not in the "
@@ -215,8 +224,8 @@ def test_provider_outside_the_priority_list_fails_with_that_cause(tmp_path):
 @needs_vllm
 def test_provider_registered_under_another_name_fails_with_that_cause(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    renamed = vs.vllm_plugin_module(plan) + '\nPROVIDER = "elsewhere"\n'
-    outcome = vs.check_route(plan, cell(), "plugin", plugin_text=renamed)
+    renamed = render_plugin(plan) + '\nPROVIDER = "elsewhere"\n'
+    outcome = check_route(plan, cell(), "plugin", plugin_text=renamed)
     assert outcome["status"] == "failed", outcome
     assert outcome["reason"].startswith("the IR priority list ['rms_norm_kernel', 'native'] names 'rms_norm_kernel', "
                                         "which is not registered for vllm.ir.ops.rms_norm (registered: "), outcome
@@ -227,7 +236,7 @@ def test_provider_registered_under_another_name_fails_with_that_cause(tmp_path):
 @needs_vllm
 def test_custom_op_enabled_under_its_in_tree_name_fails_with_that_cause(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    outcome = vs.check_route(plan, cell(), "custom_op", custom_ops=["none", "+rms_norm"])
+    outcome = check_route(plan, cell(), "custom_op", custom_ops=["none", "+rms_norm"])
     assert outcome["status"] == "failed", outcome
     assert outcome["reason"].startswith("vLLM's RMSNorm did not call the kernel: it dispatched to forward_native "
                                         "(compilation_config.custom_ops=['none', '+rms_norm'] does not enable"), outcome
@@ -250,7 +259,7 @@ def test_wrong_kernel_reached_through_vllm_fails_the_comparison(tmp_path, monkey
     (tmp_path / "wrong_kernels.py").write_text(WRONG_KERNEL)
     monkeypatch.syspath_prepend(str(tmp_path))
     plan = load_plan(small_rms_plan(tmp_path, kernel="wrong_kernels:doubled"))
-    outcome = vs.check_route(plan, cell("fp32"), "ir")
+    outcome = check_route(plan, cell("fp32"), "ir")
     assert outcome["status"] == "failed" and outcome["kernel_calls"] > 0, outcome
     assert "output 'out'" in outcome["reason"], outcome
     _assert_clean(plan)
@@ -261,42 +270,37 @@ def test_wrong_kernel_reached_through_vllm_fails_the_comparison(tmp_path, monkey
 
 @needs_vllm
 @pytest.mark.parametrize("plan_path", [RMS_PLAN, FUSED_PLAN, SILU_PLAN], ids=lambda p: p.stem)
-def test_vllm_layer_as_the_reference_matches_the_bundled_reference(tmp_path, plan_path):
-    from harness.inputs import Example, build_args
-    from harness.runner import reference_outputs
-
-    text = plan_path.read_text()
+def test_vllms_forward_native_matches_the_bundled_reference(plan_path):
+    """The bundled references round as vLLM's own forward_native does (bit for bit)."""
     ours = load_plan(plan_path)
-    layer = ours.vllm.layer
-    (tmp_path / "vref.yaml").write_text(text.replace(ours.reference, f"{layer}.forward_native"))
-    vref = load_plan(tmp_path / "vref.yaml")
+    op = integration.vllm_op(ours)
     sizes = {sym: 96 for sym in ours.sizes}
     for dtype in ("fp32", "bf16"):
         ex = Example(num_tokens=5, sizes=sizes, layouts={"x": ("strided", 3)}, seed=7)
         values = build_args(ours, cell(dtype), ex, "cpu")
         expected = reference_outputs(ours, ours.load_reference(), values)
-        got = reference_outputs(vref, vref.load_reference(), values)
-        for name in ours.outputs:
-            torch.testing.assert_close(got[name], expected[name], atol=0, rtol=0)
+        layer, forward_args = integration.build_layer(op, [v.clone() if isinstance(v, torch.Tensor) else v for v in
+                                                           (values[a.name] for a in ours.args)],
+                                                      integration.vllm_config())
+        got = layer.forward_native(*forward_args)
+        got = got if isinstance(got, tuple) else (got,)
+        for name, value in zip(ours.outputs, got):
+            torch.testing.assert_close(value, expected[name], atol=0, rtol=0)
 
 
-@needs_vllm
 def test_tolerance_comes_from_vllm_ir_unless_the_plan_sets_it(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    assert vs.vllm_tolerance(plan, "fp16") == vs.Tolerance(1e-2, 2e-3)  # vLLM's rms_norm override
-    assert vs.vllm_tolerance(plan, "bf16") == vs.Tolerance(1e-3, 1.6e-2)
-    assert vs.vllm_tolerance(load_plan(RMS_PLAN), "fp16") is None  # plan.yaml sets fp16 itself
-    assert vs.vllm_tolerance(load_plan(SILU_PLAN), "bf16") is None  # no IR op
+    assert tolerance_for(plan, "fp16") == Tolerance(1e-2, 2e-3)  # vLLM IR's rms_norm override
+    assert tolerance_for(plan, "bf16") == Tolerance(1e-3, 1.6e-2)
+    assert tolerance_for(load_plan(RMS_PLAN), "fp16") == load_plan(RMS_PLAN).tolerance["fp16"]  # the plan's own
+    assert tolerance_for(load_plan(SILU_PLAN), "fp16") == Tolerance(1e-3, 1e-3)  # no IR op: vLLM's test default
 
 
 @needs_vllm
 @pytest.mark.parametrize("plan_path", [RMS_PLAN, FUSED_PLAN, SILU_PLAN], ids=lambda p: p.stem)
 def test_vllm_baseline_has_the_kernels_calling_convention(plan_path):
-    from harness.inputs import Example, build_args
-    from harness.runner import reference_outputs
-
     plan = load_plan(plan_path)
-    baseline = vs.vllm_baseline(plan)
+    baseline = vllm_kernel(plan)
     assert callable(baseline), baseline
     sizes = {sym: 256 for sym in plan.sizes}
     values = build_args(plan, cell("fp32"), Example(num_tokens=4, sizes=sizes, seed=3), "cpu")
@@ -321,12 +325,12 @@ def test_pytest_plan_runs_the_vllm_items(pytester, monkeypatch, tmp_path):
         "-p", "harness.plugin", "--plan", str(plan), "-k", "vllm-", "--no-report", "--reports-dir", str(reports),
         "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)
-    integration = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["integration"]
-    assert set(integration) == {f"vllm-{r}[decode-bf16-cpu]" for r in vs.ROUTES}
-    for rec in integration.values():
+    items = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["integration"]
+    assert set(items) == {f"vllm-{r}[decode-bf16-cpu]" for r in integration.ROUTES}
+    for rec in items.values():
         assert rec["status"] == "passed" and rec["kernel_calls"] >= rec["examples"] > 0, rec
         assert rec["tolerance"] == {"atol": 1e-3, "rtol": 1.6e-2} and rec["vllm"] == "0.32.0", rec
-    assert integration["vllm-ir[decode-bf16-cpu]"]["registered_as"] == {
+    assert items["vllm-ir[decode-bf16-cpu]"]["registered_as"] == {
         "ir_op": "rms_norm", "provider": "rms_norm_kernel", "priority": ["rms_norm_kernel", "native"]}
-    assert integration["vllm-custom_op[decode-bf16-cpu]"]["registered_as"] == {
+    assert items["vllm-custom_op[decode-bf16-cpu]"]["registered_as"] == {
         "layer": "RMSNorm", "custom_ops": ["none", "+RMSNorm"]}

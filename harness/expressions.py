@@ -1,0 +1,45 @@
+"""Plain arithmetic over named sizes, for the plan's byte and flop models (`benchmark.bytes`, `benchmark.flops`).
+
+Parsed with `ast` and walked by hand: numbers, names, + - * / // % ** and parentheses, nothing else,
+so a plan file can never run code.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+
+
+def evaluate(expr: str, names: dict[str, float]) -> float:
+    """Value of a plain arithmetic expression over `names` (numbers, names, + - * / // % **, parentheses).
+
+    Nothing else is evaluated: no calls, attributes or subscripts. Raises ValueError saying what is wrong.
+    """
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression ({exc.msg})") from None
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in names:
+                raise ValueError(f"unknown name {node.id!r}; known: {', '.join(sorted(names))}")
+            return names[node.id]
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError(f"exponent {right} is too large")
+            if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+                raise ValueError("division by zero")
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](value(node.operand))
+        raise ValueError(f"{ast.unparse(node)!r} is not allowed: use numbers, size names and + - * / // % ** ( )")
+
+    return value(tree.body)

@@ -1,0 +1,179 @@
+"""The vLLM ops the harness knows, as data: one description per op, and every name derived from it.
+
+Each description says where the op lives in vLLM (its layer class and CustomOp registry name, its
+vLLM IR op, its in-tree `torch.ops._C` kernel and that kernel's schema), which tolerances vLLM IR
+checks it with, how one kernel call maps onto a call of vLLM's layer, and which plugin template
+(`harness/vllm_plugins/<op>.py`, a real Python module) ships a kernel for it. Adding a vLLM op means
+adding one description here and one template there.
+
+The names a deployment types come from here too, so the report, the generated plugin and the
+integration items cannot disagree:
+- `+<custom_op>` in `compilation_config.custom_ops` turns on vLLM's own kernel for the layer;
+- `+<LayerClass>` turns on an out-of-tree replacement (`CustomOp.register_oot` renames it to the
+  in-tree class name, so `+<custom_op>` no longer reaches it);
+- the IR provider name goes into `--ir-op-priority`.
+
+Plain Python: nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .plan import Plan, Tolerance
+
+TEMPLATES = Path(__file__).parent / "vllm_plugins"
+
+
+def _rms_norm_layer(out, x, weight, eps):
+    return {"hidden_size": x.shape[-1], "eps": eps, "dtype": weight.dtype}, {"weight": weight}, (x,)
+
+
+def _fused_add_rms_norm_layer(x, residual, weight, eps):
+    return {"hidden_size": x.shape[-1], "eps": eps, "dtype": weight.dtype}, {"weight": weight}, (x, residual)
+
+
+def _silu_and_mul_layer(out, x):
+    return {}, {}, (x,)
+
+
+@dataclass(frozen=True)
+class VllmOp:
+    """One vLLM op whose in-tree kernel follows the calling convention of the plan's kernel."""
+
+    name: str
+    layer: str  # vLLM's layer class that runs it, as an import path
+    custom_op: str  # the layer's in-tree CustomOp registry name
+    ir_op: str | None  # its vllm.ir op, None where vLLM has none
+    in_tree: str  # torch.ops._C.<in_tree>
+    in_tree_schema: str  # that kernel's schema, as vLLM registers it (csrc/torch_bindings.cpp)
+    # kernel args (in call order) -> (layer constructor kwargs, layer tensors, layer.forward args)
+    layer_call: Callable
+    # vLLM IR's tolerance for the op where it differs from the IR defaults (ir_tolerance below)
+    tolerance_overrides: dict[str, Tolerance] = field(default_factory=dict)
+
+    @property
+    def layer_class(self) -> str:
+        return self.layer.rpartition(":")[2]
+
+    @property
+    def in_tree_flag(self) -> str:
+        """The custom_ops entry that turns on vLLM's own kernel for the layer."""
+        return f"+{self.custom_op}"
+
+    @property
+    def oot_flag(self) -> str:
+        """The custom_ops entry that turns on an out-of-tree replacement (renamed to the layer class)."""
+        return f"+{self.layer_class}"
+
+    @property
+    def template(self) -> Path:
+        return TEMPLATES / f"{self.name}.py"
+
+
+# vLLM IR's default tolerances per dtype (vllm/ir/op.py); ops may override some.
+IR_DEFAULT_TOLERANCE = {"fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2)}
+_NORM_FP16 = {"fp16": Tolerance(1e-2, 2e-3)}  # 1 ulp where the weight product rounds
+
+VLLM_OPS = {op.name: op for op in (
+    VllmOp("rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "rms_norm", "rms_norm",
+           "rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()", _rms_norm_layer,
+           _NORM_FP16),
+    VllmOp("fused_add_rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "fused_add_rms_norm",
+           "fused_add_rms_norm",
+           "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()",
+           _fused_add_rms_norm_layer, _NORM_FP16),
+    VllmOp("silu_and_mul", "vllm.model_executor.layers.activation:SiluAndMul", "silu_and_mul", None,
+           "silu_and_mul", "silu_and_mul(Tensor! result, Tensor input) -> ()", _silu_and_mul_layer),
+)}
+
+
+def vllm_op(plan: Plan) -> VllmOp | None:
+    """The vLLM op the plan's kernel replaces: by its IR op, its own name, then its CustomOp name."""
+    for key in (plan.vllm.ir_op, plan.name, plan.vllm.custom_op):
+        if key in VLLM_OPS:
+            return VLLM_OPS[key]
+    return None
+
+
+def unsupported(plan: Plan) -> str:
+    """Why the harness cannot put this plan's kernel into vLLM ("" when it can)."""
+    op = vllm_op(plan)
+    if op is None:
+        return (f"the harness drives vLLM's {', '.join(sorted(VLLM_OPS))} only; the plan names none of them "
+                f"(vllm.ir_op, op.name, vllm.custom_op)")
+    if plan.vllm.layer and plan.vllm.layer != op.layer:
+        return f"vllm.layer names {plan.vllm.layer}; the harness drives {op.layer} for this op"
+    return ""
+
+
+def ir_tolerance(plan: Plan, dtype: str) -> Tolerance | None:
+    """The tolerance vLLM IR checks this op with in `dtype`, or None where vLLM has no IR op for it."""
+    op = vllm_op(plan)
+    if op is None or op.ir_op is None or dtype not in IR_DEFAULT_TOLERANCE:
+        return None
+    return op.tolerance_overrides.get(dtype, IR_DEFAULT_TOLERANCE[dtype])
+
+
+# ---------------------------------------------------------------- the plugin and its names
+
+
+def provider_name(plan: Plan) -> str:
+    """The IR provider name the plugin registers and a deployment lists in --ir-op-priority."""
+    return plan.vllm.provider or re.sub(r"\W", "_", plan.name.lower()) + "_kernel"
+
+
+def plugin_module_name(plan: Plan) -> str:
+    return re.sub(r"\W", "_", plan.name.lower()) + "_vllm_plugin"
+
+
+def plugin_route(plan: Plan) -> str:
+    """The route the plugin registers through: the plan's, except that ops without an IR op take custom_op."""
+    op = vllm_op(plan)
+    return "ir" if plan.vllm.route == "ir" and (op is None or op.ir_op) else "custom_op"
+
+
+def plugin_entry_point(plan: Plan) -> str:
+    """The pyproject.toml lines that make vLLM load the plugin in every process."""
+    return f'[project.entry-points."vllm.general_plugins"]\n{plan.name} = "{plugin_module_name(plan)}:register"\n'
+
+
+def enable_setting(plan: Plan) -> str:
+    """How a deployment selects the kernel once the plugin is loaded (vLLM does not select it by itself)."""
+    op = vllm_op(plan)
+    if plugin_route(plan) == "ir":
+        return f"""--ir-op-priority '{{"{op.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
+    return f"""--compilation-config '{{"custom_ops": ["none", "{op.oot_flag}"]}}'"""
+
+
+# Lines of a template that rendering rewrites, by the marker comment that ends them.
+_MARKED = re.compile(r"^(?P<lhs>.*?)\s*# harness: (?P<what>\w+)$", re.M)
+
+
+def render_plugin(plan: Plan) -> str:
+    """The plan's vLLM general plugin: its op's template with the kernel, op name, provider and route filled in."""
+    why = unsupported(plan)
+    if why:
+        raise ValueError(f"{plan.path}: no vLLM plugin for this plan: {why}")
+    op = vllm_op(plan)
+    text = op.template.read_text()
+    module, _, attr = plan.kernel.partition(":")
+    values = {
+        "kernel": (f"from {module} import {attr} as kernel" if "." not in attr
+                   else f"import {module}  # noqa: E402\nkernel = {module}.{attr}"),
+        "op": f'OP = "{plan.op_qualname}"',
+        "provider": f'PROVIDER = "{provider_name(plan)}"',
+        "route": f'ROUTE = "{plugin_route(plan)}"',
+    }
+    text = _MARKED.sub(lambda m: values[m["what"]], text)
+    note = "" if plugin_route(plan) == plan.vllm.route else \
+        f"\n(vllm.route is {plan.vllm.route}, but vLLM has no IR op for {plan.name}: the CustomOp route is used.)\n"
+    entry = plugin_entry_point(plan).strip().replace("\n", "\n    ")
+    doc = (f'"""vLLM general plugin: {op.layer_class} runs {plan.kernel} as {plan.op_qualname}.\n\n'
+           f"Generated from {plan.path.name} by the vllm-op-plan harness. vLLM loads it in every process\n"
+           f"through this entry point (pyproject.toml of the package that ships it):\n\n    {entry}\n\n"
+           f"Loading registers the kernel; a deployment selects it with\n    {enable_setting(plan)}\n{note}\"\"\"")
+    return re.sub(r'\A""".*?"""', lambda _: doc, text, count=1, flags=re.S)

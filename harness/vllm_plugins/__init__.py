@@ -1,0 +1,6 @@
+"""Templates of the vLLM general plugins the harness generates, one real Python module per vLLM op.
+
+Each is importable as it stands (for the bundled kernel) and is linted and imported by the tests;
+`harness.vllm_ops.render_plugin` fills in a plan's kernel, op name, provider and route on the lines
+marked `# harness: <what>`.
+"""

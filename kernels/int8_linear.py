@@ -1,0 +1,85 @@
+"""Weight-only int8 linear: out = x @ (weight * weight_scale[:, None]).T, one fp32 scale per output channel.
+
+Tiled like Triton's tutorial 03 (one program per [BLOCK_M, BLOCK_N] tile of out, a K loop of tl.dot
+with an fp32 accumulator). The int8 weight tile is converted to the activation dtype inside the
+kernel, which is exact (|w| <= 128 fits fp16 and bf16), so the dot runs on fp16/bf16 tensor cores;
+the per-column scale is applied once to the fp32 accumulator after the K loop (it is constant along
+K, so scaling after the sum equals dequantizing first). Then one rounding to out's dtype.
+
+Nothing depends on absolute column or feature indices, so a tensor-parallel shard is just a smaller
+problem: column-parallel (weight and weight_scale sliced along out_features; out a column block, possibly
+a strided view of the full output) and row-parallel (x and weight sliced along in_features; the ranks'
+partial outputs summed by the caller). All strides are passed, so such views need no copy.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64
+BLOCK_K = 64
+
+
+def dot_dtype(dtype: torch.dtype, device: torch.device):
+    """tl.dot operand dtype: the activation dtype, except bf16 on a CPU machine (Triton's interpreter
+    keeps bf16 as uint16 and its dot, numpy's matmul, multiplies the bit patterns; its int8 -> bf16
+    cast is wrong too): there both operands go to fp32, exact for bf16 x and int8 w."""
+    if dtype == torch.bfloat16 and (device.type == "cpu" or os.environ.get("TRITON_INTERPRET") == "1"):
+        return tl.float32
+    return {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[dtype]
+
+
+@triton.jit
+def _int8_linear_kernel(
+    out_ptr, x_ptr, w_ptr, scale_ptr,
+    num_tokens, out_features, in_features,
+    so_m, so_n, sx_m, sx_k, sw_n, sw_k,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+):
+    # int64 indices: token * row stride and out_feature * in_features overflow int32 on large layers.
+    m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = m < num_tokens
+    n_ok = n < out_features
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, in_features, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < in_features
+        # Masked lanes load 0, so padding along K adds nothing to the sum.
+        x = tl.load(x_ptr + m[:, None] * sx_m + k[None, :] * sx_k, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        # The weight tile is read transposed: [BLOCK_K, BLOCK_N] from the [out, in] matrix.
+        w = tl.load(w_ptr + n[None, :] * sw_n + k[:, None] * sw_k, mask=k_ok[:, None] & n_ok[None, :], other=0)
+        acc += tl.dot(x.to(DOT), w.to(DOT), input_precision="ieee")
+    scale = tl.load(scale_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = acc * scale[None, :]  # per output column
+    tl.store(out_ptr + m[:, None] * so_m + n[None, :] * so_n, y.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def int8_weight_only_linear(
+    out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
+) -> None:
+    """Write x @ (weight * weight_scale[:, None]).T into `out` ([num_tokens, out_features]).
+    One launch, no allocation, no host sync."""
+    num_tokens, in_features = x.shape
+    out_features = weight.shape[0]
+    if num_tokens == 0 or out_features == 0:
+        return
+    # At least 16 rows for tl.dot; decode batches (1-16 tokens) take one row block.
+    block_m = min(max(16, triton.next_power_of_2(num_tokens)), 64)
+    grid = (triton.cdiv(num_tokens, block_m), triton.cdiv(out_features, BLOCK_N))
+    _int8_linear_kernel[grid](
+        out, x, weight, weight_scale,
+        num_tokens, out_features, in_features,
+        *out.stride(), *x.stride(), *weight.stride(),
+        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, DOT=dot_dtype(x.dtype, x.device),
+        num_warps=4,
+    )
+
+
+def int8_weight_only_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """Dequantize in fp32, matmul in fp32, round to x's dtype."""
+    w = weight.float() * weight_scale.float()[:, None]
+    return (x.float() @ w.T).to(x.dtype)
