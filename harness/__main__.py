@@ -1,4 +1,4 @@
-"""Command line: `python -m harness validate PLAN...`, `report PLAN` and `plot PLAN`."""
+"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN` and `overview PLAN...`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .matrix import expand
+from .overview import write_overview
 from .plan import PlanError, load_plan
 from .plots import draw_plots
 from .report import write_report
@@ -22,11 +23,14 @@ def main(argv=None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("plan")
         p.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
+    o = sub.add_parser("overview", help="rebuild reports/README.md, the decisions across ops, from stored results")
+    o.add_argument("plan", nargs="+")
+    o.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
     args = parser.parse_args(argv)
 
     status = 0
     loaded = []
-    for path in args.plan if args.command == "validate" else [args.plan]:
+    for path in args.plan if args.command in ("validate", "overview") else [args.plan]:
         try:
             loaded.append(load_plan(path))
         except PlanError as exc:
@@ -34,8 +38,16 @@ def main(argv=None) -> int:
             status = 2
     if status or args.command == "validate":
         for plan in loaded:
+            for warning in plan.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
             print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells)")
         return status
+    if args.command == "overview":
+        path, problems = write_overview(loaded, Path(args.reports_dir))
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        print(f"wrote {path}")
+        return 0
     plan, op_dir = loaded[0], Path(args.reports_dir) / loaded[0].name
     if args.command == "plot":
         for path in draw_plots(plan, op_dir):

@@ -1,5 +1,6 @@
 """Benchmarks: per regime and GPU, is the kernel faster than the reference eager ("native"), the reference
-under torch.compile ("compiled", Inductor) and vLLM's in-tree kernel ("vllm")?
+under torch.compile ("compiled", Inductor), vLLM's in-tree kernel ("vllm") and any other kernel the plan names
+as a baseline (`benchmark.baselines: [{liger: liger_wrapper:rms_norm}]`, called like the kernel)?
 
 One item per benchmark shape (the plan's benchmark token counts x its sizes) x dtype x graph mode on
 this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GPU is timed:
@@ -13,6 +14,7 @@ this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GP
 - Cold L2: when one call's tensors are smaller than twice the L2 cache, enough input sets are built
   that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results).
 - Each implementation's outputs are checked against the reference after its timing loop.
+- A named baseline whose package is not installed on this machine is recorded as not run, with why.
 - Launches per call: the device operations (kernels, memsets, copies) in a CUDA graph capturing one call.
 - A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
   is "no difference".
@@ -47,17 +49,14 @@ from .device import detect
 from .expressions import evaluate
 from .hardware import Hardware
 from .inputs import TORCH_DTYPES, Example, build_args, poison_value
-from .matrix import Cell, decide
+from .matrix import Cell, bench_graph_modes, decide
 from .numerics import Mismatch, Stats
-from .plan import Plan, PlanError
-from .results import BenchRecord, ImplFigures, Speedup
-from .plan import load_plan
+from .plan import Plan, PlanError, import_object, load_plan
+from .results import NOISE_FLOOR, BenchRecord, ImplFigures, Speedup
 from .runner import compare_judged, device_poisoned
-from .tolerances import tolerance_for
 from .vllm_kernels import vllm_kernel
 
-IMPLS = ("kernel", "native", "compiled", "vllm")
-BENCH_GRAPH_MODES = ("eager", "cuda_graph")
+IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
 
 # Device time spent on timed samples per implementation, and on warm-up (triton.testing.do_bench's defaults).
 TARGET_MS, WARMUP_MS = 100.0, 25.0
@@ -69,8 +68,6 @@ GRAPH_REPLAY_MS = 2.0
 HOST_AHEAD_BATCH = 64
 # On a CPU machine (host clock, native vs compiled only).
 CPU_TARGET_MS, CPU_SAMPLES = 300.0, (5, 200)
-# Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise.
-NOISE_FLOOR = 0.02
 CHECK_SEED = 20_251_101
 
 CPU_KERNEL_REASON = ("not timed on a CPU machine: the kernel runs in Triton's interpreter there, whose speed says "
@@ -88,6 +85,12 @@ class BenchSpec:
     sm: str
     num_tokens: int
     sizes: tuple[tuple[str, int], ...] = ()
+    named: tuple[str, ...] = ()  # the plan's named baselines (not part of the id)
+
+    @property
+    def impls(self) -> tuple[str, ...]:
+        """Every implementation a record of this shape holds: the kernel, the built-in baselines, the named ones."""
+        return IMPLS + self.named
 
     @property
     def id(self) -> str:
@@ -104,15 +107,16 @@ class BenchSpec:
 
 def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
     """Every benchmark shape of the plan on one SM: phase token counts x sizes x dtype x graph mode."""
-    modes = [m for m in BENCH_GRAPH_MODES if m in plan.matrix["graph_mode"]] or ["eager"]
+    modes = bench_graph_modes(plan)
     names = list(plan.sizes)
+    named = tuple(name for name, _ in plan.benchmark.named)
     specs = []
     for phase, counts in plan.benchmark.shapes().items():
         for n in counts:
             for values in itertools.product(*(plan.sizes[s] for s in names)):
                 for dtype in plan.matrix["dtype"]:
                     for mode in modes:
-                        specs.append(BenchSpec(phase, dtype, mode, sm, n, tuple(zip(names, values))))
+                        specs.append(BenchSpec(phase, dtype, mode, sm, n, tuple(zip(names, values)), named))
     return specs
 
 
@@ -427,8 +431,25 @@ def reference_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
     return lambda values: reference_outputs(plan, fn, values, copy=False)
 
 
+def named_call(plan: Plan, path: str) -> Callable[[dict], dict] | str:
+    """A named baseline as a kernel-style call, or why it cannot run here (its package missing, a bad path)."""
+    try:
+        fn = import_object(path)
+    except Exception as exc:  # a package installed on another machine only: reported, never a crash
+        return f"{path} cannot be imported here: {type(exc).__name__}: {_first_line(exc)}"
+    if not callable(fn):
+        return f"{path} is not callable ({type(fn).__name__})"
+    return kernel_call(plan, fn)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def implementations(plan: Plan, device: str) -> dict[str, Callable | str]:
-    """Each implementation as a call, or the reason it is not run."""
+    """Each implementation as a call, or the reason it is not run: the kernel, the built-in baselines, then the
+    plan's named baselines in plan order."""
     reference = plan.load_reference()
     impls: dict[str, Callable | str] = {
         "kernel": kernel_call(plan, plan.load_kernel()) if device == "cuda" else CPU_KERNEL_REASON,
@@ -444,6 +465,8 @@ def implementations(plan: Plan, device: str) -> dict[str, Callable | str]:
         else:
             fn = vllm_kernel(plan)
             impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
+    for name, path in plan.benchmark.named:
+        impls[name] = named_call(plan, path)
     return impls
 
 
@@ -463,10 +486,9 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], device: str
     reference = plan.load_reference()
     expected = reference_outputs(plan, reference, values)
     actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
-    tol = tolerance_for(plan, spec.dtype)
     try:
         for name in plan.outputs:
-            compare_judged(plan, reference, tol, Stats(), name, actual[name], expected[name], values, False)
+            compare_judged(plan, reference, spec.dtype, Stats(), name, actual[name], expected[name], values, False)
     except Mismatch as exc:
         return f"wrong result after timing: {exc}", expected
     return None, expected
@@ -509,8 +531,8 @@ def base_record(spec: BenchSpec) -> BenchRecord:
 def not_run_record(spec: BenchSpec, reason: str) -> BenchRecord:
     """The record of an item this machine does not run: every implementation and speedup says why."""
     rec = base_record(spec)
-    rec.impls = {name: ImplFigures(not_run=reason) for name in IMPLS}
-    rec.speedup = {name: Speedup(not_run=reason) for name in IMPLS[1:]}
+    rec.impls = {name: ImplFigures(not_run=reason) for name in spec.impls}
+    rec.speedup = {name: Speedup(not_run=reason) for name in spec.impls[1:]}
     return rec
 
 
@@ -544,7 +566,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             timing = time_calls(call, sets, device, graph)
             mismatch, expected = check(plan, spec, call, device)
         except Exception as exc:  # one implementation failing must not hide the others' figures
-            message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            message = f"{type(exc).__name__}: {_first_line(exc)}"
             rec.impls[name] = ImplFigures(error=message)
             outcome.failures[name] = message
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
@@ -559,7 +581,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             rec.impls[name].error = mismatch
             outcome.failures[name] = mismatch
     kernel = rec.impls["kernel"]
-    for name in IMPLS[1:]:
+    for name in [n for n in rec.impls if n != "kernel"]:  # every baseline, named ones included
         base = rec.impls[name]
         if kernel.timed and base.timed:
             rec.speedup[name] = speedup(base, kernel)

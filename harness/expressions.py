@@ -43,3 +43,12 @@ def evaluate(expr: str, names: dict[str, float]) -> float:
         raise ValueError(f"{ast.unparse(node)!r} is not allowed: use numbers, size names and + - * / // % ** ( )")
 
     return value(tree.body)
+
+
+def names_in(expr: str) -> set[str]:
+    """The names an expression uses (ValueError if it is not an arithmetic expression)."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression ({exc.msg})") from None
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}

@@ -7,20 +7,27 @@ tensors themselves are built on the device from the drawn seed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 from hypothesis import strategies as st
 
+from .batches import Batch, draw_batch
 from .matrix import Cell
-from .plan import Arg, Plan
+from .expressions import evaluate
+from .plan import STRUCTURED_INITS, Arg, Plan, SizeSpec, import_object
 
 TORCH_DTYPES = {
     "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
     "fp8_e4m3fn": getattr(torch, "float8_e4m3fn", None), "fp8_e4m3fnuz": getattr(torch, "float8_e4m3fnuz", None),
     "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+    "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "float64": torch.float64, "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "float8_e4m3fnuz": torch.float8_e4m3fnuz,
+    # the platform's fp8: ROCm's CDNA GPUs use the fnuz variant
+    "fp8": torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn,
 }
+DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol
 VALUE_SCALES = ("normal", "tiny", "large", "outliers", "zero_rows")
 # Largest magnitude drawn per scale; "large" stays inside fp16's range after squaring in fp32.
 _SCALE = {"normal": 1.0, "tiny": 1e-3, "large": 100.0, "outliers": 1.0, "zero_rows": 1.0}
@@ -64,13 +71,27 @@ def token_cap(plan: Plan, sizes: dict, device: str) -> int | None:
 
 
 def _per_token_elements(arg: Arg, sizes: dict) -> int:
+    """Elements per token of a tensor with a num_tokens dimension (dims of the batch's own symbols excluded)."""
     if not any(d.symbol == "num_tokens" for d in arg.shape):
         return 0
     n = 1
     for d in arg.shape:
-        if d.symbol != "num_tokens":
+        if d.symbol != "num_tokens" and d.names <= set(sizes):
             n *= d.size(sizes)
     return n
+
+
+def context_cap(plan: Plan, sizes: dict, device: str) -> int:
+    """The longest context a batch may reach: numerics.max_model_len, RoPE's max_position, and on CPU the budget
+    (a paged cache holds every context token of every sequence)."""
+    cap = min(plan.numerics.max_model_len, sizes.get("max_position", plan.numerics.max_model_len))
+    if device == "cpu":
+        block = sizes.get("block_size", DEFAULT_BLOCK_SIZE)
+        per_block = max((math.prod(d.size(sizes) for d in a.shape if d.names <= set(sizes))
+                         for a in plan.tensor_args if any(d.symbol == "num_blocks" for d in a.shape)), default=0)
+        if per_block:
+            cap = min(cap, max(block, plan.numerics.cpu_element_budget * block // per_block // 8))
+    return cap
 
 
 # ---------------------------------------------------------------- strategies
@@ -82,6 +103,34 @@ def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_si
     awkward = st.integers(0, max(choices) // (2 * multiple_of)).map(lambda k: (2 * k + 1) * multiple_of)
     planned = st.sampled_from([c for c in choices if c % multiple_of == 0] or [multiple_of])
     return draw(st.one_of(planned, awkward) if awkward_sizes else planned)
+
+
+def _fits(v: int, spec: SizeSpec, drawn: dict) -> bool:
+    return ((spec.divides not in drawn or drawn[spec.divides] % v == 0)
+            and (spec.at_most not in drawn or v <= drawn[spec.at_most]))
+
+
+@st.composite
+def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
+    """Every size symbol, in an order where each constraint's other symbol comes first (divides, at_most)."""
+    drawn: dict[str, int] = {}
+    cpu_sizes = dict(plan.numerics.cpu_sizes) if device == "cpu" else {}
+    pending = list(plan.sizes)
+    while pending:
+        sym = next(s for s in pending if all(o not in pending or o == s for o in
+                                             (plan.size_specs[s].divides, plan.size_specs[s].at_most)))
+        pending.remove(sym)
+        spec = plan.size_specs[sym]
+        step = math.lcm(spec.multiple_of, 2 if spec.even else 1, tp_multiple.get(sym, 1))
+        awkward = plan.numerics.awkward_sizes if spec.awkward is None else spec.awkward
+        values = cpu_sizes.get(sym, spec.values)
+        v = draw(size_values(values, step, awkward and not spec.divides), label=sym)
+        if not _fits(v, spec, drawn):  # the largest fitting size of the plan's, else of the step's multiples
+            fitting = [c for c in values if c % step == 0 and _fits(c, spec, drawn)] or \
+                [m for m in range(step, max(values) + 1, step) if _fits(m, spec, drawn)] or [step]
+            v = max(fitting)
+        drawn[sym] = v
+    return drawn
 
 
 @st.composite
@@ -113,9 +162,7 @@ def layouts(draw, args: tuple[Arg, ...]) -> dict:
 @st.composite
 def examples(draw, plan: Plan, cell: Cell, device: str, tp_multiple: dict | None = None) -> Example:
     """One call of the op for this cell. `tp_multiple` maps size symbols to the multiple TP sharding needs."""
-    tp_multiple = tp_multiple or {}
-    sizes = {sym: draw(size_values(choices, tp_multiple.get(sym, 1), plan.numerics.awkward_sizes), label=sym)
-             for sym, choices in plan.sizes.items()}
+    sizes = draw(sizes_for(plan, tp_multiple or {}, device))
     cap = token_cap(plan, sizes, device)
     num_tokens, decode_tokens = draw(token_counts(cell.phase, plan, cap), label="tokens")
     return Example(
@@ -133,22 +180,38 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
     """The op's keyword arguments for one example, outputs poisoned, in the plan's call order."""
     gen = torch.Generator(device=device).manual_seed(ex.seed)
     act = TORCH_DTYPES[cell.dtype]
+    batch = batch_of(plan, cell, ex, device)
+    sizes = {**ex.sizes, **batch.symbols(), "num_tokens": ex.num_tokens}
     values = {}
     for arg in plan.args:
         if not arg.is_tensor:
-            values[arg.name] = arg.value
+            values[arg.name] = int(evaluate(arg.value_expr, sizes)) if arg.value_expr else arg.value
             continue
         dtype = act if arg.dtype == "act" else TORCH_DTYPES[arg.dtype]
-        shape = arg_shape(arg, ex)
+        shape = [d.size(sizes) for d in arg.shape]
         if arg.role == "output":
             values[arg.name] = poisoned(shape, dtype, device)
             continue
-        values[arg.name] = in_layout(_fill(arg, shape, dtype, ex.scale, gen, device), *ex.layout(arg.name))
+        data = _structured(arg, batch, device) if arg.init in STRUCTURED_INITS else \
+            _fill(arg, shape, dtype, ex.scale, gen, device, sizes)
+        values[arg.name] = in_layout(data.to(dtype).reshape(shape), *ex.layout(arg.name))
+    if plan.generate:  # the plan's own generator: any input it returns replaces the built one
+        values.update(import_object(plan.generate)(values, plan=plan, cell=cell, example=ex, sizes=sizes,
+                                                   generator=gen, device=device))
     return values
 
 
-def arg_shape(arg: Arg, ex: Example) -> list[int]:
-    return [ex.num_tokens if d.symbol == "num_tokens" else d.size(ex.sizes) for d in arg.shape]
+def batch_of(plan: Plan, cell: Cell, ex: Example, device: str) -> Batch:
+    """The sequences behind the example (positions, lengths, block tables all come from it)."""
+    block = ex.sizes.get("block_size", DEFAULT_BLOCK_SIZE)
+    return draw_batch(cell.phase, ex.num_tokens, ex.decode_tokens, ex.seed, context_cap(plan, ex.sizes, device), block)
+
+
+def _structured(arg: Arg, batch: Batch, device) -> torch.Tensor:
+    data = {"positions": batch.positions, "seq_lens": lambda: list(batch.context_lens),
+            "query_start_loc": batch.query_start_loc, "slot_mapping": batch.slot_mapping,
+            "block_tables": lambda: [list(t) for t in batch.block_tables]}[arg.init]()
+    return torch.tensor(data, dtype=torch.int64, device=device)
 
 
 def poison_value(dtype: torch.dtype) -> float | int:
@@ -158,6 +221,10 @@ def poison_value(dtype: torch.dtype) -> float | int:
 
 def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
     """An output buffer whose unwritten elements cannot pass a comparison."""
+    if dtype.is_floating_point and dtype.itemsize == 1:  # fp8: filled through fp32 (fill_ has no fp8 kernel on CPU)
+        return torch.full(shape, float("nan"), device=device).to(dtype)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device).fill_(poison_value(dtype))
 
 
@@ -172,8 +239,23 @@ def in_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
     return view
 
 
-def _fill(arg: Arg, shape, dtype, scale: str, gen, device) -> torch.Tensor:
+def _fill(arg: Arg, shape, dtype, scale: str, gen, device, sizes: dict) -> torch.Tensor:
     full = list(shape)
+    if arg.init == "integers":  # [low, high) with bounds from the sizes
+        low, high = (int(evaluate(b, sizes)) for b in arg.init_args)
+        return torch.randint(low, max(high, low + 1), full, generator=gen, device=device)
+    if arg.init == "cos_sin_cache":  # RoPE's table: [max_position, rotary_dim], cos then sin
+        positions, rot = full[0], full[-1]
+        inv_freq = 1.0 / arg.init_args["base"] ** (torch.arange(0, rot, 2, device=device, dtype=torch.float64) / rot)
+        freqs = torch.outer(torch.arange(positions, device=device, dtype=torch.float64), inv_freq)
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)[:, :rot].float()
+    if arg.init == "uniform" and arg.init_args:
+        low, high = (float(evaluate(b, sizes)) for b in arg.init_args)
+        return low + (high - low) * torch.rand(full, generator=gen, device=device)
+    if arg.init == "ones":
+        return torch.ones(full, device=device)
+    if dtype == torch.bool:
+        return torch.rand(full, generator=gen, device=device) < 0.5
     if arg.init == "zeros":
         data = torch.zeros(full, device=device)
     elif arg.init == "uniform":
@@ -189,6 +271,8 @@ def _fill(arg: Arg, shape, dtype, scale: str, gen, device) -> torch.Tensor:
             rows = torch.rand(data.shape[0], generator=gen, device=device) < 0.5
             data[rows] = 0.0
     if dtype.is_floating_point:
+        if dtype.itemsize == 1:  # fp8 inputs: saturate as a quantizer does, never overflow to NaN
+            data = data.clamp(torch.finfo(dtype).min, torch.finfo(dtype).max)
         data = data.to(dtype)
     else:
         info = torch.iinfo(dtype)

@@ -44,6 +44,13 @@ class Decision:
 
 
 RUN, XFAIL, EXCLUDED, NOT_RUN = "run", "xfail", Status.EXCLUDED.value, Status.NOT_RUN.value
+# Graph modes a benchmark times (torch_compile is a numerics mode: its timing is the eager kernel's).
+BENCH_GRAPH_MODES = ("eager", "cuda_graph")
+
+
+def bench_graph_modes(plan: Plan) -> list[str]:
+    """The plan's graph modes that benchmarks time, else eager."""
+    return [m for m in BENCH_GRAPH_MODES if m in plan.matrix["graph_mode"]] or ["eager"]
 
 
 def expand(plan: Plan) -> list[Cell]:
@@ -74,8 +81,10 @@ def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
     """Why this machine cannot run the cell ("" if it can). These cells are 'not run here', not unsupported."""
     if cell.sm != hw.sm:
         return f"needs {cell.sm}; this machine is {hw.sm}" + (f" ({hw.gpu})" if hw.has_cuda else "")
-    if cell.graph_mode == "cuda_graph" and not hw.has_cuda:
-        return "cuda_graph needs a CUDA device; this machine has none"
+    if cell.graph_mode in ("cuda_graph", "memcheck") and not hw.has_cuda:
+        return f"{cell.graph_mode} needs a CUDA device; this machine has none"
+    if cell.graph_mode == "memcheck" and cell.tp > 1:
+        return "memcheck runs one process under compute-sanitizer: tp1 only"
     if cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda and not hw.sm.startswith("gfx"):
         return f"fp8_e4m3fnuz is the ROCm fp8 format; this machine is {hw.sm}"
     if cell.tp > 1:

@@ -21,7 +21,7 @@ import torch
 
 from .inputs import Example, in_layout
 from .numerics import Mismatch
-from .plan import Plan, import_object
+from .plan import BUILTIN_SYMBOLS, Plan, import_object
 
 class Eager:
     def __init__(self, plan: Plan, kernel: Callable, device: str):
@@ -80,6 +80,10 @@ def as_custom_op(plan: Plan, kernel: Callable, fake: Callable | None = None):
     return op
 
 
+BATCH_SYMBOLS = set(BUILTIN_SYMBOLS) - {"num_tokens"}
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
 class TorchCompile:
     """Compiled once per cell; the token dimension is unbacked so a new token count must not recompile."""
 
@@ -107,18 +111,33 @@ class TorchCompile:
     def __call__(self, values: dict, example: Example):
         args = [values[n] for n in self.names]
         if self.opcheck_failure is None:  # opcheck once: schema (declared mutations), fake tensor, aot dispatch
+            # torch's schema check compares written arguments with ops fp8 lacks: there it is left out, and said.
+            fp8_written = any(values[n].is_floating_point() and values[n].element_size() == 1
+                              for n in self.plan.written_args)
+            utils = [u for u in OPCHECK_UTILS if not (fp8_written and u == "test_schema")]
+            self.facts["opcheck_utils"] = ", ".join(utils)
             try:
-                torch.library.opcheck(self.op, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+                torch.library.opcheck(self.op, tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                                      test_utils=utils)
                 self.opcheck_failure = ""
             except Exception as exc:
                 self.opcheck_failure = f"torch.library.opcheck failed: {_first_line(exc)}"
+                if not self.plan.fake and "data-dependent" in str(exc).lower():
+                    self.opcheck_failure += (" (the fake was derived from the reference, which reads tensor values: "
+                                             "give op.fake, a function that only allocates the outputs)")
             self.facts["opcheck"] = "failed" if self.opcheck_failure else "passed"
         if self.opcheck_failure:  # every example fails alike, so hypothesis's replay sees the same failure
             raise Mismatch(self.opcheck_failure)
         for n in self.names:
-            dim = self.plan.token_dim(n) if self.plan.arg(n).is_tensor else None
+            arg = self.plan.arg(n)
+            for d, size in enumerate(arg.shape or ()):  # a batch's sequences and blocks vary per call too
+                if d != self.plan.token_dim(n) and size.names & BATCH_SYMBOLS:
+                    torch._dynamo.decorators.mark_unbacked(values[n], d)
+            dim = self.plan.token_dim(n) if arg.is_tensor else None
             if dim is not None:
                 torch._dynamo.decorators.mark_unbacked(values[n], dim)
+                if values[n]._base is not None:  # a strided view: Dynamo guards on its buffer's size too
+                    torch._dynamo.decorators.mark_unbacked(values[n]._base, dim)
         before, key = self.compiles, example.shape_key()
         out = self.compiled(*args)
         self.facts["compiles"] = self.compiles
@@ -166,7 +185,8 @@ class CudaGraph:
                 continue
             shape = list(v.shape)
             shape[dim] = size
-            buf = torch.zeros(shape, dtype=v.dtype, device=v.device)  # padded rows: zeros, valid for any op
+            # Padded rows hold the plan's pad value (0 unless it says otherwise): valid positions, lengths, ids.
+            buf = torch.full(shape, self.plan.arg(name).pad, device=v.device).to(v.dtype)
             static[name] = in_layout(buf, *example.layout(name))
         return static
 
@@ -201,7 +221,9 @@ class CudaGraph:
     def __call__(self, values: dict, example: Example):
         n = example.num_tokens
         size = self.capture_size(n)
-        key = (size, example.shape_key())
+        # One graph per capture size and per shape of everything else (a batch's sequences and blocks too).
+        key = (size, example.shape_key(), tuple(tuple(v.shape) for k, v in values.items()
+                                                if isinstance(v, torch.Tensor) and self.plan.token_dim(k) is None))
         if key not in self.graphs:
             static = self._static(values, example, size)
             self.graphs[key] = (static, *self._capture(static))
@@ -225,7 +247,8 @@ class CudaGraph:
         return t if dim is None else t.narrow(dim, 0, n)
 
 
-RUNNERS = {"eager": Eager, "torch_compile": TorchCompile, "cuda_graph": CudaGraph}
+# memcheck cells call the kernel eagerly; compute-sanitizer around the process does the checking.
+RUNNERS = {"eager": Eager, "torch_compile": TorchCompile, "cuda_graph": CudaGraph, "memcheck": Eager}
 
 
 def make_runner(mode: str, plan: Plan, kernel: Callable, device: str):

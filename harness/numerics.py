@@ -53,6 +53,29 @@ class Mismatch(AssertionError):
         return self.message
 
 
+SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8",
+               torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
+
+
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """Where `t` is finite (every element of an integer tensor; fp8 through fp32, which has the kernels)."""
+    if not t.is_floating_point():
+        return torch.ones_like(t, dtype=torch.bool)
+    return torch.isfinite(t.float() if t.element_size() == 1 else t)
+
+
+def ordered(t: torch.Tensor) -> torch.Tensor:
+    """Values on an integer line where neighbours in the dtype are 1 apart (floats by their bit patterns)."""
+    if not t.is_floating_point():
+        return t.to(torch.int64)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    i = t.contiguous().view(bits).to(torch.int64)
+    sign = 1 << (8 * t.element_size() - 1)
+    if t.element_size() == 1:  # uint8 patterns: the sign is the top bit
+        return torch.where(i >= sign, -(i - sign), i)
+    return torch.where(i < 0, -(i & (sign - 1)), i)
+
+
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
     """Largest distance in units in the last place, for fp16/bf16/fp32 (finite elements only)."""
     bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
@@ -94,7 +117,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: St
         raise Mismatch(f"output '{name}': strides {actual.stride()}, reference {expected.stride()}")
     abs_err, rel_err, ulp = errors(actual, expected)
     stats.add(name, abs_err, rel_err, ulp)
-    bad = ~torch.isfinite(actual) & torch.isfinite(expected)
+    bad = ~finite(actual) & finite(expected)
     if bad.any():
         n, total = int(bad.sum()), actual.numel()
         hint = " (the output was poisoned with NaN before the call: were these elements written?)" \
@@ -102,6 +125,8 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: St
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise Mismatch(f"output '{name}': {n} of {total} elements are NaN/Inf where the reference is finite, "
                        f"first at index {first}{hint}", ErrorStats("nan", "nan", None, name))
+    if tol.of_max and expected.numel():  # atol_of: max: a fraction of the output's largest magnitude
+        tol = Tolerance(tol.atol * max(1.0, float(expected.abs().float().nan_to_num(0.0).max())), tol.rtol)
     try:
         torch.testing.assert_close(actual, expected, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
         return
@@ -120,10 +145,44 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: St
     raise Mismatch(msg, ErrorStats(abs_err, rel_err, ulp, name))
 
 
+def compare_quantized(name: str, actual, expected: torch.Tensor, max_step_fraction: float, stats: Stats) -> None:
+    """A quantized output against the reference's: no element more than one quantization step apart, and at most
+    `max_step_fraction` of them one step apart (an fp8 rounding boundary, as vLLM's fp8 tests allow)."""
+    if not isinstance(actual, torch.Tensor):
+        raise Mismatch(f"output '{name}': expected a tensor, got {type(actual).__name__}")
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise Mismatch(f"output '{name}': {actual.dtype}{tuple(actual.shape)}, reference "
+                       f"{expected.dtype}{tuple(expected.shape)}")
+    if actual.numel() == 0:
+        return
+    bad = ~finite(actual) & finite(expected)
+    if bad.any():
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise Mismatch(f"output '{name}': {int(bad.sum())} of {actual.numel()} quantized elements are NaN/Inf where "
+                       f"the reference is finite, first at index {first}", ErrorStats("nan", "nan", None, name))
+    steps = (ordered(actual) - ordered(expected)).abs()
+    both = finite(actual) & finite(expected)
+    steps = torch.where(both, steps, torch.zeros_like(steps))
+    diff = (actual.double() - expected.double()).abs()[both]
+    abs_err = float(diff.max()) if diff.numel() else 0.0
+    stats.add(name, abs_err, 0.0, int(steps.max()))
+    worst = int(steps.max())
+    one_step = float((steps == 1).float().mean())
+    if worst > 1:
+        first = tuple(int(i) for i in (steps == worst).nonzero()[0])
+        raise Mismatch(f"output '{name}': {int((steps > 1).sum())} of {actual.numel()} quantized elements are more than "
+                       f"one step from the reference (up to {worst} steps, first at index {first}: "
+                       f"{float(actual[first]):g} against {float(expected[first]):g})",
+                       ErrorStats(abs_err, None, worst, name))
+    if one_step > max_step_fraction:
+        raise Mismatch(f"output '{name}': {one_step:.2%} of quantized elements are one step from the reference "
+                       f"(at most {max_step_fraction:.2%} allowed: quantization.max_step_fraction)",
+                       ErrorStats(abs_err, None, worst, name))
+
+
 def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
     """An input the op does not declare as mutated must be bit-identical after the call."""
-    same = before.shape == after.shape and bool(
-        torch.equal(before, after) or (before.is_floating_point()
-                                       and ((before == after) | (before.isnan() & after.isnan())).all()))
+    same = before.shape == after.shape and before.dtype == after.dtype and bool(
+        torch.equal(ordered(before), ordered(after)))  # bit patterns: NaN equals NaN, every dtype (fp8) compares
     if not same:
         raise Mismatch(f"input '{name}' was modified by the op, which does not declare it in op.mutates")

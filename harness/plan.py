@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
+import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,24 +17,38 @@ from typing import Any, Callable
 
 import yaml
 
+from .expressions import evaluate, names_in
+
 PHASES = ("prefill", "decode", "chunked_prefill")
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "int8")
-GRAPH_MODES = ("eager", "cuda_graph", "torch_compile")
+# memcheck: eager calls under compute-sanitizer memcheck on a GPU (harness.memcheck), for memory safety.
+GRAPH_MODES = ("eager", "cuda_graph", "torch_compile", "memcheck")
 INTENTS = ("drop-in", "fusion", "new-algorithm", "quantization")
 AXES = ("phase", "dtype", "tp", "graph_mode", "sm")
 PROFILES = ("dev", "ci", "nightly")  # numerics profiles (hypothesis profiles harness-<name>)
 LAYOUTS = ("contiguous", "strided")
-INITS = ("normal", "around_one", "uniform", "zeros")
+# Value initialisations by name. The structured ones come from the example's batch (harness.batches): positions
+# as vLLM's scheduler forms them per phase, and a paged KV cache's block tables and lengths consistent with them.
+INITS = ("normal", "around_one", "uniform", "zeros", "ones")
+STRUCTURED_INITS = ("positions", "seq_lens", "query_start_loc", "block_tables", "slot_mapping")
+# Parameterised inits: {uniform: [low, high]}, {integers: [low, high)} (bounds are size expressions),
+# {cos_sin_cache: {base: B}} (RoPE's [max_position, rotary_dim] table).
+PARAM_INITS = ("uniform", "integers", "cos_sin_cache")
+SIZE_CONSTRAINTS = ("values", "awkward", "divides", "multiple_of", "even", "at_most")
+GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 ROLES = ("input", "output")
 VLLM_ROUTES = ("ir", "custom_op")
 BASELINES = ("native", "compiled", "vllm")
 # NVIDIA compute capability (sm90) or an AMD CDNA target (gfx90a, gfx942, gfx950).
 SM_PATTERN = re.compile(r"^(cpu|sm\d{2,3}|gfx9[0-9][0-9a-f])$")
 SM_EXPECTED = "'cpu', 'smXY' (e.g. sm90) or an AMD target (gfx90a, gfx942, gfx950)"
-# The token count is the one symbol every plan gets for free: the phase decides it.
-BUILTIN_SYMBOLS = ("num_tokens",)
-# Fixed-dtype arguments use torch's names; "act" follows the cell's dtype axis.
-FIXED_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8")
+# Symbols every plan gets for free: the phase decides the token count; the example's batch (harness.batches)
+# decides the sequences and, for a paged KV cache, its blocks.
+BUILTIN_SYMBOLS = ("num_tokens", "num_seqs", "num_blocks", "max_blocks_per_seq")
+# Fixed-dtype arguments use torch's names; "act" follows the cell's dtype axis; "fp8" is the platform's fp8
+# (float8_e4m3fn on CUDA, float8_e4m3fnuz on ROCm).
+FIXED_DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "int32", "int64", "uint8", "bool",
+                "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "fp8")
 
 
 class PlanError(Exception):
@@ -61,6 +77,13 @@ class _LineLoader(yaml.SafeLoader):
     """SafeLoader that remembers the line of every mapping key and list item."""
 
     def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:  # YAML keeps the last of repeated keys silently: a plan must not
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
         mapping = _Map(super().construct_mapping(node, deep=True))
         mapping.line = node.start_mark.line + 1
         mapping.key_lines = {self.construct_object(k): k.start_mark.line + 1 for k, _ in node.value}
@@ -158,18 +181,22 @@ class _Reader:
 
 @dataclass(frozen=True)
 class Dim:
-    """One entry of a symbolic shape: `coeff * symbol` (symbol None means a constant)."""
+    """One entry of a symbolic shape: an arithmetic expression over size symbols (`num_heads*head_size`,
+    `num_seqs + 1`). `coeff` and `symbol` are set where it is `N*symbol`, `symbol` or a constant."""
 
-    coeff: int
-    symbol: str | None
+    text: str
+    coeff: int | None = None
+    symbol: str | None = None
 
     def size(self, sizes: dict[str, int]) -> int:
-        return self.coeff * (sizes[self.symbol] if self.symbol else 1)
+        return int(evaluate(self.text, sizes))
+
+    @property
+    def names(self) -> set[str]:
+        return names_in(self.text)
 
     def __str__(self) -> str:
-        if self.symbol is None:
-            return str(self.coeff)
-        return self.symbol if self.coeff == 1 else f"{self.coeff}*{self.symbol}"
+        return self.text
 
 
 @dataclass(frozen=True)
@@ -181,8 +208,11 @@ class Arg:
     dtype: str = "act"
     layouts: tuple[str, ...] = ("contiguous",)
     init: str = "normal"
+    init_args: Any = None  # a parameterised init's parameters ([low, high], {base: B})
     role: str = "input"
-    value: Any = None  # scalars only
+    value: Any = None  # scalars only (None: an optional tensor left out)
+    value_expr: str | None = None  # a scalar computed from the sizes (`head_size`)
+    pad: float = 0  # what CUDA-graph padding rows hold (a value valid for the op: a position, a length)
     line: int = 0
 
     @property
@@ -206,7 +236,40 @@ class Rule:
 class Tolerance:
     atol: float
     rtol: float
+    # atol as a fraction of the output's largest magnitude: for reductions (a GEMM, attention), whose
+    # outputs cancel to near zero while their rounding error follows the size of what was summed.
+    of_max: bool = False
 
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """A size symbol: the values to draw and the constraints between symbols."""
+
+    values: tuple[int, ...]
+    awkward: bool | None = None  # None: numerics.awkward_sizes decides
+    divides: str | None = None  # this size divides that symbol's (GQA: num_kv_heads divides num_heads)
+    multiple_of: int = 1
+    even: bool = False
+    at_most: str | None = None  # not larger than that symbol's size (a partial rotary dim)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One quantized output: compared in its quantized domain, with its scale tensor."""
+
+    output: str
+    scale: str  # the argument or output holding its scales
+    granularity: str
+
+
+@dataclass(frozen=True)
+class Quantization:
+    outputs: tuple[Quantized, ...] = ()
+    # At most this fraction of a quantized output's elements may be one quantization step off (vLLM's fp8 tests).
+    max_step_fraction: float = 0.01
+
+    def of(self, output: str) -> Quantized | None:
+        return next((q for q in self.outputs if q.output == output), None)
 
 @dataclass(frozen=True)
 class Numerics:
@@ -218,6 +281,11 @@ class Numerics:
     # Triton's interpreter costs milliseconds per program instance, so CPU cells draw at most
     # this many elements per activation; the cap applied is recorded with each result.
     cpu_element_budget: int = 65536
+    # Longest context a sequence of a structured batch reaches (positions, paged KV); capped by the budget on CPUs.
+    max_model_len: int = 4096
+    # Sizes a CPU machine draws instead of op.sizes (symbol -> values), where a model's real sizes would take
+    # the interpreter minutes per example (a linear's weight); the report says what the CPU run sampled.
+    cpu_sizes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # Draw odd, non-power-of-two sizes besides the plan's own (off only for a kernel that is
     # exact for the listed sizes alone).
     awkward_sizes: bool = True
@@ -229,11 +297,24 @@ class Benchmark:
     prefill: tuple[int, ...] = ()
     chunked_prefill: tuple[int, ...] = ()
     baselines: tuple[str, ...] = ("native", "compiled")
+    # Named baselines by import path (Liger-Kernel's, FlashInfer's, ...), called like the kernel: name -> path.
+    named: tuple[tuple[str, str], ...] = ()
     bytes: str | None = None  # optional byte model; default counts every tensor arg once
     flops: str | None = None
+    # The real model each size comes from: ("hidden=4096", "Llama-3-8B"); a key may pair several symbols.
+    models: tuple[tuple[str, str], ...] = ()
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
+
+    def model(self, sizes: dict) -> str | None:
+        """The model a benchmark shape's sizes come from (the entry naming the most symbols wins), else None."""
+        best = None
+        for key, model in self.models:
+            pairs = [part.split("=") for part in key.split(",")]
+            if all(str(sizes.get(sym)) == value for sym, value in pairs) and (best is None or len(pairs) > best[0]):
+                best = (len(pairs), model)
+        return best[1] if best else None
 
 
 @dataclass(frozen=True)
@@ -246,6 +327,8 @@ class TensorParallel:
     # (output, "replicated" | "sum" | "gather", dim); outputs not listed are replicated
     combine: tuple[tuple[str, str, int], ...] = ()
     sequence_parallel: bool = False  # tensors with a num_tokens dim are split across ranks by tokens
+    # (tensor, symbol): a sharded dim made of `symbol` equal units (whole heads), split only between units
+    units: tuple[tuple[str, str], ...] = ()
     # (output, merged parts) for gathered outputs in a merged layout ([a_r | b_r] on rank r)
     merged_outputs: tuple[tuple[str, int], ...] = ()
 
@@ -274,18 +357,22 @@ class Plan:
     outputs: tuple[str, ...]
     mutates: tuple[str, ...]
     sizes: dict[str, tuple[int, ...]]
+    size_specs: dict[str, SizeSpec]
     matrix: dict[str, tuple]
     excludes: tuple[Rule, ...]
     expects: tuple[Rule, ...]
     tolerance: dict[str, Tolerance]
+    output_tolerance: dict[str, Tolerance]  # per output, over the dtype table (scales of a quantized output)
     numerics: Numerics
     benchmark: Benchmark
     tp: TensorParallel
-    quantization: Any
+    quantization: Quantization
+    generate: str | None  # import path of a custom input generator
     vllm: Vllm
     capture_sizes: tuple[int, ...] | None
     accumulation: str
     raw_text: str = field(repr=False, default="")
+    warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
 
     def load_kernel(self) -> Callable:
         return import_object(self.kernel)
@@ -336,6 +423,10 @@ class Plan:
         for i, a in enumerate(self.args):
             if a.is_tensor:
                 params.append(f"Tensor(a{i}!) {a.name}" if a.name in written else f"Tensor {a.name}")
+            elif a.value_expr:
+                params.append(f"int {a.name}")
+            elif a.value is None:  # an optional tensor left out
+                params.append(f"Tensor? {a.name}")
             else:
                 kind = {bool: "bool", int: "int", float: "float", str: "str"}[type(a.value)]
                 params.append(f"{kind} {a.name}")
@@ -368,11 +459,17 @@ def import_object(path: str) -> Any:
 
 def _parse_dim(text: Any) -> Dim | None:
     if isinstance(text, int) and not isinstance(text, bool) and text > 0:
-        return Dim(text, None)
+        return Dim(str(text), text, None)
     if not isinstance(text, str):
         return None
     m = re.fullmatch(r"\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*", text)
-    return Dim(int(m.group(1) or 1), m.group(2)) if m else None
+    if m:
+        return Dim(text.strip(), int(m.group(1) or 1), m.group(2))
+    try:
+        names_in(text)
+    except ValueError:
+        return None
+    return Dim(text.strip())
 
 
 def _check_import(r: _Reader, node: _Map, key: str, name: str, optional_module: str | None = None):
@@ -384,10 +481,103 @@ def _check_import(r: _Reader, node: _Map, key: str, name: str, optional_module: 
     if optional_module and path.split(".")[0] == optional_module:
         return path  # checked where it is used: the package may not be installed here
     try:
-        import_object(path)
+        obj = import_object(path)
     except Exception as exc:  # any import-time failure is a plan error here, not a crash
         raise r.fail(node, key, name, f"an importable object ({type(exc).__name__}: {exc})", path) from None
+    if not callable(obj) and key not in ("replaces", "layer"):
+        raise r.fail(node, key, name, "a function (callable)", f"{path}, a {type(obj).__name__}")
     return path
+
+
+def _check_signature(r: _Reader, node: _Map, key: str, name: str, path: str | None, names: list[str],
+                     positional: bool = False) -> None:
+    """The callable at `path` accepts the plan's arguments as the harness passes them (by name, or in order)."""
+    if path is None or path.split(".")[0] == "vllm":
+        return
+    try:
+        sig = inspect.signature(import_object(path))
+    except (TypeError, ValueError):  # a builtin or an op without a Python signature: checked when called
+        return
+    try:
+        sig.bind(*names) if positional else sig.bind(**{n: None for n in names})
+    except TypeError as exc:
+        how = "in order" if positional else "by name"
+        raise r.fail(node, key, name, f"a function taking the plan's arguments {how} ({', '.join(names)}): {exc}",
+                     f"{path}{sig}") from None
+
+
+def _never_applies(r: _Reader, root: _Map, plan: "Plan") -> tuple[str, ...]:
+    """Settings that can never apply to any cell of the matrix, as warnings (file:line: field: ...): a narrowed
+    matrix is a normal way of working, but a setting it leaves idle is said, not silently dropped."""
+    m, found = plan.matrix, []
+    for dt in plan.tolerance:
+        if dt not in m["dtype"]:
+            found.append(r.fail(root["tolerance"], dt, f"tolerance.{dt}", "a dtype of matrix.dtype", dt))
+    if "cuda_graph" in root and "cuda_graph" not in m["graph_mode"]:
+        found.append(r.fail(root, "cuda_graph", "cuda_graph", "cuda_graph in matrix.graph_mode for capture sizes "
+                            "to apply", list(m["graph_mode"])))
+    if plan.tp.kind == "sharded" and max(m["tp"]) == 1:
+        found.append(r.fail(root, "tp", "tp.kind", "a matrix.tp above 1 for sharding to apply", list(m["tp"])))
+    for phase in plan.benchmark.shapes():
+        if phase not in m["phase"]:
+            found.append(r.fail(root["benchmark"], phase, f"benchmark.{phase}", "a phase of matrix.phase", phase))
+    cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
+    for i, rule in enumerate(plan.expects):
+        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes) for c in cells):
+            found.append(r.fail(root["expect"], i, f"expect[{i}]", "a rule matching a cell the plan does not exclude",
+                                dict(rule.match)))
+    return tuple(str(w) for w in found)
+
+
+def _check_models(r: _Reader, root: _Map, plan: "Plan") -> None:
+    """The byte and flop models evaluate on the plan's sizes (else --bench would fail at collection)."""
+    for field_name, expr in (("benchmark.bytes", plan.benchmark.bytes), ("benchmark.flops", plan.benchmark.flops)):
+        if expr is None:
+            continue
+        names = {**{sym: values[0] for sym, values in plan.sizes.items()}, "num_tokens": 1, "act_bytes": 2}
+        try:
+            evaluate(expr, names)
+        except ValueError as exc:
+            raise r.fail(root["benchmark"], field_name.split(".")[1], field_name,
+                         f"an arithmetic expression over {', '.join(sorted(names))} ({exc})", expr) from None
+
+
+def _expr(r: _Reader, node, key, name: str, symbols: set[str]) -> str:
+    """A size expression (a number, a symbol or arithmetic over symbols) naming only known symbols."""
+    v = node[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise r.fail(node, key, name, "a number or a size expression", v)
+    try:
+        unknown = sorted(names_in(str(v)) - symbols)
+    except ValueError as exc:
+        raise r.fail(node, key, name, f"a size expression ({exc})", v) from None
+    if unknown:
+        raise r.fail(node, key, name, f"symbols defined in op.sizes or built in ({', '.join(sorted(symbols))})",
+                     unknown[0])
+    return str(v)
+
+
+def _parse_init(r: _Reader, spec: _Map, fname: str, symbols: set[str]) -> tuple[str, Any]:
+    if "init" not in spec:
+        return "normal", None
+    init = spec["init"]
+    if isinstance(init, str):
+        if init not in INITS + STRUCTURED_INITS:
+            raise r.fail(spec, "init", f"{fname}.init", f"one of {', '.join(INITS + STRUCTURED_INITS)} or a mapping "
+                         f"with one of {', '.join(PARAM_INITS)}", init)
+        return init, None
+    if not isinstance(init, dict) or len(init) != 1 or next(iter(init)) not in PARAM_INITS:
+        raise r.fail(spec, "init", f"{fname}.init", f"a name or a one-key mapping of {', '.join(PARAM_INITS)}", init)
+    kind, params = next(iter(init.items()))
+    where = f"{fname}.init.{kind}"
+    if kind in ("uniform", "integers"):
+        if not isinstance(params, list) or len(params) != 2:
+            raise r.fail(init, kind, where, "[low, high]", params)
+        bounds = tuple(_expr(r, params, i, f"{where}[{i}]", symbols) for i in range(2))
+        return kind, bounds
+    r.mapping(init, kind, where, ("base",), required=("base",))
+    base = r.value(params, "base", f"{where}.base", (int, float), "the rotary base (a number)")
+    return kind, {"base": float(base)}
 
 
 def _parse_args(r: _Reader, op: _Map, symbols: set[str]) -> tuple[Arg, ...]:
@@ -398,35 +588,121 @@ def _parse_args(r: _Reader, op: _Map, symbols: set[str]) -> tuple[Arg, ...]:
     for name, spec in args_node.items():
         fname = f"op.args.{name}"
         line = args_node.key_lines.get(name, args_node.line)
-        if not isinstance(spec, dict):  # a scalar passed as is (eps, a flag)
-            if not isinstance(spec, (int, float, bool, str)):
-                raise r.fail(args_node, name, fname, "a tensor spec mapping or a scalar", spec)
+        if not isinstance(spec, dict):  # a scalar passed as is (eps, a flag; null: an optional tensor left out)
+            if spec is not None and not isinstance(spec, (int, float, bool, str)):
+                raise r.fail(args_node, name, fname, "a tensor spec mapping, a scalar or null", spec)
             args.append(Arg(name=name, value=spec, line=line))
             continue
-        r.mapping(args_node, name, fname, ("shape", "dtype", "layout", "init", "role"), required=("shape",))
+        if "value" in spec:  # a scalar computed from the sizes
+            r.mapping(args_node, name, fname, ("value",))
+            args.append(Arg(name=name, value_expr=_expr(r, spec, "value", f"{fname}.value", symbols), line=line))
+            continue
+        r.mapping(args_node, name, fname, ("shape", "dtype", "layout", "init", "role", "pad"), required=("shape",))
         shape_node = spec["shape"]
-        if not isinstance(shape_node, list) or not shape_node:
-            raise r.fail(spec, "shape", f"{fname}.shape", "a non-empty list of sizes or symbols", shape_node)
+        if not isinstance(shape_node, list):
+            raise r.fail(spec, "shape", f"{fname}.shape", "a list of sizes or size expressions ([] for 0-d)",
+                         shape_node)
         dims = []
         for i, entry in enumerate(shape_node):
             dim = _parse_dim(entry)
             if dim is None:
-                raise r.fail(shape_node, i, f"{fname}.shape[{i}]", "a positive integer, a symbol or 'N*symbol'", entry)
-            if dim.symbol and dim.symbol not in symbols:
                 raise r.fail(shape_node, i, f"{fname}.shape[{i}]",
-                             f"a symbol defined in op.sizes or built in ({', '.join(sorted(symbols))})", dim.symbol)
+                             "a positive integer, a symbol or a size expression (num_heads*head_size)", entry)
+            unknown = sorted(dim.names - symbols)
+            if unknown:
+                raise r.fail(shape_node, i, f"{fname}.shape[{i}]",
+                             f"a symbol defined in op.sizes or built in ({', '.join(sorted(symbols))})", unknown[0])
             dims.append(dim)
         dtype = r.value(spec, "dtype", f"{fname}.dtype", (str,), "'act' or a torch dtype name", "act")
         if dtype != "act" and dtype not in FIXED_DTYPES:
             raise r.fail(spec, "dtype", f"{fname}.dtype", f"'act' or one of {', '.join(FIXED_DTYPES)}", dtype)
+        init, init_args = _parse_init(r, spec, fname, symbols)
         args.append(Arg(
             name=name, shape=tuple(dims), dtype=dtype,
             layouts=r.str_list(spec, "layout", f"{fname}.layout", LAYOUTS, ("contiguous",)),
-            init=r.choice(spec, "init", f"{fname}.init", INITS, "normal"),
+            init=init, init_args=init_args,
             role=r.choice(spec, "role", f"{fname}.role", ROLES, "input"),
+            pad=r.value(spec, "pad", f"{fname}.pad", (int, float), "a number (the CUDA-graph padding value)", 0),
             line=line,
         ))
     return tuple(args)
+
+
+def _parse_sizes(r: _Reader, op: _Map) -> tuple[dict[str, tuple[int, ...]], dict[str, SizeSpec]]:
+    sizes_node = r.free_mapping(op, "sizes", "op.sizes") if "sizes" in op else _Map()
+    sizes, specs = {}, {}
+    for sym, node in sizes_node.items():
+        f = f"op.sizes.{sym}"
+        if sym in BUILTIN_SYMBOLS:
+            raise r.fail(sizes_node, sym, f, f"a symbol other than the built-in {', '.join(BUILTIN_SYMBOLS)}", sym)
+        if not isinstance(node, dict):
+            node = _Map({"values": node})
+            node.line, node.key_lines = sizes_node.line, {"values": sizes_node.key_lines.get(sym, sizes_node.line)}
+        else:
+            r.mapping(sizes_node, sym, f, SIZE_CONSTRAINTS, required=("values",))
+        values = r.int_list(node, "values", f, minimum=1)
+        if not values:
+            raise r.fail(sizes_node, sym, f, "at least one size", node.get("values"))
+        spec = SizeSpec(values, r.value(node, "awkward", f"{f}.awkward", (bool,), "true or false"),
+                        r.value(node, "divides", f"{f}.divides", (str,), "a size symbol"),
+                        r.value(node, "multiple_of", f"{f}.multiple_of", (int,), "a positive integer", 1),
+                        r.value(node, "even", f"{f}.even", (bool,), "true or false", False),
+                        r.value(node, "at_most", f"{f}.at_most", (str,), "a size symbol"))
+        for key in ("divides", "at_most"):
+            other = getattr(spec, key)
+            if other is not None and (other not in sizes_node or other == sym):
+                raise r.fail(node, key, f"{f}.{key}", "another symbol of op.sizes", other)
+        bad = [v for v in values if v % spec.multiple_of or (spec.even and v % 2)]
+        if bad:
+            raise r.fail(node, "values", f, "values that meet the symbol's own constraints (multiple_of, even)", bad[0])
+        sizes[sym], specs[sym] = values, spec
+    return sizes, specs
+
+
+def _parse_tolerances(r: _Reader, root: _Map, outputs: tuple[str, ...]):
+    tolerance, per_output = {}, {}
+    if "tolerance" not in root:
+        return tolerance, per_output
+    tol_node = r.mapping(root, "tolerance", "tolerance", DTYPES + ("outputs",))
+
+    def one(parent, key, name) -> Tolerance:
+        t = r.mapping(parent, key, name, ("atol", "rtol", "atol_of"), required=("atol", "rtol"))
+        return Tolerance(float(r.value(t, "atol", f"{name}.atol", (int, float), "a number >= 0")),
+                         float(r.value(t, "rtol", f"{name}.rtol", (int, float), "a number >= 0")),
+                         r.choice(t, "atol_of", f"{name}.atol_of", ("max",)) == "max")
+
+    for key in tol_node:
+        if key == "outputs":
+            outs = r.mapping(tol_node, "outputs", "tolerance.outputs", outputs)
+            per_output = {o: one(outs, o, f"tolerance.outputs.{o}") for o in outs}
+        else:
+            tolerance[key] = one(tol_node, key, f"tolerance.{key}")
+    return tolerance, per_output
+
+
+def _parse_quantization(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> Quantization:
+    node = root.get("quantization", "none")
+    if node == "none" or node is None:
+        return Quantization()
+    r.mapping(root, "quantization", "quantization", ("outputs", "max_step_fraction"), required=("outputs",))
+    outs = r.mapping(node, "outputs", "quantization.outputs", outputs)
+    names = {a.name for a in args} | set(outputs)
+    quantized = []
+    for out, spec in outs.items():
+        f = f"quantization.outputs.{out}"
+        r.mapping(outs, out, f, ("scale", "granularity"), required=("scale", "granularity"))
+        scale = r.value(spec, "scale", f"{f}.scale", (str,), "the argument or output holding the scales")
+        if scale not in names:
+            raise r.fail(spec, "scale", f"{f}.scale", f"an argument or output ({', '.join(sorted(names))})", scale)
+        arg = next((a for a in args if a.name == out), None)
+        if arg is not None and arg.dtype not in ("fp8", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "int8"):
+            raise r.fail(outs, out, f, "an output of a quantized dtype (fp8, float8_*, int8)", arg.dtype)
+        quantized.append(Quantized(out, scale, r.choice(spec, "granularity", f"{f}.granularity", GRANULARITIES)))
+    frac = r.value(node, "max_step_fraction", "quantization.max_step_fraction", (int, float), "a fraction in [0, 1]",
+                   0.01)
+    if not 0 <= frac <= 1:
+        raise r.fail(node, "max_step_fraction", "quantization.max_step_fraction", "a fraction in [0, 1]", frac)
+    return Quantization(tuple(quantized), float(frac))
 
 
 def _parse_rules(r: _Reader, root: _Map, key: str, axis_values: dict[str, tuple]) -> tuple[Rule, ...]:
@@ -464,7 +740,7 @@ def _parse_rules(r: _Reader, root: _Map, key: str, axis_values: dict[str, tuple]
 
 
 def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str, ...],
-              tp_sizes: tuple[int, ...] = (1,)) -> TensorParallel:
+              tp_sizes: tuple[int, ...] = (1,), symbol_names: tuple[str, ...] = ()) -> TensorParallel:
     if "tp" not in root:
         return TensorParallel()
     node = r.mapping(root, "tp", "tp", ("kind", "inputs", "outputs", "sequence_parallel"), required=("kind",))
@@ -475,9 +751,16 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
     def has_tokens(name: str) -> bool:
         return name in tensor_names and any(d.symbol == "num_tokens" for d in tensor_names[name].shape)
 
+    units = []
+
     def check_dim(spec: _Map, key: str, f: str, name: str, merged: int) -> int:
         """A dimension of `name` that can be split into tp * merged equal parts for every TP size."""
         dim = r.value(spec, key, f"{f}.{key}", (int,), "a dimension (an integer)")
+        unit = r.value(spec, "units", f"{f}.units", (str,), "the size symbol counting the dim's units (num_heads)")
+        if unit is not None:
+            if unit not in symbol_names:
+                raise r.fail(spec, "units", f"{f}.units", "a symbol of op.sizes", unit)
+            units.append((name, unit))
         if name not in tensor_names:
             return dim  # a returned output: its shape is the op's to decide
         shape = tensor_names[name].shape
@@ -487,7 +770,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
         if d.symbol == "num_tokens":
             raise r.fail(spec, key, f"{f}.{key}", "a dimension other than num_tokens "
                          "(tokens are split with tp.sequence_parallel)", dim)
-        bad = [n for n in tp_sizes if d.symbol is None and d.coeff % (n * merged)]
+        bad = [n for n in tp_sizes if d.symbol is None and d.coeff is not None and d.coeff % (n * merged)]
         if bad:
             raise r.fail(spec, key, f"{f}.{key}", f"a dimension divisible by tp x merged ({bad[0]} x {merged})",
                          str(d))
@@ -506,7 +789,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
             f = f"tp.inputs.{name}"
             if spec == "replicated":
                 continue
-            r.mapping(inputs, name, f, ("shard", "merged"), required=("shard",))
+            r.mapping(inputs, name, f, ("shard", "merged", "units"), required=("shard",))
             if sp and has_tokens(name):
                 raise r.fail(inputs, name, f, "'replicated' (tp.sequence_parallel already splits it by tokens)",
                              dict(spec))
@@ -522,7 +805,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
             if spec in ("replicated", "sum"):
                 combine.append((name, spec, 0))
                 continue
-            r.mapping(outs, name, f, ("gather", "merged"), required=("gather",))
+            r.mapping(outs, name, f, ("gather", "merged", "units"), required=("gather",))
             merged = merged_parts(spec, f)
             combine.append((name, "gather", check_dim(spec, "gather", f, name, merged)))
             if merged > 1:
@@ -539,7 +822,59 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
                 raise r.fail(where, None if "outputs" in node else "kind", f"tp.outputs.{name}",
                              "how ranks' outputs combine for kind 'sharded' (replicated, sum or {gather: dim})",
                              "nothing")
-    return TensorParallel(kind, tuple(shard), tuple(combine), sp, tuple(merged_outputs))
+    return TensorParallel(kind, tuple(shard), tuple(combine), sp, merged_outputs=tuple(merged_outputs),
+                          units=tuple(units))
+
+
+def _parse_baselines(r: _Reader, node: _Map) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """`benchmark.baselines`: built-in names (native, compiled, vllm) and `{name: import path}` entries."""
+    if "baselines" not in node:
+        return ("native", "compiled"), ()
+    items = node["baselines"] if isinstance(node["baselines"], list) else [node["baselines"]]
+    builtin, named = [], []
+    for i, item in enumerate(items):
+        where = f"benchmark.baselines[{i}]"
+        if isinstance(item, str) and item in BASELINES:
+            builtin.append(item)
+        elif isinstance(item, dict) and len(item) == 1:
+            name, path = next(iter(item.items()))
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)) or name in BASELINES + ("kernel",):
+                raise r.fail(item, name, where, "a baseline name of lowercase letters, digits and _ other than "
+                             f"{', '.join(BASELINES)} and kernel", name)
+            if name in dict(named):
+                raise r.fail(item, name, where, "a baseline name not used before in benchmark.baselines", name)
+            # Syntax only: the package may be installed on one machine and not on another; a benchmark that
+            # cannot import it reports that baseline as not run.
+            if not isinstance(path, str) or not re.fullmatch(r"[\w.]+:[\w.]+", path):
+                raise r.fail(item, name, f"{where}.{name}", "an import path 'package.module:attribute'", path)
+            named.append((name, path))
+        else:
+            expected = f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}}"
+            raise (r.fail(node["baselines"], i, where, expected, item) if isinstance(node["baselines"], _Seq)
+                   else r.fail(node, "baselines", where, expected, item))
+    return tuple(builtin), tuple(named)
+
+
+def _parse_models(r: _Reader, node: _Map, sizes: dict[str, tuple[int, ...]]) -> tuple[tuple[str, str], ...]:
+    """`benchmark.models`: `{"hidden=4096": "Llama-3-8B"}`, keys of `symbol=value` pairs (comma-separated) over
+    the plan's sizes, values the model's name."""
+    if "models" not in node:
+        return ()
+    models = r.free_mapping(node, "models", "benchmark.models")
+    choices = "; ".join(f"{sym}: {', '.join(map(str, values))}" for sym, values in sizes.items()) or "none"
+    out = []
+    for key, model in models.items():
+        f = f"benchmark.models.{key}"
+        pairs = []
+        for part in str(key).split(","):
+            sym, eq, value = (t.strip() for t in part.partition("="))
+            if not eq or sym not in sizes or not value.isdigit() or int(value) not in sizes[sym]:
+                raise r.fail(models, key, f, f"'symbol=value' pairs with sizes of op.sizes ({choices})", key)
+            pairs.append(f"{sym}={int(value)}")
+        if not isinstance(model, str) or not model.strip():
+            raise r.fail(models, key, f, "the name of the model these sizes come from", model)
+        out.append((",".join(pairs), " ".join(model.split())))
+    return tuple(out)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -561,21 +896,14 @@ def load_plan(path: str | Path) -> Plan:
                                "quantization", "vllm", "cuda_graph"), required=("op", "matrix"))
 
     op = r.mapping(root, "op", "op", ("name", "intent", "description", "kernel", "reference", "replaces", "args",
-                                      "outputs", "mutates", "sizes", "accumulation", "fake"),
+                                      "outputs", "mutates", "sizes", "accumulation", "fake", "generate"),
                    required=("name", "intent", "kernel", "reference", "args", "outputs"))
     name = r.value(op, "name", "op.name", (str,), "an identifier")
     if not re.fullmatch(r"[A-Za-z_]\w*", name):
         raise r.fail(op, "name", "op.name", "an identifier (letters, digits, _)", name)
     intent = r.choice(op, "intent", "op.intent", INTENTS)
 
-    sizes_node = r.free_mapping(op, "sizes", "op.sizes") if "sizes" in op else _Map()
-    sizes = {}
-    for sym in sizes_node:
-        if sym in BUILTIN_SYMBOLS:
-            raise r.fail(sizes_node, sym, f"op.sizes.{sym}", "a symbol other than the built-in num_tokens", sym)
-        sizes[sym] = r.int_list(sizes_node, sym, f"op.sizes.{sym}", minimum=1)
-        if not sizes[sym]:
-            raise r.fail(sizes_node, sym, f"op.sizes.{sym}", "at least one size", sizes_node[sym])
+    sizes, size_specs = _parse_sizes(r, op)
     args = _parse_args(r, op, set(sizes) | set(BUILTIN_SYMBOLS))
     tensor_names = tuple(a.name for a in args if a.is_tensor)
     outputs = r.str_list(op, "outputs", "op.outputs")
@@ -609,14 +937,7 @@ def load_plan(path: str | Path) -> Plan:
         if len(set(values)) != len(values):
             raise r.fail(mx, axis, f"matrix.{axis}", "values without repeats", list(values))
 
-    tolerance = {}
-    if "tolerance" in root:
-        tol_node = r.mapping(root, "tolerance", "tolerance", DTYPES)
-        for dt in tol_node:
-            t = r.mapping(tol_node, dt, f"tolerance.{dt}", ("atol", "rtol"), required=("atol", "rtol"))
-            tolerance[dt] = Tolerance(
-                float(r.value(t, "atol", f"tolerance.{dt}.atol", (int, float), "a number >= 0")),
-                float(r.value(t, "rtol", f"tolerance.{dt}.rtol", (int, float), "a number >= 0")))
+    tolerance, output_tolerance = _parse_tolerances(r, root, outputs)
 
     num_node = r.mapping(root, "numerics", "numerics", tuple(f.name for f in dataclasses.fields(Numerics))) \
         if "numerics" in root else _Map()
@@ -633,6 +954,10 @@ def load_plan(path: str | Path) -> Plan:
             numerics_kw[f.name] = float(r.value(num_node, f.name, "numerics.timeout_s", (int, float), "seconds"))
         elif f.name == "awkward_sizes":
             numerics_kw[f.name] = r.value(num_node, f.name, "numerics.awkward_sizes", (bool,), "true or false")
+        elif f.name == "cpu_sizes":
+            node = r.mapping(num_node, f.name, "numerics.cpu_sizes", tuple(sizes))
+            numerics_kw[f.name] = tuple((sym, r.int_list(node, sym, f"numerics.cpu_sizes.{sym}", minimum=1))
+                                        for sym in node)
         else:
             v = r.value(num_node, f.name, f"numerics.{f.name}", (int,), "a positive integer")
             if v < 1:
@@ -641,12 +966,14 @@ def load_plan(path: str | Path) -> Plan:
 
     bench = Benchmark()
     if "benchmark" in root:
-        b = r.mapping(root, "benchmark", "benchmark", PHASES + ("baselines", "bytes", "flops"))
+        b = r.mapping(root, "benchmark", "benchmark", PHASES + ("baselines", "bytes", "flops", "models"))
+        builtin, named = _parse_baselines(r, b)
         bench = Benchmark(
             **{p: r.int_list(b, p, f"benchmark.{p}", minimum=1) for p in PHASES},
-            baselines=r.str_list(b, "baselines", "benchmark.baselines", BASELINES, ("native", "compiled")),
+            baselines=builtin, named=named,
             bytes=r.value(b, "bytes", "benchmark.bytes", (str,), "a byte-count expression"),
             flops=r.value(b, "flops", "benchmark.flops", (str,), "a flop-count expression"),
+            models=_parse_models(r, b, sizes),
         )
 
     vllm = Vllm()
@@ -669,22 +996,27 @@ def load_plan(path: str | Path) -> Plan:
         cg = r.mapping(root, "cuda_graph", "cuda_graph", ("capture_sizes",))
         capture_sizes = r.int_list(cg, "capture_sizes", "cuda_graph.capture_sizes", minimum=1) or None
 
-    quant = root.get("quantization", "none")
-    if quant != "none" and not isinstance(quant, dict):
-        raise r.fail(root, "quantization", "quantization", "'none' or a mapping describing the scheme", quant)
 
-    return Plan(
+    plan = Plan(
         path=path, name=name, intent=intent,
         kernel=_check_import(r, op, "kernel", "op.kernel"),
         reference=_check_import(r, op, "reference", "op.reference", optional_module="vllm"),
         fake=_check_import(r, op, "fake", "op.fake"),
         description=r.value(op, "description", "op.description", (str,), "text", ""),
         replaces=_check_import(r, op, "replaces", "op.replaces", optional_module="vllm"),
-        args=args, outputs=outputs, mutates=mutates, sizes=sizes, matrix=matrix,
+        args=args, outputs=outputs, mutates=mutates, sizes=sizes, size_specs=size_specs, matrix=matrix,
         excludes=_parse_rules(r, root, "exclude", matrix),
         expects=_parse_rules(r, root, "expect", matrix),
-        tolerance=tolerance, numerics=Numerics(**numerics_kw), benchmark=bench,
-        tp=_parse_tp(r, root, args, outputs, matrix["tp"]), quantization=quant, vllm=vllm, capture_sizes=capture_sizes,
+        tolerance=tolerance, output_tolerance=output_tolerance, numerics=Numerics(**numerics_kw), benchmark=bench,
+        tp=_parse_tp(r, root, args, outputs, matrix["tp"], tuple(sizes)), quantization=_parse_quantization(r, root, args, outputs),
+        generate=_check_import(r, op, "generate", "op.generate"), vllm=vllm, capture_sizes=capture_sizes,
         accumulation=r.choice(op, "accumulation", "op.accumulation", ("fp32", "input"), "fp32"),
         raw_text=text,
     )
+    arg_names = [a.name for a in args]
+    inputs = [a.name for a in args if a.role != "output"]
+    _check_signature(r, op, "kernel", "op.kernel", plan.kernel, arg_names)
+    _check_signature(r, op, "reference", "op.reference", plan.reference, inputs)
+    _check_signature(r, op, "fake", "op.fake", plan.fake, arg_names, positional=True)
+    _check_models(r, root, plan)
+    return dataclasses.replace(plan, warnings=_never_applies(r, root, plan))

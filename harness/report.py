@@ -4,8 +4,9 @@ Sections follow a design document (problem, constraints, design, interfaces, cri
 performance, trade-offs, decisions) filled with the plan's answers and what the runs found.
 Same plan and results in, byte-identical report out: everything is sorted, and dates appear only
 in the provenance line. Every piece of text that comes from a user or an exception is escaped
-for the place it lands in (a table cell, inline code, a Mermaid label). The verdict rules are
-documented in docs/report.md. Plain Python: it reads records and the plan, never torch or pytest.
+for the place it lands in (a table cell, inline code, a Mermaid label). The decision per SM × dtype ×
+regime × vLLM profile (Inductor on / off) and the per-SM verdict rules are documented in docs/report.md.
+Plain Python: it reads records and the plan, never torch or pytest.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ import itertools
 import json
 import os
 import re
+import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabulate import tabulate
 
-from .matrix import Cell, excluded_by, expand
+from .hardware import Hardware
+from .matrix import Cell, bench_graph_modes, decide, excluded_by, expand
 from .plan import AXES, PHASES, Plan
-from .results import RAN, BenchRecord, CellRecord, ImplFigures, IntegrationRecord, Provenance, Status, merge_dir
+from .results import NOISE_FLOOR, RAN, BenchRecord, CellRecord, ImplFigures, IntegrationRecord, Provenance, Status, \
+    merge_dir
 from .tolerances import tolerance_source
-from .vllm_ops import enable_setting, plugin_entry_point, plugin_module_name, plugin_route, provider_name, \
-    render_plugin, unsupported, vllm_op
+from .vllm_ops import VLLM_DEFAULT, enable_setting, is_vllm_default, plugin_entry_point, plugin_module_name, \
+    plugin_route, profile_setting, provider_name, render_plugin, unsupported, vllm_op
 
 MARKS = {Status.PASSED: "✅", Status.FAILED: "❌", Status.NOT_RUN: "⏭", Status.EXCLUDED: "🚫", Status.XFAIL: "⚠️",
          Status.XPASS: "❗"}
@@ -34,7 +38,11 @@ LEGEND = ("✅ passed · ❌ failed · ⏭ not run here · 🚫 excluded by the 
           "❗ unexpected pass · — no result recorded yet")
 REGIMES = ("decode-sized", "prefill-sized")
 IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
-ENABLE, INDUCTOR, KEEP_VLLM = "enable the custom op", "leave it to Inductor", "keep vLLM's kernel"
+ENABLE, INDUCTOR, NATIVE, KEEP_VLLM = ("enable the custom op", "leave it to Inductor", "keep native",
+                                      "keep vLLM's kernel")
+# vLLM's two profiles and the baseline each compares with: Inductor compiles forward_native, or nothing does.
+VLLM_PROFILES = (("Inductor on", "compiled"), ("Inductor off", "native"))
+FALLBACK = {"compiled": INDUCTOR, "native": NATIVE}  # the choice where neither kernel qualifies
 INTENTS = {
     "drop-in": "drop-in replacement: the numerics of the op it replaces, faster",
     "fusion": "fusion: several existing ops in one kernel, fewer launches and memory round trips",
@@ -267,10 +275,19 @@ def _median(impl: ImplFigures | None) -> float | None:
     return impl.median_us if impl is not None and impl.timed else None
 
 
+def _valid(impl: ImplFigures | None) -> bool:
+    """Timed, with a positive median, and right after timing."""
+    return _median(impl) is not None and impl.median_us > 0 and not impl.error
+
+
+def _impl_order(name: str) -> tuple:
+    return (IMPL_ORDER.index(name) if name in IMPL_ORDER else len(IMPL_ORDER), name)
+
+
 def _baselines(rec: BenchRecord) -> list[str]:
     names = set(rec.impls) | set(rec.speedup)
     names.discard("kernel")
-    return sorted(names, key=lambda n: (IMPL_ORDER.index(n) if n in IMPL_ORDER else len(IMPL_ORDER), n))
+    return sorted(names, key=_impl_order)
 
 
 def speedup_verdict(rec: BenchRecord, baseline: str) -> str | None:
@@ -292,58 +309,204 @@ def _why_untimed(impl: ImplFigures | None) -> str:
     return str(impl.not_run or impl.error or "no figures recorded")
 
 
-def row_choice(rec: BenchRecord) -> str | None:
-    """What one benchmark shape recommends; None when the kernel (correct and timed) or every baseline is missing."""
-    impls = rec.impls
-    measured = [b for b in _baselines(rec) if speedup_verdict(rec, b) is not None]
-    kernel = impls.get("kernel")
-    if _median(kernel) is None or kernel.error or not measured:
+def _spread(slow: ImplFigures, fast: ImplFigures) -> tuple[float, float, float]:
+    """slow's time over fast's (> 1: `fast` is faster), with an interval from both q20/q80 spreads widened by
+    the noise floor, as the benchmarks compute the kernel's speedups."""
+    value = slow.median_us / fast.median_us
+    low = slow.q20_us / fast.q80_us if _is_num(slow.q20_us) and _is_num(fast.q80_us) and fast.q80_us > 0 else value
+    high = slow.q80_us / fast.q20_us if _is_num(slow.q80_us) and _is_num(fast.q20_us) and fast.q20_us > 0 else value
+    return value, min(low, value / (1 + NOISE_FLOOR)), max(high, value * (1 + NOISE_FLOOR))
+
+
+def _ratio(rec: BenchRecord, baseline: str) -> tuple[float, float, float] | None:
+    """The kernel's speedup over one baseline at one shape, (value, low, high), as the run recorded it (its
+    interval includes the run-to-run noise floor); None where either has no valid timing."""
+    kernel, base = rec.impls.get("kernel"), rec.impls.get(baseline)
+    if not (_valid(kernel) and _valid(base)):
         return None
-    if all(speedup_verdict(rec, b) == "faster" for b in measured):
-        return ENABLE
-    fastest = min(measured, key=lambda b: (_median(impls[b]), b))
-    return KEEP_VLLM if fastest == "vllm" else INDUCTOR
+    s = rec.speedup.get(baseline)
+    if s is not None and _is_num(s.value) and _is_num(s.low) and _is_num(s.high):
+        return s.value, s.low, s.high
+    return _spread(base, kernel)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One implementation against another over a regime's shapes: the median ratio, the lowest low and the
+    highest high of the per-shape intervals, and at how many shapes it is wholly faster or wholly slower."""
+
+    median: float
+    low: float
+    high: float
+    shapes: int
+    faster: int
+    slower: int
+
+    @property
+    def wholly_faster(self) -> bool:
+        return self.faster == self.shapes
+
+    def text(self) -> str:
+        return f"{self.median:.2f}× ({self.low:.2f}–{self.high:.2f})"
+
+
+def interval(ratios) -> Interval | None:
+    ratios = [r for r in ratios if r is not None]
+    if not ratios:
+        return None
+    return Interval(statistics.median(r[0] for r in ratios), min(r[1] for r in ratios), max(r[2] for r in ratios),
+                    len(ratios), sum(r[1] > 1 for r in ratios), sum(r[2] < 1 for r in ratios))
 
 
 @dataclass(frozen=True)
 class Recommendation:
-    regime: str
+    """The decision for one SM × dtype × regime × vLLM profile."""
+
     sm: str
-    choice: str  # ENABLE / INDUCTOR / KEEP_VLLM, or "" when the runs cannot say
+    dtype: str
+    regime: str
+    profile: str  # VLLM_PROFILES: "Inductor on" (against compiled) or "Inductor off" (against native)
+    choice: str  # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM, or "" when the runs cannot say
     why: str
+    baseline: str = ""
+    speedup: Interval | None = None  # the kernel against the profile's baseline
+    others: tuple = ()  # (name, Interval or None, why not timed) for vLLM's kernel and every named baseline
+    setting: str = ""  # the vLLM setting that applies the choice
+    default: bool = False  # the setting is what vLLM does in this profile anyway
+    gpu: str = ""
+    sizes: tuple = ()  # the benchmarked sizes, each as sorted (symbol, value) pairs
 
     @property
     def go(self) -> bool:
         return self.choice == ENABLE
 
+    def others_text(self) -> str:
+        parts = [f"{md(name)} {iv.text()}" if iv else f"{md(name)}: not timed ({md(_first_line(why, 80))})"
+                 for name, iv, why in self.others]
+        return "; ".join(parts) or NO_RESULT
+
+    def setting_text(self) -> str:
+        if not self.setting:
+            return NO_RESULT
+        shown = self.setting if self.setting == VLLM_DEFAULT else code(self.setting)
+        return shown + (" (vLLM's default)" if self.default and self.setting != VLLM_DEFAULT else "")
+
+
+def _use(choice: str) -> str:
+    return {ENABLE: "kernel", KEEP_VLLM: "vllm"}.get(choice, "native")
+
 
 def recommendations(res: Merged) -> list[Recommendation]:
+    """One decision per SM × dtype × regime × profile with benchmarks, in plan order."""
+    plan = res.plan
+    dtypes = list(plan.matrix["dtype"])
     groups = defaultdict(list)
     for _, rec in res.benchmarks:
-        groups[(REGIMES.index(regime(rec.phase)), res.plan.matrix["sm"].index(rec.sm))].append(rec)
+        dtype_key = (dtypes.index(rec.dtype), "") if rec.dtype in dtypes else (len(dtypes), str(rec.dtype))
+        groups[(plan.matrix["sm"].index(rec.sm), dtype_key, REGIMES.index(regime(rec.phase)))].append(rec)
     out = []
-    for (ri, si), recs in sorted(groups.items()):
-        reg, sm = REGIMES[ri], res.plan.matrix["sm"][si]
-        if any(res.source(r) and res.source(r).triton_interpreter for r in recs):
-            out.append(Recommendation(reg, sm, "", "timed in the Triton interpreter: not a measure of speed"))
-            continue
-        choices = [c for c in (row_choice(r) for r in recs) if c]
-        if not choices:
-            kernel = recs[0].impls.get("kernel")
-            why = ("no baseline was timed" if _median(kernel) is not None and not kernel.error
-                   else f"the kernel has no valid timing: {_first_line(_why_untimed(kernel), 160)}")
-            out.append(Recommendation(reg, sm, "", why))
-        elif all(c == ENABLE for c in choices):
-            out.append(Recommendation(reg, sm, ENABLE, f"the kernel is faster than every baseline measured at all "
-                                                       f"{len(choices)} shapes"))
-        else:
-            counts = Counter(choices)
-            choice = max((INDUCTOR, KEEP_VLLM), key=lambda c: counts[c])  # ties: Inductor, vLLM's default
-            others = [f"{what} at {counts[c]}" for c, what in ((INDUCTOR, "the compiled or native reference"),
-                                                              (KEEP_VLLM, "vLLM's kernel")) if counts[c]]
-            out.append(Recommendation(reg, sm, choice, f"the kernel beats every baseline at {counts[ENABLE]} of "
-                                                       f"{len(choices)} shapes; as fast or faster: {', '.join(others)}"))
+    for (si, _, ri), recs in sorted(groups.items()):
+        for profile, baseline in VLLM_PROFILES:
+            out.append(_decide(res, plan.matrix["sm"][si], recs[0].dtype, REGIMES[ri], profile, baseline, recs))
     return out
+
+
+def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: str, recs: list) -> Recommendation:
+    plan = res.plan
+    inductor = profile == VLLM_PROFILES[0][0]
+    gpus = sorted({str(res.source(r).gpu) for r in recs if res.source(r)})
+    sizes = tuple(sorted({tuple(sorted((str(k), v) for k, v in r.sizes.items())) for r in recs}, key=str))
+
+    def made(choice: str, why: str, speedup=None, others=()) -> Recommendation:
+        setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
+        return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
+                              bool(choice) and is_vllm_default(inductor, _use(choice)), ", ".join(gpus), sizes)
+
+    if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
+        return made("", "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of speed")
+    failed = [r for r in recs if r.impls.get("kernel") is not None and r.impls["kernel"].error]
+    if failed:
+        return made("", f"the kernel failed at {len(failed)} of {len(recs)} shapes: "
+                        f"{_first_line(failed[0].impls['kernel'].error, 160)}")
+    valid = [r for r in recs if _valid(r.impls.get("kernel"))]
+    if not valid:
+        why = _first_line(_why_untimed(recs[0].impls.get("kernel")), 160)
+        return made("", f"the kernel has no valid timing: {why}")
+    speed = interval(_ratio(r, baseline) for r in valid)
+    if speed is None:
+        return made("", f"{baseline} was not timed: {_first_line(_why_untimed(valid[0].impls.get(baseline)), 160)}")
+    names = sorted({n for r in valid for n in _baselines(r)} - {"native", "compiled"}, key=_impl_order)
+    others = []
+    for name in names:
+        iv = interval(_ratio(r, name) for r in valid)
+        why = "" if iv else next((_why_untimed(r.impls.get(name)) for r in valid), "no figures recorded")
+        others.append((name, iv, why))
+    untimed = [f"{name} ({_first_line(why, 80)})" for name, iv, why in others if iv is None]
+    slower_than = [(name, iv) for name, iv, _ in others if iv is not None and iv.slower]
+    at = f"at all {speed.shapes} shapes" if speed.shapes > 1 else "at the one shape"
+    if speed.wholly_faster and not slower_than:
+        timed = [name for name, iv, _ in others if iv is not None]
+        why = f"faster than {baseline} {at}"
+        if timed:
+            why += f"; not slower than {', '.join(timed)} at any shape"
+        if untimed:
+            why += f"; not timed: {', '.join(untimed)}"
+        return made(ENABLE, why, speed, others)
+    reasons = []
+    if not speed.wholly_faster:
+        reasons.append(f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes")
+    reasons += [f"slower than {name} at {iv.slower} of {iv.shapes} shapes" for name, iv in slower_than]
+    # vLLM's kernel against the profile's baseline, at the shapes where the kernel and the baseline were timed
+    pairs = [(r.impls.get(baseline), r.impls.get("vllm")) for r in valid if _valid(r.impls.get(baseline))]
+    vllm_vs = interval(_spread(b, v) for b, v in pairs if _valid(v))
+    if vllm_vs is not None and vllm_vs.shapes == len(pairs) and vllm_vs.wholly_faster:
+        return made(KEEP_VLLM, "; ".join(reasons) + f"; vLLM's kernel is faster than {baseline} {at} "
+                               f"({vllm_vs.text()})", speed, others)
+    return made(FALLBACK[baseline], "; ".join(reasons), speed, others)
+
+
+def _wanted(res: Merged, sm: str) -> list[tuple[str, str]]:
+    """(dtype, regime) pairs the plan's benchmarks time on an SM: not excluded, not expected to fail, runnable on
+    one GPU of that SM."""
+    plan = res.plan
+    hw = Hardware(sm, "cpu" if sm == "cpu" else "cuda", sm, 0 if sm == "cpu" else 1, 1)
+    out = []
+    for dtype in plan.matrix["dtype"]:
+        for reg in REGIMES:
+            cells = [Cell(p, dtype, 1, m, sm) for p in plan.benchmark.shapes() if regime(p) == reg
+                     for m in bench_graph_modes(plan)]
+            if any(decide(plan, c, hw, 1).kind == "run" for c in cells):
+                out.append((dtype, reg))
+    return out
+
+
+def go_phrase(recs: list[Recommendation]) -> str:
+    """go / no-go per regime from the decided recommendations of one SM, naming the profiles (and dtypes) that
+    enable the op where not all of them do: "go for decode-sized (Inductor off); no-go for prefill-sized"."""
+    per_regime = []  # (regime, "go" | "no-go", qualifier)
+    for reg in REGIMES:
+        decided = [r for r in recs if r.regime == reg and r.choice]
+        if not decided:
+            continue
+        if not any(r.go for r in decided):
+            per_regime.append((reg, "no-go", ""))
+            continue
+        quals = []
+        for profile, _ in VLLM_PROFILES:
+            mine = [r for r in decided if r.profile == profile]
+            on = [r.dtype for r in mine if r.go]
+            if on:
+                quals.append(profile if len(on) == len(mine) else f"{profile}: {', '.join(on)}")
+        everywhere = all(r.go for r in decided)
+        per_regime.append((reg, "go", "" if everywhere else f" ({'; '.join(quals)})"))
+    if not per_regime:
+        return ""
+    if len({(word, qual) for _, word, qual in per_regime}) == 1:
+        return per_regime[0][1] + per_regime[0][2]
+    parts = []
+    for (word, qual), items in itertools.groupby(per_regime, key=lambda t: (t[1], t[2])):
+        parts.append(f"{word} for {', '.join(reg for reg, _, _ in items)}{qual}")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------- verdict
@@ -351,38 +514,98 @@ def recommendations(res: Merged) -> list[Recommendation]:
 
 @dataclass(frozen=True)
 class Verdict:
-    word: str  # blocked | incomplete | go | no-go | go for ... (mixed)
+    word: str  # blocked | incomplete | go | no-go | go for ... (mixed) | numerics only | no results | excluded
     rule: str
 
 
-def verdict(res: Merged, recs: list[Recommendation] | None = None) -> Verdict:
-    failed, xpass = res.cells_with("failed"), res.cells_with("xpass")
-    if failed or xpass:
-        return Verdict("blocked", f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed or "
-                                  "unexpected-pass cell blocks the integration")
-    uncovered = [sm for sm in res.plan.matrix["sm"] if any(c.sm == sm for c in res.uncovered_cells())]
-    not_run = res.cells_with("not_run") + res.missing()
-    not_run = [c for c in not_run if c.sm in res.covered]
-    if uncovered or not_run:
-        parts = []
-        if uncovered:
-            parts.append(f"no results from {', '.join(uncovered)} ({n_cells(len(res.uncovered_cells()))})")
-        if not_run:
-            parts.append(f"{n_cells(len(not_run))} not run on {', '.join(sorted({c.sm for c in not_run}, key=res.plan.matrix['sm'].index))}")
-        return Verdict("incomplete", "required cells not run: " + "; ".join(parts))
+@dataclass(frozen=True)
+class SmVerdict:
+    sm: str
+    word: str
+    rule: str
+
+
+def sm_verdicts(res: Merged, recs: list[Recommendation] | None = None) -> list[SmVerdict]:
+    """One verdict per SM of the plan, by the rules in docs/report.md."""
     recs = recommendations(res) if recs is None else recs
-    decided = [r for r in recs if r.choice]
-    if not decided:
-        return Verdict("incomplete", "every cell has a result, but no benchmark has timed the kernel against a "
-                                     f"baseline yet: run pytest --plan {plan_display(res)} --bench on a GPU machine")
-    go = [f"{r.regime} on {r.sm}" for r in decided if r.go]
-    nogo = [f"{r.regime} on {r.sm}" for r in decided if not r.go]
-    rule = "go where the recommendation is to enable the custom op, no-go elsewhere"
-    if not nogo:
-        return Verdict("go", f"{rule}: go for {', '.join(go)}")
-    if not go:
-        return Verdict("no-go", f"{rule}: no-go for {', '.join(nogo)}")
-    return Verdict(f"go for {', '.join(go)}; no-go for {', '.join(nogo)}", rule)
+    plan = res.plan
+    out = []
+    for sm in plan.matrix["sm"]:
+        cells = [c for c in res.cells if c.sm == sm]
+        failed = [c for c in cells if res.status(c) == Status.FAILED]
+        xpass = [c for c in cells if res.status(c) == Status.XPASS]
+        if failed or xpass:
+            out.append(SmVerdict(sm, "blocked", f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed "
+                                                "or unexpected-pass cell blocks the integration on this SM"))
+            continue
+        mine = [r for r in recs if r.sm == sm]
+        required = [c for c in cells if not res.excluded_by_plan(c)]
+        if sm not in res.covered:
+            if not required:
+                out.append(SmVerdict(sm, "excluded", "the plan excludes every cell of this SM"))
+                continue
+            if not any(r.choice for r in mine):
+                out.append(SmVerdict(sm, "no results", f"no results from a machine of this SM yet "
+                                                       f"({n_cells(len(required))}): run pytest --plan "
+                                                       f"{plan_display(res)} on one"))
+                continue
+        not_run = [c for c in cells if res.status(c) == Status.NOT_RUN or
+                   (sm in res.covered and res.status(c) is None) or
+                   (sm not in res.covered and c in required)]
+        reasons = _grouped_reasons(res, [c for c in not_run if c.id in res.records])
+        unrecorded = [c for c in not_run if c.id not in res.records]
+        if unrecorded:
+            reasons.append(("no result recorded" if sm in res.covered else "no cell results from this SM",
+                            unrecorded))
+        not_run_text = f"{n_cells(len(not_run))} not run" + (
+            f" ({'; '.join(f'{len(cs)}: {reason}' for reason, cs in reasons[:3])}"
+            f"{'; …' if len(reasons) > 3 else ''})" if reasons else "")
+        if sm == "cpu":
+            passed = sum(1 for c in cells if res.status(c) == Status.PASSED)
+            xfail = sum(1 for c in cells if res.status(c) == Status.XFAIL)
+            parts = [f"{passed} of {n_cells(len(cells))} passed"] + ([f"{xfail} failed as expected"] if xfail else [])
+            if not_run:
+                parts.append(not_run_text)
+            out.append(SmVerdict(sm, "numerics only", "; ".join(parts) + "; a CPU machine runs the kernel in "
+                                                                         "Triton's interpreter, so its results never "
+                                                                         "give a speed verdict"))
+            continue
+        decided = [r for r in mine if r.choice]
+        have = {(r.dtype, r.regime) for r in decided}
+        undecided = [pair for pair in _wanted(res, sm) if pair not in have]
+        if not_run or undecided:
+            parts = [not_run_text] if not_run else []
+            if undecided:
+                by_regime = defaultdict(list)
+                for dtype, reg in undecided:
+                    by_regime[reg].append(dtype)
+                parts.append("no benchmark decision yet for " + "; ".join(
+                    f"{reg} {', '.join(by_regime[reg])}" for reg in REGIMES if reg in by_regime))
+            if decided:
+                parts.append(f"benchmarks so far: {go_phrase(decided)}")
+            out.append(SmVerdict(sm, "incomplete", "; ".join(parts)))
+            continue
+        if not decided:  # every cell ran, and the plan times nothing on this SM
+            why = ("the plan has no benchmark shapes (benchmark.decode, benchmark.prefill)" if
+                   not plan.benchmark.shapes() else "the plan's benchmarks do not run on this SM (excluded or "
+                                                    "expected to fail)")
+            out.append(SmVerdict(sm, "incomplete", f"{why}: nothing decides go or no-go"))
+            continue
+        out.append(SmVerdict(sm, go_phrase(decided), "go where a decision is to enable the custom op (in either "
+                                                     "vLLM profile), no-go elsewhere"))
+    return out
+
+
+def verdict(res: Merged, recs: list[Recommendation] | None = None,
+            per_sm: list[SmVerdict] | None = None) -> Verdict:
+    """The plan's verdict: the per-SM verdicts, SMs with the same verdict named together."""
+    per_sm = sm_verdicts(res, recs) if per_sm is None else per_sm
+    groups: dict[str, list[str]] = {}
+    for v in sorted(per_sm, key=_verdict_rank):
+        groups.setdefault(v.word, []).append(v.sm)
+    word = " · ".join(f"{', '.join(sms)}: {w}" for w, sms in groups.items())
+    return Verdict(word, "per SM: blocked, then no results, then numerics only on a CPU machine, then incomplete, "
+                         "then go or no-go per regime (docs/report.md)")
 
 
 # ---------------------------------------------------------------- sections
@@ -396,12 +619,28 @@ def plan_display(res: Merged) -> str:
         return Path(res.plan.path).name
 
 
-def header(res: Merged, v: Verdict) -> str:
+def grouped_verdicts(per_sm: list[SmVerdict]) -> list[tuple[list[str], SmVerdict]]:
+    """SMs with the same verdict and reason together, in plan order of their first SM."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for v in sorted(per_sm, key=_verdict_rank):  # stable: plan order within a rank
+        groups.setdefault((v.word, v.rule), []).append(v.sm)
+    return [(sms, SmVerdict(sms[0], word, rule)) for (word, rule), sms in groups.items()]
+
+
+def _verdict_rank(v: SmVerdict) -> int:
+    """SMs with a speed verdict first, then those still short of one, then those that cannot give one."""
+    order = ("blocked", None, "incomplete", "numerics only", "no results", "excluded")
+    return order.index(v.word) if v.word in order else 1
+
+
+def header(res: Merged, v: Verdict, per_sm: list[SmVerdict]) -> str:
     plan = res.plan
     lines = [f"# Integration plan: {md(plan.name)}", ""]
     lines.append(f"- **Op:** {code(plan.name)}, kernel {code(plan.kernel)}")
     lines.append(f"- **Intent:** {md(INTENTS[plan.intent])}")
-    lines.append(f"- **Verdict:** **{md(v.word)}** ({md(v.rule)})")
+    lines.append(f"- **Verdict:** {md(v.word)}")
+    for sms, sv in grouped_verdicts(per_sm):
+        lines.append(f"  - {', '.join(sms)}: **{md(sv.word)}** ({md(sv.rule)})")
     lines.append(f"- **Provenance:** {provenance_line(res)}")
     lines.append("")
     lines.append(f"Generated from {code(plan_display(res))} and the results files beside this page by every "
@@ -490,7 +729,7 @@ def constraints(res: Merged) -> str:
     tol = ", ".join(f"{dt} atol {t.atol:g} rtol {t.rtol:g}" for dt, t in plan.tolerance.items())
     rules = [f"excluded: {md(_rule_text(r))}: {md(r.why)}" for r in plan.excludes]
     rules += [f"expected to fail: {md(_rule_text(r))}: {md(r.why)}" for r in plan.expects]
-    quant = plan.quantization if plan.quantization == "none" else json.dumps(plan.quantization, sort_keys=True)
+    quant = _quantization_text(plan.quantization)
     answers = [
         ["Phases", md(", ".join(plan.matrix["phase"]))],
         ["Dtypes and accumulation", md(", ".join(plan.matrix["dtype"])) + f"; accumulation in {md(plan.accumulation)}"],
@@ -503,6 +742,8 @@ def constraints(res: Merged) -> str:
         ["Reference", code(plan.reference)],
         ["Shapes", f"{sizes}; decode 1 … {n.max_num_seqs} tokens; prefill {n.prefill_tokens[0]} … "
                    f"{n.prefill_tokens[1]}; chunked prefill up to {n.max_num_batched_tokens}"],
+        *([["Models the sizes come from", md("; ".join(f"{k}: {m}" for k, m in plan.benchmark.models))]]
+          if plan.benchmark.models else []),
         ["Tolerances", (md(tol) + " (plan); " if tol else "") + "other dtypes: vLLM's defaults"],
         ["Exclusions and expected failures", "; ".join(rules) or "none"],
     ]
@@ -511,6 +752,17 @@ def constraints(res: Merged) -> str:
     lines.append(_machines_table(res))
     lines += ["", _detected_facts(res)]
     return "\n".join(lines)
+
+
+def _quantization_text(q) -> str:
+    """The plan's quantization in words: "none", or each quantized output with its scales and granularity."""
+    outputs = getattr(q, "outputs", None)
+    if outputs is None:  # plain data
+        return "none" if q in ("none", None) else json.dumps(q, sort_keys=True)
+    if not outputs:
+        return "none"
+    parts = [f"{o.output}: {o.granularity.replace('_', ' ')} scales in {o.scale}" for o in outputs]
+    return "; ".join(parts) + f"; at most {q.max_step_fraction:g} of elements one quantization step off"
 
 
 def _rule_text(rule) -> str:
@@ -886,9 +1138,19 @@ def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
             lines += [f"![GB/s against token count on {sm}]({plot_name(sm)})", ""]
     if untimed:
         lines += [*untimed, ""]
-    rows = [[r.regime, r.sm, f"**{r.choice}**" if r.choice else "none", md(r.why)] for r in recs]
-    lines += ["Recommendation per regime and SM:", "", table(rows, ["regime", "SM", "recommendation", "why"])]
+    lines += ["Decisions per SM, dtype, regime and vLLM profile: with Inductor the kernel is compared with the "
+              "compiled reference, without it with the eager one, and in both with vLLM's kernel and every named "
+              "baseline (rules: docs/report.md). Speedup: the median over the regime's shapes, with the lowest and "
+              "highest bound of their intervals.", "", decision_table(recs)]
     return "\n".join(lines)
+
+
+def decision_table(recs: list[Recommendation]) -> str:
+    rows = [[r.sm, md(r.dtype), r.regime, r.profile, f"**{r.choice}**" if r.choice else "none",
+             f"{r.speedup.text()} vs {r.baseline}" if r.speedup else NO_RESULT, r.others_text(), r.setting_text(),
+             md(r.why)] for r in recs]
+    return table(rows, ["SM", "dtype", "regime", "vLLM profile", "recommendation", "kernel speedup",
+                        "vs vLLM's kernel and named baselines", "vLLM setting", "why"])
 
 
 def _grouped_untimed(res: Merged) -> list[str]:
@@ -1038,16 +1300,22 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
     if not res.benchmarks:
         items.append(f"Benchmark on a GPU machine: {code(f'pytest --plan {pd} --bench')}")
     else:
-        have = {(r.regime, r.sm) for r in recs}
-        wanted = [reg for reg in REGIMES if any(regime({"phase": p}) == reg for p in plan.benchmark.shapes())]
+        have = {(r.sm, r.dtype, r.regime) for r in recs if r.choice}
         for sm in [s for s in plan.matrix["sm"] if s != "cpu"]:
-            missing = [reg for reg in wanted if (reg, sm) not in have]
-            if missing:
-                items.append(f"Benchmark on {sm} ({', '.join(missing)}): {code(f'pytest --plan {pd} --bench')}")
+            wanted = _wanted(res, sm)
+            missing = [(d, reg) for d, reg in wanted if (sm, d, reg) not in have]
+            if not missing:
+                continue
+            if len(missing) == len(wanted):
+                what = "every dtype and regime"
+            else:
+                what = "; ".join(f"{reg} {', '.join(d for d, g in missing if g == reg)}"
+                                 for reg in REGIMES if any(g == reg for _, g in missing))
+            items.append(f"Benchmark on {sm} ({what}): {code(f'pytest --plan {pd} --bench')}")
     return items
 
 
-def decisions(res: Merged, v: Verdict, recs: list[Recommendation]) -> str:
+def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[SmVerdict]) -> str:
     plan = res.plan
 
     def tally(**axis) -> str:
@@ -1070,12 +1338,23 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation]) -> str:
                      md("cuda_graph " + tally(graph_mode="cuda_graph"))])
     rows.append(["tensor parallelism", _tp_answer(plan), "; ".join(f"tp{t} " + tally(tp=t) for t in plan.matrix["tp"])])
     for r in recs:
-        rows.append([f"{r.regime} on {r.sm}", f"**{r.choice}**" if r.choice else "none", md(r.why)])
-    rows.append(["verdict", f"**{md(v.word)}**", md(v.rule)])
+        basis = [f"{r.speedup.text()} vs {r.baseline}"] if r.speedup else []
+        if r.others:
+            basis.append(f"vs vLLM's kernel and named baselines: {r.others_text()}")
+        if r.setting:
+            basis.append(f"setting: {r.setting_text()}")
+        basis.append(md(r.why))
+        rows.append([f"{r.regime} {md(r.dtype)} on {r.sm}, {r.profile}", f"**{r.choice}**" if r.choice else "none",
+                     "; ".join(basis)])
+    for sms, sv in grouped_verdicts(per_sm):
+        rows.append([f"verdict on {', '.join(sms)}", f"**{md(sv.word)}**", md(sv.rule)])
     return "\n".join(["## Decisions and verdict", "", table(rows, ["decision", "choice", "basis"]), "",
-                      f"**Verdict: {md(v.word)}.** Rule: {md(v.rule)}. The rules, in order: blocked (any failed or "
-                      "unexpected-pass cell), incomplete (any cell of the plan not run, or no benchmarks), then go or "
-                      "no-go per regime and SM from the benchmarks (docs/report.md)."])
+                      f"**Verdict: {md(v.word)}.** The rules, per SM and in order: blocked (a failed or "
+                      "unexpected-pass cell on that SM), no results (no machine of that SM has run the plan), numerics "
+                      "only (a CPU machine: the kernel runs in Triton's interpreter, so no speed verdict), incomplete "
+                      "(a cell of that SM not run, or a dtype and regime without a benchmark decision), then go or "
+                      "no-go per regime: go where a decision, with Inductor or without it, is to enable the custom op "
+                      "(docs/report.md)."])
 
 
 # ---------------------------------------------------------------- the document
@@ -1084,10 +1363,11 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation]) -> str:
 def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
     res = collect(plan, op_dir)
     recs = recommendations(res)
-    v = verdict(res, recs)
+    per_sm = sm_verdicts(res, recs)
+    v = verdict(res, recs, per_sm)
     items = open_items(res, recs)
     sections = [
-        header(res, v),
+        header(res, v, per_sm),
         problem_breakdown(plan),
         constraints(res),
         design(plan),
@@ -1097,7 +1377,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         performance(res, op_dir, recs),
         tradeoffs(res, recs),
         "\n".join(["## Open items", "", *(f"- [ ] {i}" for i in items)] if items else ["## Open items", "", "None."]),
-        decisions(res, v, recs),
+        decisions(res, v, recs, per_sm),
     ]
     return "\n\n".join(s.rstrip() for s in sections) + "\n", res.problems
 

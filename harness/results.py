@@ -141,6 +141,11 @@ class ImplFigures:
         return _finite(self.median_us)
 
 
+# Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise. The
+# benchmarks widen every speedup interval by it, and the report widens the intervals it derives the same way.
+NOISE_FLOOR = 0.02
+
+
 @dataclass
 class Speedup:
     """Baseline time over kernel time (> 1: the kernel is faster), with its interval."""

@@ -11,6 +11,7 @@ import re
 import time
 import traceback
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from hypothesis import Phase, given, settings
@@ -23,10 +24,10 @@ from .device import detect
 from .inputs import Example, build_args, examples, token_cap
 from .matrix import Cell
 from .modes import make_runner
-from .numerics import Mismatch, Stats, compare
+from .numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
 from .plan import Plan, load_plan
 from .results import CellRecord, Status, Tol
-from .tolerances import tolerance_for
+from .tolerances import output_tolerance, tolerance_for
 
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
 FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
@@ -52,11 +53,13 @@ class RunSettings:
 
 @dataclass
 class Outcome:
-    """What running a cell gave: its record, whether the worker must be replaced, and a traceback to show."""
+    """What running a cell gave: its record, whether the worker must be replaced, and a traceback to show.
+    device_fault: the device faulted (the CUDA context is unusable), so hypothesis could not shrink here."""
 
     record: CellRecord
     fatal: bool = False
     traceback: str | None = None
+    device_fault: bool = False
 
 
 class KernelRaised(AssertionError):
@@ -120,9 +123,10 @@ class CellCheck:
         expected = reference_outputs(plan, self.reference, values)
         untouched = {a.name: values[a.name].clone() for a in plan.tensor_args
                      if a.role == "input" and a.name not in plan.mutates}
+        inputs = {**values, **{n: values[n].clone() for n in plan.mutates}}  # as drawn, for the fp64 tie-break
         actual = kernel_outputs(plan, values, self._call(values, ex))
         for name in plan.outputs:
-            self.compare(name, actual[name], expected[name], values, name in plan.returned_outputs)
+            self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
         for name, before in untouched.items():
             numerics.check_unchanged(name, before, values[name])
         if plan.returned_outputs:
@@ -136,12 +140,19 @@ class CellCheck:
                                    f"it reuses across calls ({exc})") from None
 
     def compare(self, name, actual, expected, values, returned: bool) -> None:
-        compare_judged(self.plan, self.reference, self.tol, self.stats, name, actual, expected, values, returned)
+        compare_judged(self.plan, self.reference, self.cell.dtype, self.stats, name, actual, expected, values,
+                       returned)
 
 
-def compare_judged(plan: Plan, reference, tol, stats: Stats, name: str, actual, expected, values: dict,
+def compare_judged(plan: Plan, reference, dtype: str, stats: Stats, name: str, actual, expected, values: dict,
                    returned: bool) -> None:
-    """Compare one output (Mismatch if it fails); a borderline failure is judged against the fp64 reference."""
+    """Compare one output (Mismatch if it fails) with its own tolerance: quantized outputs in their quantized
+    domain, the rest by value, a borderline failure judged against the fp64 reference (run on `values`, the
+    inputs as drawn)."""
+    if plan.quantization.of(name):
+        compare_quantized(name, actual, expected, plan.quantization.max_step_fraction, stats)
+        return
+    tol = output_tolerance(plan, dtype, name, SHORT_NAMES.get(getattr(expected, "dtype", None)))
     try:
         compare(name, actual, expected, tol, stats, check_strides=returned)
     except Mismatch:
@@ -151,19 +162,40 @@ def compare_judged(plan: Plan, reference, tol, stats: Stats, name: str, actual, 
         compare(name, actual, expected, tol, Stats(), exact64=exact, check_strides=returned)
 
 
+def _no_progress(event: str, **details) -> None:
+    pass
+
+
 def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_multiple: dict | None = None,
-                 start: float | None = None) -> Outcome:
-    """Draw the cell's examples with hypothesis and check each; the minimal failure ends up in the record."""
+                 start: float | None = None, progress=None, replay: Example | None = None) -> Outcome:
+    """Draw the cell's examples with hypothesis and check each; the minimal failure ends up in the record.
+
+    `progress(event, **details)` hears "example" (example=...) before and "finished" (failed=...,
+    device_fault=...) after each example: a worker's parent times the cell per example with it, and knows
+    which example faulted (harness.workers).
+    `replay`: check this one example instead of drawing any (replaying a fault with a smaller input)."""
     start = time.monotonic() if start is None else start
     device = check.device
+    progress = progress or _no_progress
 
     def test(ex):
-        check(ex)
+        progress("example", example=ex)
+        try:
+            check(ex)
+        except BaseException as exc:
+            faulted = device == "cuda" and any(s in str(exc) for s in FATAL_DEVICE_ERRORS)
+            progress("finished", failed=True, device_fault=faulted)
+            raise
+        progress("finished", failed=False)
 
     # A distinct name per plan and cell gives each cell its own entry in hypothesis's example database.
     test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__{cell.id}")
-    test = hypothesis_settings(run)(given(examples(plan, cell, device, tp_multiple))(test))
+    if replay is None:
+        test = hypothesis_settings(run)(given(examples(plan, cell, device, tp_multiple))(test))
+    else:
+        test = partial(test, replay)
     rec = CellRecord(**cell.axes(), status=Status.PASSED)
+    device_fault = False
     try:
         test()
     except Exception as exc:  # hypothesis re-raises the minimal example's failure
@@ -176,6 +208,7 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
             failing = check.last_failure
             reason = str(exc).strip() or type(exc).__name__
             if device == "cuda" and any(s in reason for s in FATAL_DEVICE_ERRORS):
+                device_fault = True
                 # CUDA reports a fault at the next sync, often outside the kernel call: say it in words
                 reason = (f"the kernel faulted on the device: {reason.splitlines()[0]} (the CUDA context is "
                           "unusable after this; later cells run in a fresh worker)")
@@ -189,14 +222,83 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     rec.tolerance = Tol(check.tol.atol, check.tol.rtol)
     rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {})}
     rec.error = rec.error or check.stats.record()
-    return Outcome(rec, fatal=device_poisoned(rec.reason, device))
+    return Outcome(rec, fatal=device_poisoned(rec.reason, device), device_fault=device_fault)
 
 
-def run_cell(plan_path: str, cell_id: str, run: RunSettings) -> Outcome:
-    """Run one tp1 cell's hypothesis examples in this process."""
+def run_cell(plan_path: str, cell_id: str, run: RunSettings, progress=None, replay: Example | None = None) -> Outcome:
+    """Run one tp1 cell's hypothesis examples in this process (or only `replay`); `progress` as in run_examples."""
     start = time.monotonic()
     plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
-    return run_examples(plan, cell, CellCheck(plan, cell, detect().device), run, start=start)
+    return run_examples(plan, cell, CellCheck(plan, cell, detect().device), run, start=start, progress=progress,
+                        replay=replay)
+
+
+def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None) -> Example:
+    """The smallest example near `ex` that still reproduces a fault, for a fault hypothesis could not shrink
+    (it killed the worker, or poisoned its device). Field by field (the token counts, each size, each
+    input's row padding, the value scale), bisects toward the field's smallest value this cell could draw,
+    keeping a candidate only when `reproduces(candidate)` (a replay in a fresh worker) says it faults too;
+    repeats while a pass gains. `reproduces` answers False once its budget is spent, so this always ends
+    with a reproducing example: `ex` itself when nothing smaller does."""
+    tp_multiple = tp_multiple or {}
+    best = ex
+
+    def bisect(values, make) -> bool:
+        """`values` ascending, the last one `best`'s: move `best` to the smallest that reproduces."""
+        nonlocal best
+        if len(values) < 2:
+            return False
+        low, high = 0, len(values) - 1  # values[high] reproduces
+        cand = make(values[0])
+        if reproduces(cand):
+            best = cand
+            return True
+        while high - low > 1:
+            mid = (low + high) // 2
+            cand = make(values[mid])
+            if reproduces(cand):
+                high, best = mid, cand
+            else:
+                low = mid
+        return high < len(values) - 1
+
+    gained = True
+    while gained:
+        gained = False
+        n, decode = best.num_tokens, best.decode_tokens
+        if decode:  # chunked prefill: the prefill chunk, then the decode tokens; at least one of each
+            gained |= bisect(range(1, n - decode + 1), lambda c: replace(best, num_tokens=best.decode_tokens + c))
+            chunk = best.num_tokens - best.decode_tokens
+            gained |= bisect(range(1, best.decode_tokens + 1),
+                             lambda d: replace(best, num_tokens=d + chunk, decode_tokens=d))
+        else:
+            low = min(plan.numerics.prefill_tokens[0], n) if cell.phase == "prefill" else 1
+            gained |= bisect(range(low, n + 1), lambda k: replace(best, num_tokens=k))
+        sizes = {}  # size symbol -> the values this cell could draw up to the current one, ascending
+        for sym in sorted(best.sizes):
+            v, m = best.sizes[sym], tp_multiple.get(sym, 1)
+            drawn = {c for c in plan.sizes.get(sym, ()) if c % m == 0 and c < v}  # as inputs.size_values draws
+            if plan.numerics.awkward_sizes:
+                drawn |= set(range(m, v, 2 * m))
+            sizes[sym] = sorted(drawn) + [v]
+        layouts = {}  # input -> its layouts from the smallest padding up to the current one
+        for name, (layout, pad) in sorted(best.layouts.items()):
+            plain = [("contiguous", 0)] if "contiguous" in plan.arg(name).layouts else []
+            strided = [("strided", p) for p in range(1, pad + 1)]
+            layouts[name] = plain + strided if layout == "strided" else [(layout, 0)]
+        # Often only the token count matters: every other field at its smallest at once, in one replay.
+        floor = replace(best, sizes={sym: values[0] for sym, values in sizes.items()},
+                        layouts={name: steps[0] for name, steps in layouts.items()}, scale="normal")
+        if floor != best and reproduces(floor):
+            best, gained = floor, True
+            continue
+        for sym, values in sizes.items():
+            gained |= bisect(values, lambda k, sym=sym: replace(best, sizes={**best.sizes, sym: k}))
+        for name, steps in layouts.items():
+            gained |= bisect(steps, lambda lp, name=name: replace(best, layouts={**best.layouts, name: lp}))
+        if best.scale != "normal":
+            gained |= bisect(["normal", best.scale], lambda sc: replace(best, scale=sc))
+    return best
 
 
 def device_poisoned(reason: str, device: str) -> bool:

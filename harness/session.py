@@ -21,17 +21,18 @@ from .bench import BenchOutcome, BenchSpec, Timing, bench_specs, check_models, n
     skip_reason
 from .device import detect, provenance, use_triton_interpreter
 from .interpreter import make_faithful
+from .memcheck import run_memcheck
 from .integration import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
 from .matrix import Cell, Decision, decide, expand
 from .plan import Plan, PlanError, load_plan
 from .plots import draw_plots
 from .report import write_report
 from .results import BenchRecord, CellRecord, IntegrationRecord, Recorder, Status
-from .runner import NIGHTLY_FACTOR, Outcome, RunSettings, run_cell
-from .tp import run_cell_on_rank
+from .runner import NIGHTLY_FACTOR, Outcome, RunSettings, run_cell, shrink_example
+from .tp import run_cell_on_rank, tp_multiples
 from .vllm_kernels import LIBRARY_ENV, vllm_missing
 from .vllm_ops import unsupported
-from .workers import Fault, Worker, WorkerGroup
+from .workers import Fault, Worker, WorkerGroup, shrink_fault
 
 
 @dataclass
@@ -105,7 +106,8 @@ def pytest_configure(config):
 
 def _hypothesis_profile() -> str | None:
     """The harness profile chosen with hypothesis's own --hypothesis-profile harness-<name>, if any."""
-    name = settings.get_current_profile_name()
+    current = getattr(settings, "get_current_profile_name", None)  # hypothesis >= 6.1xx; older ones: no choice
+    name = current() if current else ""
     return name.removeprefix("harness-") if name.startswith("harness-") else None
 
 
@@ -190,19 +192,35 @@ class CellItem(PlanItem):
 
     def runtest(self):
         s = session_of(self.config)
+        if self.cell.graph_mode == "memcheck":  # a process of its own, under compute-sanitizer
+            self.outcome = run_memcheck(str(s.plan_path), self.cell.id, 10 * s.plan.numerics.timeout_s)
+            if self.outcome.record.status == Status.NOT_RUN:
+                pytest.skip(self.outcome.record.reason)
+            if self.outcome.record.status != Status.PASSED:
+                raise ItemFailed(self.failure_text())
+            return
         args = {"plan_path": str(s.plan_path), "cell_id": self.cell.id, "run": s.run_settings()}
-        if self.cell.tp > 1:  # TP cells always need a group
-            group = s.worker(self.cell.tp)
-            value = group.call(run_cell_on_rank, args, s.plan.numerics.timeout_s)
-            facts = group.facts
-        elif s.isolation == "none":
+        shrunk = None
+        if s.isolation == "none" and self.cell.tp == 1:
             value, facts = run_cell(**args), {}
         else:
-            value, facts = s.worker("kernels").call(run_cell, args, s.plan.numerics.timeout_s), {}
+            if self.cell.tp > 1:  # TP cells always need a group
+                worker, fn = s.worker(self.cell.tp), run_cell_on_rank
+            else:
+                worker, fn = s.worker("kernels"), run_cell
+            value = worker.call(fn, args, s.plan.numerics.timeout_s)
+            facts = worker.facts
+            # A crash or a device fault killed the worker hypothesis was shrinking in: shrink in fresh ones.
+            multiples = tp_multiples(s.plan, self.cell.tp) if self.cell.tp > 1 else None
+            shrunk = shrink_fault(worker, fn, args, s.plan.numerics.timeout_s, value,
+                                  lambda ex, reproduces: shrink_example(s.plan, self.cell, ex, reproduces, multiples))
         if isinstance(value, Fault):
             value = Outcome(CellRecord(**self.cell.axes(), status=Status.FAILED, reason=value.reason,
-                                       facts=value.facts or {}), traceback=value.traceback)
+                                       examples=value.examples, facts=value.facts or {}), traceback=value.traceback)
         value.record.facts.update(facts)
+        if shrunk:
+            value.record.minimal_example = shrunk.example.describe()
+            value.record.facts.update(shrunk.facts)
         self.outcome = value
         if value.record.status != Status.PASSED:
             raise ItemFailed(self.failure_text())

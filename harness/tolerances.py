@@ -24,3 +24,13 @@ def tolerance_source(plan: Plan, dtype: str) -> str:
     if dtype in plan.tolerance:
         return "plan"
     return "vLLM IR" if ir_tolerance(plan, dtype) else "vLLM default"
+
+
+def output_tolerance(plan: Plan, dtype: str, output: str, output_dtype: str | None) -> Tolerance:
+    """One output's tolerance: the plan's for that output, else the table's for the output's own dtype where it
+    is not the activation dtype (fp32 scales in a bf16 cell), else the cell's."""
+    if output in plan.output_tolerance:
+        return plan.output_tolerance[output]
+    if output_dtype in DEFAULT_TOLERANCE and output_dtype != dtype:
+        return tolerance_for(plan, output_dtype)
+    return tolerance_for(plan, dtype)

@@ -88,10 +88,13 @@ def tp_multiples(plan: Plan, size: int) -> dict[str, int]:
         how, dim, merged = output_combine(plan, name)
         if how == "gather" and plan.has_arg(name):
             split.append((name, dim, merged))
+    units = dict(plan.tp.units)
     for name, dim, merged in split:
         d = plan.arg(name).shape[dim]
-        if d.symbol:
-            parts = size * merged
+        parts = size * merged
+        if name in units:  # whole units (heads) per rank: the unit count splits evenly
+            need[units[name]] = math.lcm(need.get(units[name], 1), parts)
+        elif d.symbol:
             need[d.symbol] = math.lcm(need.get(d.symbol, 1), parts // math.gcd(d.coeff, parts))
     return need
 
@@ -227,6 +230,7 @@ def follow_cell(plan_path: str, cell_id: str, rank: int, size: int, device: str)
         run = RankRun(plan, Cell.from_id(cell_id), device, rank, size)
     except Exception as exc:
         setup_error = _error("raised", f"setting up the cell failed: {_short(exc)}")
+    all_set_up()
     while True:
         command = _broadcast()
         if command[0] == "done":
@@ -238,6 +242,12 @@ def follow_cell(plan_path: str, cell_id: str, rank: int, size: int, device: str)
 def finish_cell() -> None:
     """Rank 0: release the other ranks from the cell (they return to waiting for the next task)."""
     _broadcast(("done",))
+
+
+def all_set_up() -> None:
+    """Every rank, once its plan, kernel and runner are loaded (or failed to load): returns when all are, so
+    rank 0 starts timing examples only after the slowest rank's imports (harness.workers)."""
+    dist.all_gather_object([None] * dist.get_world_size(), None)
 
 
 # ---------------------------------------------------------------- rank 0: the check
@@ -281,8 +291,10 @@ class TPCheck(CellCheck):
             self.compare(name, actual, expected[name], full, False)
 
 
-def run_cell_on_rank(plan_path: str, cell_id: str, run: RunSettings) -> Outcome | None:
-    """One tp>1 cell, called on every rank of a group: rank 0 draws and checks, the others follow it."""
+def run_cell_on_rank(plan_path: str, cell_id: str, run: RunSettings, progress=None,
+                     replay: Example | None = None) -> Outcome | None:
+    """One tp>1 cell, called on every rank of a group: rank 0 draws and checks (or checks only `replay`), the
+    others follow it. Rank 0 reports `progress` (runner.run_examples), from once every rank has set up the cell."""
     start = time.monotonic()
     device = detect().device
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -293,9 +305,13 @@ def run_cell_on_rank(plan_path: str, cell_id: str, run: RunSettings) -> Outcome 
         follow_cell(plan_path, cell_id, rank, size, device)
         return None
     try:
-        plan = load_plan(plan_path)
-        check = TPCheck(plan, cell, device)
-        outcome = run_examples(plan, cell, check, run, check.tp_multiple, start=start)
+        try:
+            plan = load_plan(plan_path)
+            check = TPCheck(plan, cell, device)
+        finally:
+            all_set_up()
+        outcome = run_examples(plan, cell, check, run, check.tp_multiple, start=start, progress=progress,
+                               replay=replay)
     except BaseException:
         finish_cell()
         raise  # the group replies with a fault, and is replaced

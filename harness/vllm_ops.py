@@ -13,6 +13,10 @@ integration items cannot disagree:
   in-tree class name, so `+<custom_op>` no longer reaches it);
 - the IR provider name goes into `--ir-op-priority`.
 
+`profile_setting` gives the setting for each decision the report makes, per vLLM profile: with Inductor
+(vLLM's default: forward_native compiled by Inductor, IR priority `["native"]`, custom_ops `none`) and
+without it (vLLM's default: vLLM's own kernels, IR priority `["vllm_c", "native"]`, custom_ops `all`).
+
 Plain Python: nothing here imports torch or vLLM.
 """
 
@@ -139,6 +143,54 @@ def plugin_route(plan: Plan) -> str:
 def plugin_entry_point(plan: Plan) -> str:
     """The pyproject.toml lines that make vLLM load the plugin in every process."""
     return f'[project.entry-points."vllm.general_plugins"]\n{plan.name} = "{plugin_module_name(plan)}:register"\n'
+
+
+# vLLM IR's provider names (vllm/ir/op.py reserves "native"; vllm/kernels/vllm_c.py registers vLLM's own kernels
+# as "vllm_c" for these ops, as of vLLM 0.32).
+NATIVE_PROVIDER, VLLM_C_PROVIDER = "native", "vllm_c"
+VLLM_C_IR_OPS = ("rms_norm", "fused_add_rms_norm")
+# What a deployment runs for the layer: the plan's kernel (through its plugin), vLLM's own kernel, forward_native.
+USES = ("kernel", "vllm", "native")
+VLLM_DEFAULT = "vLLM's default"
+
+
+def _ir_priority(ir_op: str, providers: list[str]) -> str:
+    return f"""--ir-op-priority '{{"{ir_op}": [{", ".join(f'"{p}"' for p in providers)}]}}'"""
+
+
+def _custom_ops(entries: list[str]) -> str:
+    return f"""--compilation-config '{{"custom_ops": [{", ".join(f'"{e}"' for e in entries)}]}}'"""
+
+
+def is_vllm_default(inductor: bool, use: str) -> bool:
+    """Whether vLLM already does this in the profile: native under Inductor, its own kernel without it."""
+    return use == ("native" if inductor else "vllm")
+
+
+def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
+    """The vLLM setting that makes the op's layer run `use` (USES) in a profile with or without Inductor; "" where
+    the harness cannot put the plan's kernel into vLLM (`unsupported`). The `kernel` settings need the plan's
+    plugin installed; the `vllm` and `native` settings assume it is not (its CustomOp would take the layer)."""
+    if use not in USES:
+        raise ValueError(f"use must be one of {', '.join(USES)}; got {use!r}")
+    op = vllm_op(plan)
+    if op is None or unsupported(plan):
+        return ""
+    if plugin_route(plan) == "ir":
+        has_vllm_c = op.ir_op in VLLM_C_IR_OPS
+        if use == "kernel":
+            # without Inductor, calls the kernel rejects (supports_args) fall back to vLLM's kernel, not native
+            fallback = [NATIVE_PROVIDER] if inductor or not has_vllm_c else [VLLM_C_PROVIDER, NATIVE_PROVIDER]
+            return _ir_priority(op.ir_op, [provider_name(plan), *fallback])
+        if use == "vllm":
+            return _ir_priority(op.ir_op, [VLLM_C_PROVIDER, NATIVE_PROVIDER]) if has_vllm_c else VLLM_DEFAULT
+        return _ir_priority(op.ir_op, [NATIVE_PROVIDER])
+    base = "none" if inductor else "all"
+    if use == "kernel":
+        return _custom_ops([base, op.oot_flag])
+    if use == "vllm":
+        return _custom_ops([base, op.in_tree_flag])
+    return _custom_ops([base] if inductor else [base, f"-{op.custom_op}"])
 
 
 def enable_setting(plan: Plan) -> str:

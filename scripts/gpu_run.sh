@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
 # Runs the bundled plans on a GPU machine and leaves their results under reports/ (the nightly job).
 #   scripts/gpu_run.sh numerics [pytest args]   every numerics and vLLM cell of every bundled plan
-#   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed)
+#   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed), one plan at a time
+# JOBS=N runs N plans' numerics side by side (they share the GPUs; benchmarks always run alone, so that no
+# other process disturbs the timings). LOGS=DIR keeps one log per plan there.
 # Each plan's run rewrites reports/<op>/results/<sm>-<gpu>.json and reports/<op>/PLAN.md; commit them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off, also for the ranks of tensor-parallel cells (they inherit this environment).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python=${PYTHON:-python3}
-plans=(plan.yaml kernels/plans/fused_add_rms_norm.yaml kernels/plans/silu_and_mul.yaml)
+plans=(plan.yaml kernels/plans/*.yaml)
 what=${1:?usage: scripts/gpu_run.sh numerics|bench [pytest args]}
 shift
-status=0
+jobs=${JOBS:-1}
+logs=${LOGS:-}
+[ -n "$logs" ] && mkdir -p "$logs"
+case "$what" in
+  numerics) select=(-m "not bench") ;;
+  bench) select=(--bench -m bench); jobs=1 ;;
+  *) echo "unknown: $what" >&2; exit 2 ;;
+esac
+pids=()
 for plan in "${plans[@]}"; do
-  case "$what" in
-    numerics) "$python" -m pytest --plan "$plan" -m "not bench" -p no:cacheprovider "$@" || status=1 ;;
-    bench) "$python" -m pytest --plan "$plan" --bench -m bench -p no:cacheprovider "$@" || status=1 ;;
-    *) echo "unknown: $what" >&2; exit 2 ;;
-  esac
+  log=/dev/stdout
+  [ -n "$logs" ] && log="$logs/$(basename "$plan" .yaml).$what.log"
+  "$python" -m pytest --plan "$plan" "${select[@]}" -p no:cacheprovider "$@" > "$log" 2>&1 &
+  pids+=($!)
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 1; done
+done
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=1
 done
 exit $status

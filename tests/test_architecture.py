@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.overview import render_overview
 from harness.plan import load_plan
 from harness.report import render
 
@@ -64,6 +65,15 @@ def test_committed_report_is_rendered_from_its_committed_results(op):
     assert problems == []
     assert text == (ROOT / "reports" / op / "PLAN.md").read_text(), \
         f"reports/{op}/PLAN.md differs from its rendering: run python -m harness report {PLANS[op].relative_to(ROOT)}"
+
+
+def test_committed_overview_is_rendered_from_the_committed_plans_and_results():
+    """Golden: reports/README.md is a pure function of every bundled plan and the results beside their pages."""
+    paths = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]
+    text, problems = render_overview([load_plan(p) for p in paths], ROOT / "reports")
+    assert problems == []
+    assert text == (ROOT / "reports" / "README.md").read_text(), \
+        "reports/README.md differs from its rendering: run python -m harness overview plan.yaml kernels/plans/*.yaml"
 
 
 def test_committed_faulty_plan_report_is_rendered_from_its_results():

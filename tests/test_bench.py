@@ -68,11 +68,11 @@ def test_unsafe_or_wrong_expressions_are_rejected(expr, words):
 
 
 def test_a_bad_byte_model_is_a_plan_error_naming_the_field_and_line(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, extra='benchmark: {decode: [4], bytes: "hidden * heads"}\n'))
-    with pytest.raises(PlanError) as exc:
-        bench.check_models(plan)
+    path = rms_norm_plan(tmp_path, extra='benchmark: {decode: [4], bytes: "hidden * heads"}\n')
+    with pytest.raises(PlanError) as exc:  # found when the plan loads, not when --bench collects
+        load_plan(path)
     err = exc.value
-    assert err.field == "benchmark.bytes" and err.line == plan.raw_text.splitlines().index(
+    assert err.field == "benchmark.bytes" and err.line == path.read_text().splitlines().index(
         'benchmark: {decode: [4], bytes: "hidden * heads"}') + 1
     assert "unknown name 'heads'" in str(err) and "num_tokens" in str(err)
 
@@ -143,6 +143,85 @@ def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
         assert isinstance(impls["vllm"], str) and "not installed" in impls["vllm"]
     else:  # vLLM's CPU build has the in-tree kernel: it is timed like the references
         assert callable(impls["vllm"]) or isinstance(impls["vllm"], str) and impls["vllm"]
+
+
+NAMED = ("benchmark: {decode: [4], baselines: [native, compiled, {ref_into: tests.baselines:rms_norm_into},\n"
+         "                                {liger: liger_kernel_not_here.ops:rms_norm}]}\n")
+
+
+def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, extra=NAMED))  # the missing package does not stop the plan loading
+    assert plan.benchmark.baselines == ("native", "compiled")
+    assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
+                                    ("liger", "liger_kernel_not_here.ops:rms_norm"))
+    impls = bench.implementations(plan, "cpu")
+    assert list(impls) == ["kernel", "native", "compiled", "vllm", "ref_into", "liger"]
+    assert callable(impls["ref_into"])
+    assert "liger_kernel_not_here.ops:rms_norm cannot be imported here: ModuleNotFoundError" in impls["liger"]
+    spec = bench.bench_specs(plan, "cpu")[0]
+    assert spec.impls == ("kernel", "native", "compiled", "vllm", "ref_into", "liger")
+    assert spec.id == "decode-fp32-eager-cpu-t4-hidden64"  # named baselines do not change item ids
+    rec = bench.not_run_record(spec, "cuda_graph needs a CUDA device")
+    assert set(rec.impls) == set(spec.impls) and set(rec.speedup) == set(spec.impls[1:])
+
+
+def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
+    """The reference wrapped in kernel style: timed with the host clock and checked against the reference, like
+    native and compiled; the missing one is recorded as not run; the kernel itself is not timed on a CPU."""
+    path = rms_norm_plan(tmp_path, hidden="[64]", extra=NAMED)
+    spec = bench.bench_specs(load_plan(path), "cpu")[0]
+    rec = bench.run_benchmark(str(path), spec).record
+    assert set(rec.impls) == {"kernel", "native", "compiled", "vllm", "ref_into", "liger"}
+    assert rec.impls["kernel"].not_run == bench.CPU_KERNEL_REASON
+    for name in ("native", "compiled", "ref_into"):
+        figs = rec.impls[name]
+        assert figs.timed and figs.error is None and 0 < figs.q20_us <= figs.median_us <= figs.q80_us, name
+    assert "cannot be imported here" in rec.impls["liger"].not_run and not rec.impls["liger"].timed
+    assert set(rec.speedup) == {"native", "compiled", "vllm", "ref_into", "liger"}  # every baseline present
+    assert rec.speedup["ref_into"].not_run.startswith("kernel: not timed on a CPU machine")
+
+
+def test_a_wrong_named_baseline_is_caught_after_timing(tmp_path):
+    path = rms_norm_plan(tmp_path, hidden="[64]",
+                         extra="benchmark: {decode: [4], baselines: [{wrong: kernels.rms_norm:rms_norm_ref}]}\n")
+    spec = bench.bench_specs(load_plan(path), "cpu")[0]
+    rec = bench.run_benchmark(str(path), spec).record
+    # rms_norm_ref(out=..., x=..., weight=..., eps=...) is not kernel-style: it raises, and only its entry says so
+    assert rec.impls["wrong"].error and "TypeError" in rec.impls["wrong"].error
+    assert rec.impls["native"].not_run == "not in the plan's benchmark.baselines"
+
+
+@pytest.mark.parametrize("entry, field, words", [
+    ("{liger: 'not a path'}", "benchmark.baselines[0].liger", "an import path 'package.module:attribute'"),
+    ("{Liger: 'a.b:c'}", "benchmark.baselines[0]", "a baseline name of lowercase letters"),
+    ("{native: 'a.b:c'}", "benchmark.baselines[0]", "other than native, compiled, vllm and kernel"),
+    ("inductor", "benchmark.baselines[0]", "one of native, compiled, vllm or {name: 'package.module:attribute'}"),
+])
+def test_bad_baselines_are_plan_errors(tmp_path, entry, field, words):
+    with pytest.raises(PlanError) as exc:
+        load_plan(rms_norm_plan(tmp_path, extra=f"benchmark: {{decode: [4], baselines: [{entry}]}}\n"))
+    assert exc.value.field == field and words in str(exc.value) and exc.value.line is not None
+
+
+def test_duplicate_named_baselines_are_plan_errors(tmp_path):
+    with pytest.raises(PlanError, match="a baseline name not used before"):
+        load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [{a: 'x.y:z'}, {a: 'x.y:w'}]}\n"))
+
+
+def test_benchmark_models_name_the_model_of_each_size(tmp_path):
+    extra = 'benchmark:\n  decode: [4]\n  models: {"hidden=64": Tiny-1, "hidden=128": Tiny-2}\n'
+    plan = load_plan(rms_norm_plan(tmp_path, extra=extra))
+    assert plan.benchmark.models == (("hidden=64", "Tiny-1"), ("hidden=128", "Tiny-2"))
+    assert plan.benchmark.model({"hidden": 128}) == "Tiny-2" and plan.benchmark.model({"hidden": 96}) is None
+    for models, found in (('{"hidden=96": Tiny}', "hidden=96"), ('{"heads=2": Tiny}', "heads=2"),
+                          ('{"hidden": Tiny}', "hidden"), ('{"hidden=64": ""}', "")):
+        text = f"benchmark:\n  decode: [4]\n  models: {models}\n"
+        path = rms_norm_plan(tmp_path, extra=text)
+        with pytest.raises(PlanError) as exc:
+            load_plan(path)
+        err = exc.value
+        assert err.field.startswith("benchmark.models.") and err.found == found
+        assert err.line == path.read_text().splitlines().index(f"  models: {models}") + 1
 
 
 def test_not_run_record_keeps_the_schema():

@@ -151,4 +151,44 @@ def test_validate_command_reports_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr + proc.stdout
     ok = subprocess.run([sys.executable, "-m", "harness", "validate", "plan.yaml"], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and "plan.yaml: ok (rms_norm, 540 cells)" in ok.stdout
+    assert ok.returncode == 0 and "plan.yaml: ok (rms_norm, 720 cells)" in ok.stdout
+
+
+# ---------------------------------------------------------------- plans that could not run a single cell
+
+DEAD = [
+    # (what, replace this, with this, the field named, words in the message)
+    ("a repeated key", "  intent: drop-in\n", "  intent: drop-in\n  intent: fusion\n", "(yaml)", "given twice"),
+    ("an import that is not a function", "kernels.rms_norm:rms_norm\n", "kernels.rms_norm:MAX_FUSED_BYTES\n",
+     "op.kernel", "a function (callable)"),
+    ("a kernel whose parameters are not the plan's", "kernels.rms_norm:rms_norm\n",
+     "kernels.rms_norm:rms_norm_ref\n", "op.kernel", "taking the plan's arguments by name"),
+    ("a reference whose parameters are not the plan's", "kernels.rms_norm:rms_norm_ref",
+     "kernels.silu_and_mul:silu_and_mul_ref", "op.reference", "taking the plan's arguments"),
+    ("a byte model over unknown names", "numerics:", "benchmark: {decode: [1], bytes: heads * 2}\nnumerics:",
+     "benchmark.bytes", "unknown name 'heads'"),
+]
+
+IDLE = [
+    ("a tolerance for a dtype the matrix has not", "  bf16: {atol: 1.0e-2", "  fp16: {atol: 1.0e-2", "tolerance.fp16"),
+    ("capture sizes without cuda_graph cells", "numerics:", "cuda_graph: {capture_sizes: [1, 2]}\nnumerics:",
+     "cuda_graph"),
+    ("an expectation every cell of which is excluded", '{dtype: bf16, sm: [cpu], why: "not on this machine"}',
+     '{graph_mode: torch_compile, dtype: fp32, why: "gone"}', "expect[0]"),
+]
+
+
+@pytest.mark.parametrize("what, old, new, field", IDLE, ids=[d[0] for d in IDLE])
+def test_settings_that_never_apply_are_warned_about(tmp_path, what, old, new, field):
+    assert old in BASE, what
+    plan = load_plan(write(tmp_path, BASE.replace(old, new, 1)))
+    assert len(plan.warnings) == 1 and f": {field}: expected " in plan.warnings[0], plan.warnings
+    assert not load_plan(write(tmp_path, BASE)).warnings
+
+
+@pytest.mark.parametrize("what, old, new, field, words", DEAD, ids=[d[0] for d in DEAD])
+def test_validation_finds_plans_that_cannot_run(tmp_path, what, old, new, field, words):
+    assert old in BASE, what
+    with pytest.raises(PlanError) as info:
+        load_plan(write(tmp_path, BASE.replace(old, new, 1)))
+    assert info.value.field == field and words in str(info.value), str(info.value)

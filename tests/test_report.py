@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from harness import report
+from harness.__main__ import main
 from harness.matrix import Cell
+from harness.overview import render_overview, write_overview
 from harness.plan import load_plan
 from harness.plots import draw_plots
 from harness.report import write_report
 from harness.results import FORMAT, VERSION
+from harness.vllm_ops import profile_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS = load_plan(ROOT / "plan.yaml")
@@ -85,7 +88,8 @@ def write_results(op_dir: Path, name: str, op: str, run: str, prov: dict, cells:
     return path
 
 
-def small_plan(tmp_path: Path, sm="[sm90]", extra="", phase="[decode, prefill]") -> object:
+def small_plan(tmp_path: Path, sm="[sm90]", extra="", phase="[decode, prefill]",
+               benchmark="{decode: [64], prefill: [2048], baselines: [native, compiled, vllm]}") -> object:
     """rms_norm on two cells per SM (decode and prefill, bf16, tp1, eager)."""
     path = tmp_path / "small.yaml"
     path.write_text(f"""\
@@ -108,7 +112,7 @@ matrix:
   tp: [1]
   graph_mode: [eager]
   sm: {sm}
-benchmark: {{decode: [64], prefill: [2048], baselines: [native, compiled, vllm]}}
+benchmark: {benchmark}
 {extra}""")
     return load_plan(path)
 
@@ -164,6 +168,13 @@ def verdict_line(text: str) -> str:
     return next(line for line in text.splitlines() if line.startswith("- **Verdict:**"))
 
 
+def sm_line(text: str, sm: str) -> str:
+    """The header's verdict line for one SM (SMs with the same verdict share a line)."""
+    head = text.split("\n## ", 1)[0]
+    return next(line for line in head.splitlines()
+                if line.startswith("  - ") and sm in line[4:].split(": **", 1)[0].split(", "))
+
+
 # ---------------------------------------------------------------- structure and content
 
 
@@ -178,8 +189,11 @@ def test_sections_header_and_provenance(tmp_path):
     positions = [text.index(f"\n## {title}\n") for title in SECTIONS]
     assert positions == sorted(positions)
     head = text.split("\n## ", 1)[0]
-    for field in ("**Op:**", "**Intent:** drop-in", "**Verdict:** **incomplete**", "**Provenance:**"):
+    for field in ("**Op:**", "**Intent:** drop-in", "**Verdict:** cpu: numerics only · sm80, sm89, sm90, sm100: "
+                  "no results", "**Provenance:**"):
         assert field in head
+    assert "**numerics only**" in sm_line(text, "cpu") and "1 of 108 cells passed" in sm_line(text, "cpu")
+    assert "**no results**" in sm_line(text, "sm90")  # a CPU machine's "needs sm90" does not cover sm90
     prov = next(line for line in head.splitlines() if line.startswith("- **Provenance:**"))
     assert "cpu: laptop (x86_64), commit abc123def456, 2026-11-28T09:00:00Z" in prov
     assert "sm80, sm89, sm90, sm100: no results yet" in prov
@@ -350,7 +364,7 @@ def test_merge_two_machines_latest_wins_and_provenance_per_sm(tmp_path):
     prov = next(line for line in text.splitlines() if line.startswith("- **Provenance:**"))
     assert "gpu-a (NVIDIA H200), commit abc123def456, 2026-11-28T01:00:00Z" in prov  # prefill cell came from gpu-a
     assert "gpu-b (NVIDIA H200), commit fedcba987654, 2026-11-29T01:00:00Z" in prov  # decode cell from gpu-b
-    assert "**blocked**" in verdict_line(text)
+    assert "**blocked**" in sm_line(text, "sm90")
     # The older result, written later to disk, still loses to the newer one: order is by finish time.
     write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-a", machine("sm90", "gpu-a"), {
         "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "passed", "2026-11-30T01:05:00Z"),
@@ -446,42 +460,96 @@ def test_verdict_blocked_by_a_failed_or_unexpectedly_passing_cell(tmp_path):
     for status in ("failed", "xpass"):
         op_dir = tmp_path / status / "rms_norm"
         passed_sm90(op_dir, benchmarks=fast, **{"decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", status)})
-        line = verdict_line(render(plan, op_dir))
-        assert "**blocked**" in line and "blocks the integration" in line
+        text = render(plan, op_dir)
+        assert verdict_line(text) == "- **Verdict:** sm90: blocked · sm100: no results"
+        assert "**blocked**" in sm_line(text, "sm90") and "blocks the integration" in sm_line(text, "sm90")
 
 
-def test_verdict_incomplete_while_cells_or_sms_are_missing(tmp_path):
+def decision_rows(text: str) -> dict:
+    """The Performance section's decision table: (sm, dtype, regime, profile) -> {column: cell}."""
+    found = next(t for t in tables(section(text, "Performance")) if "vLLM profile" in t[0])
+    head = [c.strip() for c in found[0].split("|")[1:-1]]
+    rows = {}
+    for line in found[2:]:
+        cells = dict(zip(head, (c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1])))
+        rows[(cells["SM"], cells["dtype"], cells["regime"], cells["vLLM profile"])] = cells
+    return rows
+
+
+def test_verdict_incomplete_while_cells_or_benchmarks_are_missing(tmp_path):
+    fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
+            "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
     op_dir = tmp_path / "a" / "rms_norm"
-    passed_sm90(op_dir)
-    line = verdict_line(render(small_plan(tmp_path, sm="[sm90, sm100]"), op_dir))
-    assert "**incomplete**" in line and "no results from sm100 (2 cells)" in line
+    passed_sm90(op_dir, benchmarks=fast)
+    text = render(small_plan(tmp_path, sm="[sm90, sm100]"), op_dir)
+    assert verdict_line(text) == "- **Verdict:** sm90: go · sm100: no results"  # sm100 does not hold sm90 back
+    assert "no results from a machine of this SM yet (2 cells)" in sm_line(text, "sm100")
     op_dir = tmp_path / "b" / "rms_norm"
-    passed_sm90(op_dir, **{"prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "not_run", reason="x")})
-    line = verdict_line(render(small_plan(tmp_path), op_dir))
-    assert "**incomplete**" in line and "1 cell not run on sm90" in line
+    passed_sm90(op_dir, benchmarks=fast,
+                **{"prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "not_run", reason="x")})
+    text = render(small_plan(tmp_path), op_dir)
+    assert "**incomplete**" in sm_line(text, "sm90") and "1 cell not run (1: x)" in sm_line(text, "sm90")
+    assert "benchmarks so far: go" in sm_line(text, "sm90")
     op_dir = tmp_path / "c" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": fast["decode-64"]})  # prefill not benchmarked
+    text = render(small_plan(tmp_path), op_dir)
+    assert "**incomplete**" in sm_line(text, "sm90")
+    assert "no benchmark decision yet for prefill-sized bf16" in sm_line(text, "sm90")
+    assert "Benchmark on sm90 (prefill-sized bf16): `pytest --plan small.yaml --bench`" in section(text, "Open items")
+    op_dir = tmp_path / "d" / "rms_norm"
     passed_sm90(op_dir)
     text = render(small_plan(tmp_path), op_dir)
-    assert "**incomplete**" in verdict_line(text) and "no benchmark has timed the kernel" in verdict_line(text)
+    assert "**incomplete**" in sm_line(text, "sm90")
+    assert "no benchmark decision yet for decode-sized bf16; prefill-sized bf16" in sm_line(text, "sm90")
     assert "No benchmarks were run" in section(text, "Performance")
     assert "`pytest --plan small.yaml --bench`" in section(text, "Performance")
 
 
 def test_cells_the_plan_excludes_are_not_required(tmp_path):
-    fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0)}
+    fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
+            "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
     op_dir = tmp_path / "a" / "rms_norm"
     passed_sm90(op_dir, benchmarks=fast)
     exclude = 'exclude: [{sm: [sm100], phase: [prefill], why: "no | prefill <here>"}]'
     text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
-    assert "no results from sm100 (1 cell)" in verdict_line(text)
+    assert "no results from a machine of this SM yet (1 cell)" in sm_line(text, "sm100")
     not_run = next(t for t in tables(section(text, "Support matrix")) if t[0].startswith("| reason"))
     assert any("excluded by the plan (line 21): no \\| prefill &lt;here&gt;" in line and "| 1 " in line
                and "prefill · bf16 · tp1 · eager · sm100" in line for line in not_run), not_run
+    assert "Benchmark on sm100 (every dtype and regime)" in section(text, "Open items")
     op_dir = tmp_path / "b" / "rms_norm"
     passed_sm90(op_dir, benchmarks=fast)
     exclude = 'exclude: [{sm: [sm100], why: "not a target"}]'
     text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
-    assert "**go**" in verdict_line(text) and "Run on sm100" not in text
+    assert verdict_line(text) == "- **Verdict:** sm90: go · sm100: excluded"
+    assert "Run on sm100" not in text and "Benchmark on sm100" not in text
+
+
+def test_verdict_per_sm_go_while_other_sms_have_no_results(tmp_path):
+    plan = small_plan(tmp_path, sm="[cpu, sm90, sm100]")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0),
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)})
+    cpu_bench = {**bench("decode", 64, 5.0, 9.0, 8.0, sm="cpu")}
+    cpu_bench["impls"]["kernel"] = {"not_run": "not timed on a CPU machine: the kernel runs in Triton's interpreter"}
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu"), {
+        cid: cell(cid, "passed") for cid in ("decode-bf16-tp1-eager-cpu", "prefill-bf16-tp1-eager-cpu")},
+        {"decode-64-cpu": cpu_bench})
+    text = render(plan, op_dir)
+    assert verdict_line(text) == "- **Verdict:** sm90: go · cpu: numerics only · sm100: no results"
+    assert "2 of 2 cells passed" in sm_line(text, "cpu") and "never give a speed verdict" in sm_line(text, "cpu")
+    rows = decision_rows(text)
+    assert rows[("cpu", "bf16", "decode-sized", "Inductor off")]["recommendation"] == "none"
+    assert "Triton's interpreter" in rows[("cpu", "bf16", "decode-sized", "Inductor off")]["why"]
+    assert rows[("sm90", "bf16", "decode-sized", "Inductor on")]["recommendation"] == "**enable the custom op**"
+    decided = section(text, "Decisions and verdict")
+    assert re.search(r"\| verdict on sm90 +\| \*\*go\*\* ", decided)
+    assert re.search(r"\| verdict on sm100 +\| \*\*no results\*\* ", decided)
+    # One failed cell on one SM blocks that SM only.
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu"), {
+        "decode-bf16-tp1-eager-cpu": cell("decode-bf16-tp1-eager-cpu", "failed", reason="boom"),
+        "prefill-bf16-tp1-eager-cpu": cell("prefill-bf16-tp1-eager-cpu", "passed")})
+    assert verdict_line(render(plan, op_dir)) == "- **Verdict:** cpu: blocked · sm90: go · sm100: no results"
 
 
 def test_verdict_go_no_go_per_regime_from_benchmarks(tmp_path):
@@ -492,26 +560,106 @@ def test_verdict_go_no_go_per_regime_from_benchmarks(tmp_path):
                                     "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)})
     draw_plots(plan, op_dir)
     text = render(plan, op_dir)
-    assert "**go**" in verdict_line(text)
+    assert verdict_line(text) == "- **Verdict:** sm90: go"
     assert "![GB/s against token count on sm90](perf-sm90.png)" in text and (op_dir / "perf-sm90.png").exists()
 
     op_dir = tmp_path / "mixed" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
                                     "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 20.0, 45.0)})
     text = render(plan, op_dir)
-    assert "go for decode-sized on sm90; no-go for prefill-sized on sm90" in verdict_line(text)
-    recs = section(text, "Performance").split("Recommendation per regime and SM:")[1]
-    assert re.search(r"decode-sized +\| sm90 +\| \*\*enable the custom op\*\*", recs)
-    assert re.search(r"prefill-sized +\| sm90 +\| \*\*leave it to Inductor\*\*", recs)
+    assert verdict_line(text) == "- **Verdict:** sm90: go for decode-sized; go for prefill-sized (Inductor off)"
+    rows = decision_rows(text)
+    assert rows[("sm90", "bf16", "decode-sized", "Inductor on")]["recommendation"] == "**enable the custom op**"
+    prefill_on = rows[("sm90", "bf16", "prefill-sized", "Inductor on")]
+    assert prefill_on["recommendation"] == "**leave it to Inductor**"
+    assert prefill_on["kernel speedup"] == "0.67× (0.65–0.68) vs compiled"  # compiled 20 µs, kernel 30 µs, ±1%
+    assert "not faster than compiled at 1 of 1 shapes" in prefill_on["why"]
+    prefill_off = rows[("sm90", "bf16", "prefill-sized", "Inductor off")]
+    assert prefill_off["recommendation"] == "**enable the custom op**" and "not slower than vllm" in prefill_off["why"]
+    assert prefill_off["vs vLLM's kernel and named baselines"].startswith("vllm 1.50× (")
 
-    op_dir = tmp_path / "vllm" / "rms_norm"
-    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 4.0),
-                                    "prefill-2048": bench("prefill", 2048, 30.0, 29.9, 30.1, 45.0)})
+    op_dir = tmp_path / "no-go" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 4.0, 4.5),
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 29.9, 30.1)})
     text = render(plan, op_dir)
-    assert "**no-go**" in verdict_line(text)
-    perf = section(text, "Performance")
-    assert "**keep vLLM's kernel**" in perf
-    assert "no difference: 1.00× (" in perf  # compiled 30.1 vs kernel 30.0: the interval spans 1
+    assert verdict_line(text) == "- **Verdict:** sm90: no-go"
+    assert "no difference: 1.00× (" in section(text, "Performance")  # compiled 30.1, kernel 30.0: spans 1
+    rows = decision_rows(text)
+    assert rows[("sm90", "bf16", "prefill-sized", "Inductor off")]["recommendation"] == "**keep native**"
+    assert "vllm: not timed (vllm not installed)" in rows[("sm90", "bf16", "decode-sized", "Inductor on")][
+        "vs vLLM's kernel and named baselines"]
+
+
+def test_the_profiles_split_a_kernel_faster_than_native_but_slower_than_compiled(tmp_path):
+    """5× faster than eager native, slower than Inductor's code: enable it only where Inductor is off."""
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 10.0, 50.0, 8.0),
+                                    "decode-8": bench("decode", 8, 4.0, 20.0, 3.0),
+                                    "prefill-2048": bench("prefill", 2048, 100.0, 500.0, 80.0)})
+    text = render(plan, op_dir)
+    rows = decision_rows(text)
+    on = rows[("sm90", "bf16", "decode-sized", "Inductor on")]
+    off = rows[("sm90", "bf16", "decode-sized", "Inductor off")]
+    assert on["recommendation"] == "**leave it to Inductor**"
+    assert on["vLLM setting"] == "`--ir-op-priority '{\"rms_norm\": [\"native\"]}'` (vLLM's default)"
+    assert on["kernel speedup"].startswith("0.78× (") and on["kernel speedup"].endswith(" vs compiled")
+    assert off["recommendation"] == "**enable the custom op**"
+    assert off["kernel speedup"].startswith("5.00× (4.") and off["kernel speedup"].endswith(" vs native")
+    assert off["vLLM setting"] == "`--ir-op-priority '{\"rms_norm\": [\"rms_norm_kernel\", \"vllm_c\", \"native\"]}'`"
+    assert "faster than native at all 2 shapes" in off["why"] and "not timed: vllm" in off["why"]
+    assert verdict_line(text) == "- **Verdict:** sm90: go (Inductor off)"
+    decided = section(text, "Decisions and verdict")
+    assert "decode-sized bf16 on sm90, Inductor off" in decided and "decode-sized bf16 on sm90, Inductor on" in decided
+
+
+def test_keep_vllms_kernel_where_it_beats_the_kernel_and_the_baseline(tmp_path):
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 4.0),
+                                    # vLLM's kernel beats the kernel but not Inductor: leave it to Inductor
+                                    "prefill-2048": bench("prefill", 2048, 30.0, 60.0, 20.0, 25.0)})
+    text = render(plan, op_dir)
+    rows = decision_rows(text)
+    for profile in ("Inductor on", "Inductor off"):
+        row = rows[("sm90", "bf16", "decode-sized", profile)]
+        assert row["recommendation"] == "**keep vLLM's kernel**"
+        assert "slower than vllm at 1 of 1 shapes" in row["why"] and "vLLM's kernel is faster than" in row["why"]
+        assert row["vs vLLM's kernel and named baselines"].startswith("vllm 0.80× (")
+    assert rows[("sm90", "bf16", "decode-sized", "Inductor on")]["vLLM setting"] == \
+        "`--ir-op-priority '{\"rms_norm\": [\"vllm_c\", \"native\"]}'`"
+    assert rows[("sm90", "bf16", "decode-sized", "Inductor off")]["vLLM setting"].endswith("(vLLM's default)")
+    assert rows[("sm90", "bf16", "prefill-sized", "Inductor on")]["recommendation"] == "**leave it to Inductor**"
+    assert rows[("sm90", "bf16", "prefill-sized", "Inductor off")]["recommendation"] == "**keep vLLM's kernel**"
+    assert verdict_line(text) == "- **Verdict:** sm90: no-go"
+
+
+def test_named_baselines_join_the_decision(tmp_path):
+    """A named baseline faster than the kernel stops enabling it; the setting then keeps what vLLM has."""
+    plan = small_plan(tmp_path, phase="[decode]")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    rec = bench("decode", 64, 5.0, 9.0, 8.0)
+    rec["impls"]["liger"] = {"median_us": 4.0, "q20_us": 3.96, "q80_us": 4.04}
+    rec["speedup"]["liger"] = {"value": 0.8, "low": 0.78, "high": 0.82, "verdict": "slower"}
+    rec["impls"]["flashinfer"] = {"not_run": "flashinfer.norm:rmsnorm cannot be imported here"}
+    passed_sm90(op_dir, benchmarks={"decode-64": rec})
+    text = render(plan, op_dir)
+    row = decision_rows(text)[("sm90", "bf16", "decode-sized", "Inductor on")]
+    assert row["recommendation"] == "**leave it to Inductor**" and "slower than liger at 1 of 1 shapes" in row["why"]
+    others = row["vs vLLM's kernel and named baselines"]
+    assert "liger 0.80× (0.78–0.82)" in others and "flashinfer: not timed (flashinfer.norm:rmsnorm cannot" in others
+    assert "vs flashinfer" in tables(section(text, "Performance"))[0][0]  # every baseline gets a speedup column
+
+
+def test_vllm_settings_per_profile_for_the_custom_op_route():
+    silu = load_plan(ROOT / "kernels" / "plans" / "silu_and_mul.yaml")
+    assert profile_setting(silu, True, "kernel") == """--compilation-config '{"custom_ops": ["none", "+SiluAndMul"]}'"""
+    assert profile_setting(silu, False, "kernel") == """--compilation-config '{"custom_ops": ["all", "+SiluAndMul"]}'"""
+    assert profile_setting(silu, True, "vllm") == """--compilation-config '{"custom_ops": ["none", "+silu_and_mul"]}'"""
+    assert profile_setting(silu, True, "native") == """--compilation-config '{"custom_ops": ["none"]}'"""
+    assert profile_setting(silu, False, "native") == \
+        """--compilation-config '{"custom_ops": ["all", "-silu_and_mul"]}'"""
+    assert profile_setting(RMS, True, "kernel") == report.enable_setting(RMS)
 
 
 def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
@@ -536,6 +684,81 @@ def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
     assert not (op_dir / "perf-sm90.png").exists()
 
 
+# ---------------------------------------------------------------- the page across ops
+
+
+SILU = """\
+op:
+  name: silu_and_mul
+  intent: drop-in
+  kernel: kernels.silu_and_mul:silu_and_mul
+  reference: kernels.silu_and_mul:silu_and_mul_ref
+  replaces: vllm.model_executor.layers.activation:SiluAndMul
+  args:
+    out: {shape: [num_tokens, d], dtype: act, role: output}
+    x: {shape: [num_tokens, 2*d], dtype: act}
+  outputs: [out]
+  sizes: {d: [14336]}
+matrix: {phase: [decode], dtype: [bf16], tp: [1], graph_mode: [eager], sm: [sm90, sm100]}
+vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activation:SiluAndMul", custom_op: silu_and_mul}
+benchmark: {decode: [64], baselines: [native, compiled, vllm], models: {"d=14336": Llama-3-8B}}
+"""
+
+
+def overview_inputs(tmp_path: Path):
+    rms = small_plan(tmp_path, benchmark='{decode: [64], prefill: [2048], models: {"hidden=4096": Llama-3-8B}}')
+    silu_path = tmp_path / "silu.yaml"
+    silu_path.write_text(SILU)
+    silu = load_plan(silu_path)
+    reports = tmp_path / "reports"
+    passed_sm90(reports / "rms_norm", benchmarks={"decode-64": bench("decode", 64, 10.0, 50.0, 8.0),
+                                                  "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)})
+    silu_rec = bench("decode", 64, 5.0, 9.0, 8.0, 4.0)
+    silu_rec["sizes"] = {"d": 14336}
+    write_results(reports / "silu_and_mul", "sm90-nvidia-h200.json", "silu_and_mul", "run-h200",
+                  machine("sm90", "h200"), {"decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "passed")},
+                  {"decode-64": silu_rec})
+    return rms, silu, reports
+
+
+def test_overview_page_across_ops(tmp_path, monkeypatch):
+    rms, silu, reports = overview_inputs(tmp_path)
+    path, problems = write_overview([silu, rms], reports)
+    assert path == reports / "README.md" and problems == []
+    text = path.read_text()
+    verdicts = tables(section(text, "Verdicts"))[0]
+    assert [line.split("|")[1].strip() for line in verdicts[2:]] == ["`rms_norm`", "`silu_and_mul`"]  # by op name
+    assert "sm90: go for decode-sized (Inductor off); go for prefill-sized" in verdicts[2]
+    assert "[rms_norm/PLAN.md](rms_norm/PLAN.md)" in verdicts[2]
+    assert "sm90: no-go · sm100: no results" in verdicts[3]
+    rows = tables(section(text, "Decisions"))[0]
+    assert [h.strip() for h in rows[0].split("|")[1:-1]] == [
+        "op", "SM", "GPU", "dtype", "regime", "vLLM profile", "recommendation", "kernel speedup",
+        "vs vLLM's kernel and named baselines", "vLLM setting", "models (sizes)"]
+    assert len(rows) == 2 + 4 + 2  # rms_norm: 2 regimes x 2 profiles; silu_and_mul: decode x 2 profiles
+    silu_on = next(r for r in rows if "`silu_and_mul`" in r and "Inductor on" in r)
+    assert "**keep vLLM's kernel**" in silu_on and "NVIDIA H200" in silu_on and "Llama-3-8B (d=14336)" in silu_on
+    assert """`--compilation-config '{"custom_ops": ["none", "+silu_and_mul"]}'`""" in silu_on
+    rms_off = next(r for r in rows if "`rms_norm`" in r and "Inductor off" in r and "decode-sized" in r)
+    assert "**enable the custom op**" in rms_off and "5.00× (" in rms_off and "Llama-3-8B (hidden=4096)" in rms_off
+    assert "`python -m harness overview small.yaml silu.yaml`" in text  # as typed at the project root, by op
+    assert not re.search(r"\d{4}-\d\d-\d\dT", text)  # no dates: the same results give the same page
+    # Byte-identical for the same inputs: plan order, the working directory and a relative folder do not matter.
+    write_overview([rms, silu], reports)
+    assert path.read_text() == text
+    monkeypatch.chdir(tmp_path)
+    assert main(["overview", "small.yaml", "silu.yaml", "--reports-dir", "reports"]) == 0
+    assert path.read_text() == text
+
+
+def test_overview_names_results_problems_with_their_op(tmp_path):
+    rms, silu, reports = overview_inputs(tmp_path)
+    (reports / "silu_and_mul" / "results" / "broken.json").write_text("{")
+    text, problems = render_overview([rms, silu], reports)
+    assert len(problems) == 1 and problems[0].startswith("silu_and_mul: results/broken.json: not valid JSON")
+    assert "> - silu_and_mul: results/broken.json: not valid JSON" in text
+
+
 # ---------------------------------------------------------------- the pytest run writes the report
 
 
@@ -549,7 +772,6 @@ def test_a_plan_run_and_the_report_command_write_the_same_report(tmp_path):
     from_pytest = path.read_text()
     assert "## Support matrix" in from_pytest and "no results yet" in from_pytest
     path.unlink()
-    from harness.__main__ import main
 
     cwd = os.getcwd()
     try:

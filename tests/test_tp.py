@@ -323,7 +323,8 @@ def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytes
     result, cells = _run(pytester, plan)
     result.assert_outcomes(passed=1, failed=2)
     hung = cells["decode-fp32-tp2-eager-cpu"]
-    assert hung["reason"].startswith("timed out after 6 s (numerics.timeout_s): rank 1 of 2 did not return"), hung
+    assert hung["reason"].startswith("no example finished within 6 s (numerics.timeout_s); 0 examples had finished: "
+                                     "rank 1 of 2 did not return"), hung
     assert "tp_faults.py" in hung["reason"] and "in faulty_on_rank1" in hung["reason"], hung
     raised = cells["decode-fp16-tp2-eager-cpu"]
     assert "rank 1 of 2: the kernel raised RuntimeError: planted failure on rank 1" in raised["reason"], raised

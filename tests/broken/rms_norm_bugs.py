@@ -375,3 +375,32 @@ def fake_wrong_dtype(x, weight, eps) -> torch.Tensor:
 def fake_wrong_shape(x, weight, eps) -> torch.Tensor:
     """Bug (torch.compile fake implementation): drops the last column."""
     return x.new_empty((x.shape[0], x.shape[1] - 1))
+
+
+# ----------------------------------------------------------------------------- wrong only in memory
+
+
+@triton.jit
+def _unmasked_load_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    # BUG: the loads are unmasked. The lanes past the row are zeroed before they count, so every value is
+    # right, but the last row's loads read past the end of x (and every row's past the end of weight).
+    x = tl.where(mask, tl.load(x_ptr + row * x_row_stride + cols).to(tl.float32), 0.0)
+    w = tl.where(mask, tl.load(w_ptr + cols).to(tl.float32), 0.0)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def unmasked_load(out, x, weight, eps):
+    """Bug: unmasked loads whose extra lanes are discarded: right values, out-of-bounds reads (memcheck only)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _unmasked_load_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block,
+                                num_warps=warps)

@@ -40,13 +40,13 @@ def make_batch(
         used += n
     num_tokens = sum(q_lens)
     if query_in_qkv:  # query as vLLM slices it from a fused qkv projection: a strided token dim
-        qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, generator=g).to(dtype)
+        qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_size, generator=g).to(DEVICE, dtype)
         query = qkv[:, : num_heads * head_size].view(num_tokens, num_heads, head_size)
     else:
         query = torch.randn(num_tokens, num_heads, head_size, generator=g).to(dtype)
     cache_shape = (num_blocks, block_size, num_kv_heads, head_size)
     if kv_interleaved:  # one [num_blocks, 2, ...] tensor, K and V as strided views of it
-        kv = torch.randn(num_blocks, 2, *cache_shape[1:], generator=g).to(dtype)
+        kv = torch.randn(num_blocks, 2, *cache_shape[1:], generator=g).to(DEVICE, dtype)  # views made there
         key_cache, value_cache = kv[:, 0], kv[:, 1]
     else:
         key_cache = torch.randn(cache_shape, generator=g).to(dtype)

@@ -1,0 +1,63 @@
+"""Checks that see what value comparisons cannot: memory safety under compute-sanitizer and layouts kept under CUDA
+graphs. On a CPU machine the GPU checks are reported not run, with the reason; on a GPU they must catch the bugs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.memcheck import sanitizer
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "gpu_checks_plan.yaml"
+BUGS = "tests.broken.rms_norm_bugs"
+on_gpu = pytest.mark.skipif(not torch.cuda.is_available() or sanitizer() is None,
+                            reason="needs a CUDA device and compute-sanitizer")
+
+
+def run_plan(tmp_path: Path, kernel: str, layouts: str = "contiguous") -> dict:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(FIXTURE.read_text().replace("KERNEL", kernel).replace("LAYOUTS", layouts))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan), "--plan-profile",
+                    "ci", "--reports-dir", str(tmp_path / "reports"), "-p", "no:cacheprovider", "-q"],
+                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    results = next((tmp_path / "reports" / "rms_norm" / "results").glob("*.json"))
+    return json.loads(results.read_text())["cells"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's answer")
+def test_gpu_checks_are_not_run_on_a_cpu_machine(tmp_path):
+    cells = run_plan(tmp_path, f"{BUGS}:unmasked_load")
+    assert cells["decode-bf16-tp1-memcheck-cpu"]["status"] == "not_run"
+    assert cells["decode-bf16-tp1-memcheck-cpu"]["reason"] == "memcheck needs a CUDA device; this machine has none"
+    assert cells["decode-bf16-tp1-eager-cpu"]["status"] == "passed"  # its values are right
+
+
+@on_gpu
+def test_memcheck_catches_reads_past_the_end_that_values_do_not(tmp_path):
+    cells = run_plan(tmp_path, f"{BUGS}:unmasked_load")
+    assert cells["decode-bf16-tp1-eager-sm90"]["status"] == "passed"
+    assert cells["decode-bf16-tp1-cuda_graph-sm90"]["status"] == "passed"
+    memcheck = cells["decode-bf16-tp1-memcheck-sm90"]
+    assert memcheck["status"] == "failed" and "memcheck:" in memcheck["reason"], memcheck
+    assert "_unmasked_load_kernel" in memcheck["reason"] and memcheck["minimal_example"], memcheck
+
+
+@on_gpu
+def test_a_correct_kernel_passes_memcheck(tmp_path):
+    cells = run_plan(tmp_path, "kernels.rms_norm:rms_norm", "contiguous, strided")
+    assert {c["status"] for k, c in cells.items() if k.endswith("sm90")} == {"passed"}, cells
+
+
+@on_gpu
+def test_cuda_graph_cells_keep_the_drawn_layout(tmp_path):
+    cells = run_plan(tmp_path, f"{BUGS}:row_stride_ignored", "strided")
+    assert cells["decode-bf16-tp1-eager-sm90"]["status"] == "failed"
+    assert cells["decode-bf16-tp1-cuda_graph-sm90"]["status"] == "failed", cells["decode-bf16-tp1-cuda_graph-sm90"]

@@ -1,0 +1,234 @@
+"""Ops beyond light elementwise ones through one plan format: spec elements and their errors, structured inputs
+and their invariants over many draws, quantized comparisons, and the broken kernels the harness must catch."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from harness.batches import draw_batch
+from harness.inputs import build_args, examples
+from harness.matrix import Cell
+from harness.plan import PlanError, load_plan
+from harness.results import Status
+from harness.runner import RunSettings, run_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = ROOT / "kernels" / "plans"
+CI = RunSettings(examples=6, profile="ci", database=None)
+
+
+def narrowed(tmp_path: Path, plan: str, kernel: str | None = None, matrix: str = "") -> Path:
+    """A bundled plan with another kernel and a CPU-only slice of its matrix."""
+    text = (PLANS / f"{plan}.yaml").read_text()
+    if kernel:
+        text = re.sub(r"(?m)^  kernel: .*$", f"  kernel: {kernel}", text)
+    text = re.sub(r"(?m)^matrix:\n(?:  .*\n)+", "matrix:\n" + (matrix or "  phase: [decode, chunked_prefill]\n"
+                  "  dtype: [fp32]\n  tp: [1]\n  graph_mode: [eager]\n  sm: [cpu]\n"), text)
+    text = re.sub(r"(?m)^exclude:\n(?:  .*\n)+", "", text)
+    path = tmp_path / f"{plan}.yaml"
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- spec elements and their errors
+
+
+def _plan_with(tmp_path: Path, args: str, sizes: str = "{hidden: [64]}", extra: str = "") -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(f"""\
+op:
+  name: probe
+  intent: drop-in
+  kernel: tests.plans:any_call
+  reference: tests.plans:any_call
+  args:
+{args}
+  outputs: [out]
+  sizes: {sizes}
+matrix: {{phase: [decode], dtype: [fp32], tp: [1], graph_mode: [eager], sm: [cpu]}}
+{extra}""")
+    return path
+
+
+def test_shapes_are_expressions_over_symbols_and_scalars_can_be_sizes(tmp_path):
+    plan = load_plan(_plan_with(tmp_path, """\
+    out: {shape: [num_tokens, heads*head], dtype: act, role: output}
+    x: {shape: [num_tokens, heads * head + 2], dtype: act}
+    lens: {shape: [num_seqs + 1], dtype: int32, init: query_start_loc}
+    zero_d: {shape: [], dtype: float32}
+    width: {value: heads*head}
+    maybe: null""", sizes="{heads: {values: [4], awkward: false}, head: {values: [8], awkward: false}}"))
+    assert [str(d) for d in plan.arg("x").shape] == ["num_tokens", "heads * head + 2"]
+    assert plan.arg("zero_d").shape == ()
+    assert "int width" in plan.schema() and "Tensor? maybe" in plan.schema()
+    cell = Cell("decode", "fp32", 1, "eager", "cpu")
+    ex = examples(plan, cell, "cpu").example()
+    values = build_args(plan, cell, ex, "cpu")
+    assert values["x"].shape[1] == 4 * 8 + 2 and values["width"] == 32 and values["maybe"] is None
+    assert values["zero_d"].dim() == 0 and values["lens"].shape == (ex.num_tokens + 1,)  # decode: a sequence a token
+
+
+@pytest.mark.parametrize("args, sizes, field, words", [
+    ("    out: {shape: [num_tokens, heads*nope], dtype: act, role: output}", "{heads: [4]}",
+     "op.args.out.shape[1]", "found 'nope'"),
+    ("    out: {shape: [num_tokens, 4], dtype: fp9, role: output}", "{heads: [4]}", "op.args.out.dtype", "float8_e4m3fn"),
+    ("    out: {shape: [num_tokens, 4], dtype: act, role: output, init: {integers: [0]}}", "{heads: [4]}",
+     "op.args.out.init.integers", "[low, high]"),
+    ("    out: {shape: [num_tokens, 4], dtype: act, role: output, init: sparkly}", "{heads: [4]}",
+     "op.args.out.init", "positions"),
+    ("    out: {shape: [num_tokens, 4], dtype: act, role: output}", "{heads: {values: [4], divides: kv}}",
+     "op.sizes.heads.divides", "another symbol"),
+    ("    out: {shape: [num_tokens, 4], dtype: act, role: output}", "{heads: {values: [3], even: true}}",
+     "op.sizes.heads", "own constraints"),
+])
+def test_spec_errors_name_the_field(tmp_path, args, sizes, field, words):
+    with pytest.raises(PlanError) as err:
+        load_plan(_plan_with(tmp_path, args, sizes))
+    assert err.value.field == field and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("extra, field, words", [
+    ("quantization:\n  outputs:\n    out: {scale: nowhere, granularity: per_tensor}\n",
+     "quantization.outputs.out.scale", "an argument or output"),
+    ("quantization:\n  outputs:\n    out: {scale: out, granularity: per_tensor}\n",
+     "quantization.outputs.out", "quantized dtype"),
+    ("tolerance:\n  outputs:\n    elsewhere: {atol: 0, rtol: 0}\n", "tolerance.outputs.elsewhere", "one of the keys"),
+    ("numerics: {cpu_sizes: {nope: [1]}}\n", "numerics.cpu_sizes.nope", "one of the keys"),
+])
+def test_quantization_tolerance_and_cpu_size_errors(tmp_path, extra, field, words):
+    with pytest.raises(PlanError) as err:
+        load_plan(_plan_with(tmp_path, "    out: {shape: [num_tokens, hidden], dtype: act, role: output}", extra=extra))
+    assert err.value.field == field and words in str(err.value), str(err.value)
+
+
+def test_every_bundled_plan_validates():
+    for path in sorted(PLANS.glob("*.yaml")):
+        load_plan(path)
+
+
+# ---------------------------------------------------------------- structured inputs
+
+
+@settings(max_examples=60, deadline=None)
+@given(phase=st.sampled_from(["decode", "prefill", "chunked_prefill"]), num_tokens=st.integers(2, 1200),
+       decode=st.integers(1, 256), seed=st.integers(0, 2**31 - 1), max_len=st.integers(1, 5000),
+       block=st.sampled_from([1, 8, 16, 32]))
+def test_batches_keep_vllms_invariants(phase, num_tokens, decode, seed, max_len, block):
+    decode = min(decode, num_tokens - 1) if phase == "chunked_prefill" else 0
+    b = draw_batch(phase, num_tokens, decode, seed, max_len, block)
+    assert sum(b.q_lens) == num_tokens and len(b.positions()) == num_tokens
+    assert all(1 <= q <= c <= max(max_len, 1) for q, c in zip(b.q_lens, b.context_lens))
+    if phase == "decode":
+        assert b.q_lens == (1,) * num_tokens
+    if phase == "prefill":
+        assert b.context_lens == b.q_lens and min(b.positions()) == 0  # prompts start at position 0
+    used = [i for t, c in zip(b.block_tables, b.context_lens) for i in t[:-(-c // block)]]
+    assert len(used) == len(set(used)) and all(0 <= i < b.num_blocks for i in used)  # distinct, valid ids
+    assert all(len(t) == b.max_blocks_per_seq and all(0 <= i < b.num_blocks for i in t) for t in b.block_tables)
+    assert max(b.positions()) < max(max_len, 1)
+    assert b.query_start_loc()[-1] == num_tokens
+    slots = b.slot_mapping()
+    assert len(set(slots)) == num_tokens and max(slots) < b.num_blocks * block
+
+
+def test_paged_attention_inputs_are_consistent_over_many_draws():
+    plan = load_plan(PLANS / "paged_attention.yaml")
+    for phase in ("decode", "chunked_prefill", "prefill"):
+        cell = Cell(phase, "fp16", 1, "eager", "cpu")
+        for _ in range(30):
+            ex = examples(plan, cell, "cpu").example()
+            v = build_args(plan, cell, ex, "cpu")
+            seq_lens, qsl, tables = v["seq_lens"], v["query_start_loc"], v["block_tables"]
+            block = v["key_cache"].shape[1]
+            assert qsl[0] == 0 and int(qsl[-1]) == ex.num_tokens and bool((qsl[1:] >= qsl[:-1]).all())
+            q_lens = qsl[1:] - qsl[:-1]
+            assert bool((q_lens <= seq_lens).all()) and bool((seq_lens <= tables.shape[1] * block).all())
+            assert int(tables.max()) < v["key_cache"].shape[0] and int(tables.min()) >= 0
+            assert v["query"].shape[1] % v["key_cache"].shape[2] == 0  # GQA: query heads per KV head
+
+
+def test_rope_positions_stay_below_max_position_and_sizes_keep_their_constraints():
+    plan = load_plan(PLANS / "rotary_embedding.yaml")
+    for phase in ("decode", "prefill", "chunked_prefill"):
+        cell = Cell(phase, "bf16", 1, "eager", "cpu")
+        for _ in range(30):
+            ex = examples(plan, cell, "cpu").example()
+            v = build_args(plan, cell, ex, "cpu")
+            assert int(v["positions"].max()) < v["cos_sin_cache"].shape[0]
+            s = ex.sizes
+            assert s["num_heads"] % s["num_kv_heads"] == 0 and s["rotary_dim"] <= s["head_size"]
+            assert s["rotary_dim"] % 2 == 0
+
+
+# ---------------------------------------------------------------- the bundled kernels pass, broken ones fail
+
+
+@pytest.mark.parametrize("plan", ["rotary_embedding", "rms_norm_static_fp8_quant",
+                                  "fused_add_rms_norm_static_fp8_quant", "silu_and_mul_quant",
+                                  "dynamic_per_token_fp8_quant", "int8_linear_column", "int8_linear_row"])
+def test_bundled_kernel_passes_on_cpu(tmp_path, plan):
+    path = narrowed(tmp_path, plan, matrix="  phase: [chunked_prefill]\n  dtype: [bf16]\n  tp: [1]\n"
+                                          "  graph_mode: [eager]\n  sm: [cpu]\n")
+    rec = run_cell(str(path), "chunked_prefill-bf16-tp1-eager-cpu", CI).record
+    assert rec.status == Status.PASSED, rec.reason
+
+
+BROKEN = [
+    ("rotary_embedding", "tests.broken.rotary_bugs:always_gptj", "output 'query'"),
+    ("rotary_embedding", "tests.broken.rotary_bugs:key_unrotated", "output 'key'"),
+    ("rms_norm_static_fp8_quant", "tests.broken.fp8_quant_bugs:scale_multiplied", "quantized elements"),
+    ("paged_attention", "tests.broken.paged_attention_bugs:attends_whole_blocks", "output 'out'"),
+    ("int8_linear_column", "tests.broken.int8_linear_bugs:scale_per_row", "output 'out'"),
+]
+
+
+@pytest.mark.parametrize("plan, kernel, words", BROKEN, ids=[k.split(":")[1] for _, k, _ in BROKEN])
+def test_broken_kernel_is_caught(tmp_path, plan, kernel, words):
+    path = narrowed(tmp_path, plan, kernel)
+    rec = run_cell(str(path), "decode-fp32-tp1-eager-cpu", CI).record
+    assert rec.status == Status.FAILED and words in rec.reason, rec.reason
+    assert rec.minimal_example and rec.minimal_example.startswith("num_tokens=")
+
+
+def test_quantized_comparison_allows_a_bounded_fraction_one_step_off():
+    from harness.numerics import Mismatch, Stats, compare_quantized
+
+    ref = torch.linspace(-400, 400, 1000).to(torch.float8_e4m3fn)
+    bits = ref.view(torch.uint8).clone()
+    off = bits.clone()
+    off[:5] += 1  # five elements one fp8 step away (same sign)
+    compare_quantized("out", off.view(torch.float8_e4m3fn), ref, 0.01, Stats())
+    off[:20] = bits[:20] + 1
+    with pytest.raises(Mismatch, match="one step"):
+        compare_quantized("out", off.view(torch.float8_e4m3fn), ref, 0.01, Stats())
+    far = bits.clone()
+    far[500] += 3  # near zero: three steps up stays finite
+    with pytest.raises(Mismatch, match="more than one step"):
+        compare_quantized("out", far.view(torch.float8_e4m3fn), ref, 0.01, Stats())
+
+
+NEW_PLANS = ["rotary_embedding", "rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
+             "silu_and_mul_quant", "dynamic_per_token_fp8_quant", "int8_linear_column", "int8_linear_row",
+             "paged_attention"]
+
+
+@pytest.mark.parametrize("plan", NEW_PLANS)
+def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(tmp_path, plan):
+    """Every new plan through `pytest --plan` on CPU: eager and torch_compile, tp1 and tp2 (gloo), one phase and
+    dtype, two examples a cell: the full matrix runs in the nightly job and its results are committed."""
+    path = narrowed(tmp_path, plan, matrix="  phase: [chunked_prefill]\n  dtype: [bf16]\n  tp: [1, 2]\n"
+                                          "  graph_mode: [eager, torch_compile]\n  sm: [cpu]\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(path), "--examples",
+                           "2", "--plan-profile", "ci", "--reports-dir", str(tmp_path / "reports"), "--no-report",
+                           "-p", "no:cacheprovider", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0 and "4 passed" in proc.stdout, proc.stdout[-3000:]

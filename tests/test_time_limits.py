@@ -1,0 +1,229 @@
+"""Time limits per example, not per cell, and small reproducers after a crash.
+
+Most tests run `pytest --plan` in a subprocess on CPU, as a user does, with a kernel written into the
+test's directory (plain torch): a slow but correct one, one that hangs on one example, one that
+segfaults from a token count on (alone, or on one rank of a TP group), one that a rank imports slowly;
+and the default plan beside a CPU hog.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.plans import read_results, rms_norm_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Plain torch, so no example pays the Triton interpreter's first-launch cost (about 0.7 s on a 2-core machine,
+# several seconds beside a CPU hog) and the times below are the kernels' own.
+KERNELS = '''
+import os
+import signal
+import time
+
+from kernels.rms_norm import rms_norm_ref
+
+CALLS = [0]
+CRASH_AT = 5
+
+
+def rms_norm(out, x, weight, eps):
+    out.copy_(rms_norm_ref(x, weight, eps))
+
+
+def slow(out, x, weight, eps):
+    """Right, and 1 s per call: a cell of 6 examples takes twice its 3 s limit."""
+    time.sleep(1.0)
+    rms_norm(out, x, weight, eps)
+
+
+def hangs_on_the_third_call(out, x, weight, eps):
+    CALLS[0] += 1
+    if CALLS[0] == 3:
+        time.sleep(600)
+    rms_norm(out, x, weight, eps)
+
+
+def crashes_from_5_tokens(out, x, weight, eps):
+    """A segfault for every input of 5 tokens or more (as an out-of-bounds access past a fixed buffer would)."""
+    if x.shape[0] >= CRASH_AT:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    rms_norm(out, x, weight, eps)
+
+
+def crashes_on_rank_1_from_2_tokens(out, x, weight, eps):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1 and x.shape[0] >= 2:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    rms_norm(out, x, weight, eps)
+'''
+
+# A kernel module that rank 1 of a group takes 4 s to import (a busy machine, a slow file system).
+SLOW_IMPORT = '''
+import time
+
+import torch.distributed as dist
+
+from timed_kernels import rms_norm
+
+if dist.is_initialized() and dist.get_rank() == 1:
+    time.sleep(4)
+'''
+
+
+def _run(tmp_path: Path, plan: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict, float]:
+    """`pytest --plan plan` in tmp_path: the process, the cells of its results file, its wall time."""
+    (tmp_path / "timed_kernels.py").write_text(KERNELS)
+    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    reports = tmp_path / "reports"
+    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
+           "--reports-dir", str(reports), "--no-report", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "TRITON_INTERPRET": "1"}
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    wall = time.monotonic() - start
+    results = next(reports.glob("*/results/cpu.json"), None)
+    cells = read_results(results)["cells"] if results else {}
+    return proc, cells, wall
+
+
+def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(tmp_path):
+    plan = rms_norm_plan(tmp_path, "timed_kernels:slow", numerics="{examples: 6, timeout_s: 3}")
+    proc, cells, _ = _run(tmp_path, plan)
+    cell = cells["decode-fp32-tp1-eager-cpu"]
+    assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
+    assert cell["examples"] == 6 and cell["duration_s"] > 1.5 * 3, cell  # 6 s of kernel calls under a 3 s limit
+
+
+def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(tmp_path):
+    plan = rms_norm_plan(tmp_path, "timed_kernels:hangs_on_the_third_call", numerics="{examples: 6, timeout_s: 3}")
+    proc, cells, _ = _run(tmp_path, plan)
+    cell = cells["decode-fp32-tp1-eager-cpu"]
+    assert proc.returncode == 1 and cell["status"] == "failed", proc.stdout + proc.stderr
+    assert cell["reason"].startswith("no example finished within 3 s (numerics.timeout_s); 2 examples had finished: "
+                                     "the kernel did not return on num_tokens="), cell["reason"]
+    assert cell["reason"].endswith("(a hang or an endless loop?)"), cell["reason"]
+    assert cell["examples"] == 2
+    assert "shrunk after the fault" not in cell["facts"]  # a hang is not replayed: each replay would cost the limit
+
+
+def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(tmp_path):
+    plan = rms_norm_plan(tmp_path, "timed_kernels:crashes_from_5_tokens",
+                         numerics="{examples: 10, max_num_seqs: 32, timeout_s: 60}")
+    proc, cells, wall = _run(tmp_path, plan)
+    cell = cells["decode-fp32-tp1-eager-cpu"]
+    assert proc.returncode == 1 and cell["status"] == "failed", proc.stdout + proc.stderr
+    assert "was killed by SIGSEGV" in cell["reason"], cell["reason"]
+    shrunk = cell["facts"]["shrunk after the fault"]
+    first = int(re.match(r"num_tokens=(\d+)", shrunk["from"]).group(1))
+    assert first > 5, shrunk  # the first crashing example hypothesis drew
+    assert cell["minimal_example"] == shrunk["to"], cell
+    assert cell["minimal_example"].startswith("num_tokens=5 hidden=1 "), cell  # exactly the threshold
+    assert 0 < shrunk["replays"] <= 20 and shrunk["seconds"] <= 60 + 10, shrunk
+    assert "(spent)" not in shrunk["budget"], shrunk
+    assert "minimal example: num_tokens=5 hidden=1 " in proc.stdout, proc.stdout
+    assert "reproduce: pytest --plan plan.yaml --plan-profile ci -k 'decode-fp32-tp1-eager-cpu'" in proc.stdout
+    print(f"crash shrunk from {shrunk['from']!r} to {shrunk['to']!r} in {shrunk['replays']} replays, "
+          f"{shrunk['seconds']} s; whole run {wall:.1f} s")
+
+
+def test_a_rank_still_importing_the_kernel_is_outside_the_limit(tmp_path):
+    plan = rms_norm_plan(tmp_path, "slow_import:rms_norm", tp="[2]", extra="tp: {kind: trivial}",
+                         numerics="{examples: 3, max_num_seqs: 8, timeout_s: 2}")
+    proc, cells, _ = _run(tmp_path, plan)
+    cell = cells["decode-fp32-tp2-eager-cpu"]
+    assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
+
+
+def test_a_crash_on_one_rank_is_shrunk_in_fresh_groups(tmp_path):
+    plan = rms_norm_plan(tmp_path, "timed_kernels:crashes_on_rank_1_from_2_tokens", tp="[2]",
+                         extra="tp: {kind: trivial}", numerics="{examples: 6, max_num_seqs: 4}")
+    proc, cells, _ = _run(tmp_path, plan)
+    cell = cells["decode-fp32-tp2-eager-cpu"]
+    assert cell["reason"].startswith("rank 1 of 2 was killed by SIGSEGV"), cell
+    shrunk = cell["facts"]["shrunk after the fault"]
+    assert int(re.match(r"num_tokens=(\d+)", shrunk["from"]).group(1)) > 2, shrunk
+    assert cell["minimal_example"].startswith("num_tokens=2 hidden=1 "), cell
+    assert cell["facts"]["worker_starts"] == 1  # the group that ran the cell; replays restart it as they need
+
+
+def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
+    """Every core busy with a spinning process: worker start and imports are slow, each example slower; a correct
+    kernel still passes. The plan is the bundled one with a 10 s limit instead of 300 s, so it proves it in seconds."""
+    text = (ROOT / "plan.yaml").read_text()
+    numerics = re.search(r"^numerics: \{(.*)\}", text, re.M)
+    assert numerics, "plan.yaml's numerics is no longer a one-line mapping: adapt this test"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(text.replace(numerics.group(0), f"numerics: {{{numerics.group(1)}, timeout_s: 10}}"))
+    cores = min(len(os.sched_getaffinity(0)), 8)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        proc, cells, wall = _run(tmp_path, plan, "--examples", "3",
+                                 "-k", "decode and eager and tp1 and cpu and (bf16 or fp32)")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(10)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = {c: r["status"] for c, r in cells.items() if r["status"] != "not_run"}
+    assert ran == {f"decode-{d}-tp1-eager-cpu": "passed" for d in ("bf16", "fp32")}, ran
+    print(f"beside {len(hogs)} spinning processes: {wall:.1f} s")
+
+
+def test_shrink_example_bisects_each_field_to_the_smallest_reproducing_value(tmp_path):
+    from harness.inputs import Example
+    from harness.matrix import Cell
+    from harness.plan import load_plan
+    from harness.runner import shrink_example
+
+    plan = load_plan(rms_norm_plan(tmp_path, phase="[decode, chunked_prefill]", numerics="{max_num_seqs: 64}"))
+    drawn = Example(num_tokens=40, sizes={"hidden": 97}, layouts={"x": ("strided", 15)}, scale="tiny", seed=3)
+    cases = [  # (cell, first faulting example, when it faults, the smallest faulting example)
+        ("decode", drawn, lambda e: e.num_tokens >= 5, "num_tokens=5 hidden=1 x:contiguous scale=normal seed=3"),
+        ("decode", drawn, lambda e: e.layouts["x"] != ("contiguous", 0) and e.layouts["x"][1] >= 7,
+         "num_tokens=1 hidden=1 x:strided+7 scale=normal seed=3"),
+        ("chunked_prefill", Example(num_tokens=300, decode_tokens=20, sizes={"hidden": 128}, seed=3),
+         lambda e: e.decode_tokens >= 3 and e.num_tokens - e.decode_tokens >= 9,
+         "num_tokens=12 (decode 3 + prefill 9) hidden=1 scale=normal seed=3"),
+    ]
+    for phase, first, faults, smallest in cases:
+        replays = []
+        found = shrink_example(plan, Cell(phase, "fp32", 1, "eager", "cpu"), first,
+                               lambda e, replays=replays, faults=faults: replays.append(e) or faults(e))
+        assert found.describe() == smallest and len(replays) <= 25, (found.describe(), len(replays))
+    # A spent budget (every replay "does not reproduce") leaves the first example as it was.
+    assert shrink_example(plan, Cell("decode", "fp32", 1, "eager", "cpu"), drawn, lambda e: False) == drawn
+
+
+def test_the_deadline_restarts_with_each_example_under_a_total_cap():
+    from harness.inputs import Example
+    from harness.workers import SETUP_TIMEOUT_S, TOTAL_TIMEOUT_FACTOR, CallProgress
+
+    watch = CallProgress(2.0, reports=True)
+    assert watch.deadline() == watch.started + SETUP_TIMEOUT_S  # before the first example: set-up, not the limit
+    assert watch.expired().kind == "setup"
+    for n in range(3):
+        watch.update("example", {"example": Example(num_tokens=n + 1)})
+        assert watch.deadline() == watch.last + 2.0
+        watch.update("finished", {"failed": n == 1})
+    watch.update("example", {"example": Example(num_tokens=9)})
+    hung = watch.expired()
+    assert (hung.kind, hung.examples, hung.example.num_tokens) == ("hung", 3, 9)
+    assert hung.reason == ("no example finished within 2 s (numerics.timeout_s); 3 examples had finished: the kernel "
+                           "did not return on num_tokens=9 scale=normal seed=0 (a hang or an endless loop?)")
+    assert watch.first_failed.num_tokens == 2
+    watch.first -= TOTAL_TIMEOUT_FACTOR * 2.0 - 1.0  # the cell started 19 s ago: the 20 s cap comes first
+    assert watch.deadline() == watch.first + 20.0
+    slow = watch.expired()
+    assert slow.kind == "too slow" and slow.reason.startswith("the cell was still running after 20 s (10 x "
+                                                              "numerics.timeout_s), its total limit, with 3 examples "
+                                                              "finished"), slow
+    whole = CallProgress(2.0, reports=False)  # a function that reports no progress: one limit for the call
+    assert whole.deadline() == whole.started + 2.0
+    assert whole.expired().reason.startswith("timed out after 2 s (numerics.timeout_s)")
