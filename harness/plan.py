@@ -329,6 +329,8 @@ class TensorParallel:
     sequence_parallel: bool = False  # tensors with a num_tokens dim are split across ranks by tokens
     # (tensor, symbol): a sharded dim made of `symbol` equal units (whole heads), split only between units
     units: tuple[tuple[str, str], ...] = ()
+    # tensors whose units are replicated when there are fewer than ranks (vLLM's KV heads below the TP size)
+    replicate: tuple[str, ...] = ()
     # (output, merged parts) for gathered outputs in a merged layout ([a_r | b_r] on rank r)
     merged_outputs: tuple[tuple[str, int], ...] = ()
 
@@ -751,7 +753,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
     def has_tokens(name: str) -> bool:
         return name in tensor_names and any(d.symbol == "num_tokens" for d in tensor_names[name].shape)
 
-    units = []
+    units, replicate = [], []
 
     def check_dim(spec: _Map, key: str, f: str, name: str, merged: int) -> int:
         """A dimension of `name` that can be split into tp * merged equal parts for every TP size."""
@@ -761,6 +763,10 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
             if unit not in symbol_names:
                 raise r.fail(spec, "units", f"{f}.units", "a symbol of op.sizes", unit)
             units.append((name, unit))
+        if r.value(spec, "replicate", f"{f}.replicate", (bool,), "true or false", False):
+            if unit is None:
+                raise r.fail(spec, "replicate", f"{f}.replicate", "units to replicate (set units too)", True)
+            replicate.append(name)
         if name not in tensor_names:
             return dim  # a returned output: its shape is the op's to decide
         shape = tensor_names[name].shape
@@ -789,7 +795,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
             f = f"tp.inputs.{name}"
             if spec == "replicated":
                 continue
-            r.mapping(inputs, name, f, ("shard", "merged", "units"), required=("shard",))
+            r.mapping(inputs, name, f, ("shard", "merged", "units", "replicate"), required=("shard",))
             if sp and has_tokens(name):
                 raise r.fail(inputs, name, f, "'replicated' (tp.sequence_parallel already splits it by tokens)",
                              dict(spec))
@@ -805,7 +811,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
             if spec in ("replicated", "sum"):
                 combine.append((name, spec, 0))
                 continue
-            r.mapping(outs, name, f, ("gather", "merged", "units"), required=("gather",))
+            r.mapping(outs, name, f, ("gather", "merged", "units", "replicate"), required=("gather",))
             merged = merged_parts(spec, f)
             combine.append((name, "gather", check_dim(spec, "gather", f, name, merged)))
             if merged > 1:
@@ -823,7 +829,7 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
                              "how ranks' outputs combine for kind 'sharded' (replicated, sum or {gather: dim})",
                              "nothing")
     return TensorParallel(kind, tuple(shard), tuple(combine), sp, merged_outputs=tuple(merged_outputs),
-                          units=tuple(units))
+                          units=tuple(units), replicate=tuple(replicate))
 
 
 def _parse_baselines(r: _Reader, node: _Map) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:

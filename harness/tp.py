@@ -92,11 +92,23 @@ def tp_multiples(plan: Plan, size: int) -> dict[str, int]:
     for name, dim, merged in split:
         d = plan.arg(name).shape[dim]
         parts = size * merged
+        if name in plan.tp.replicate:  # fewer units than ranks are replicated: any count dividing or divided
+            continue
         if name in units:  # whole units (heads) per rank: the unit count splits evenly
             need[units[name]] = math.lcm(need.get(units[name], 1), parts)
         elif d.symbol:
             need[d.symbol] = math.lcm(need.get(d.symbol, 1), parts // math.gcd(d.coeff, parts))
     return need
+
+
+def replicas(plan: Plan, name: str, sizes: dict, size: int) -> int:
+    """How many ranks hold each unit of `name`: 1, or size / units where there are fewer units than ranks."""
+    unit = dict(plan.tp.units).get(name)
+    if name not in plan.tp.replicate or unit is None or sizes[unit] >= size:
+        return 1
+    if size % sizes[unit]:
+        raise ValueError(f"{sizes[unit]} {unit} cannot be replicated evenly over {size} ranks")
+    return size // sizes[unit]
 
 
 def local_values(plan: Plan, ex: Example, full: dict, rank: int, size: int) -> dict:
@@ -110,41 +122,53 @@ def local_values(plan: Plan, ex: Example, full: dict, rank: int, size: int) -> d
         tdim = plan.token_dim(arg.name)
         if plan.tp.sequence_parallel and tdim is not None:
             value = split_tokens(value, tdim, rank, size)
+        copies = replicas(plan, arg.name, ex.sizes, size)
         if arg.role == "output":
             how, dim, _ = output_combine(plan, arg.name)
             shape = list(value.shape)
             if how == "gather":
-                shape[dim] //= size
+                shape[dim] //= size // copies
             local[arg.name] = poisoned(shape, value.dtype, value.device)
             continue
-        spec = input_shard(plan, arg.name)
-        value = shard(value, *spec, rank, size) if spec else value.clone(memory_format=torch.contiguous_format)
+        spec = input_shard(plan, arg.name)  # replicated units: rank r holds unit r // copies, as vLLM's KV heads
+        value = shard(value, *spec, rank // copies, size // copies) if spec else \
+            value.clone(memory_format=torch.contiguous_format)
         local[arg.name] = in_layout(value, *ex.layout(arg.name))
     return local
 
 
-def recombine(plan: Plan, name: str, pieces: list[torch.Tensor], num_tokens: int) -> torch.Tensor:
+def recombine(plan: Plan, name: str, pieces: list[torch.Tensor], num_tokens: int,
+              sizes: dict | None = None) -> torch.Tensor:
     """One output from every rank's value, as the plan says; Mismatch when replicated ranks disagree."""
     tdim = plan.token_dim(name)
     if plan.tp.sequence_parallel and tdim is not None:
         return torch.cat(pieces, tdim).narrow(tdim, 0, num_tokens)  # drop the padding tokens
     how, dim, merged = output_combine(plan, name)
+    copies = replicas(plan, name, sizes or {}, len(pieces)) if sizes else 1
+    if how == "gather" and copies > 1:  # the ranks holding one unit must agree; then one of each is gathered
+        for r in range(len(pieces)):
+            _same(name, pieces[r - r % copies], pieces[r], r)
+        return unshard(pieces[::copies], dim, merged)
     if how == "gather":
         return unshard(pieces, dim, merged)
     if how == "sum":  # the all-reduce, accumulated in fp32 so the comparison judges the kernel, not the sum
         acc = torch.float64 if pieces[0].dtype == torch.float64 else torch.float32
         total = torch.stack([p.to(acc) for p in pieces]).sum(0)
         return total.to(pieces[0].dtype)
-    first = pieces[0]
     for r, other in enumerate(pieces[1:], 1):
-        differ = other != first
-        if first.is_floating_point():
-            differ &= ~(other.isnan() & first.isnan())
-        if differ.any():
-            worst = float((other.double() - first.double()).abs().nan_to_num(float("inf")).max())
-            raise Mismatch(f"output '{name}' is replicated across ranks (tp.outputs), but rank {r}'s differs from "
-                           f"rank 0's in {int(differ.sum())} of {first.numel()} elements (max difference {worst:.3g})")
-    return first
+        _same(name, pieces[0], other, r)
+    return pieces[0]
+
+
+def _same(name: str, first: torch.Tensor, other: torch.Tensor, r: int) -> None:
+    """Replicated ranks must agree bit for bit (NaN where both have NaN)."""
+    differ = other != first
+    if first.is_floating_point():
+        differ &= ~(other.isnan() & first.isnan())
+    if differ.any():
+        worst = float((other.double() - first.double()).abs().nan_to_num(float("inf")).max())
+        raise Mismatch(f"output '{name}' is replicated across ranks, but rank {r}'s differs from its replica's in "
+                       f"{int(differ.sum())} of {first.numel()} elements (max difference {worst:.3g})")
 
 
 # ---------------------------------------------------------------- one rank's side
@@ -287,7 +311,7 @@ class TPCheck(CellCheck):
         if pieces is None:
             raise Mismatch(_disagreement(metas))
         for name in plan.outputs:
-            actual = recombine(plan, name, pieces[name], ex.num_tokens)
+            actual = recombine(plan, name, pieces[name], ex.num_tokens, ex.sizes)
             self.compare(name, actual, expected[name], full, False)
 
 

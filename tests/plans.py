@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 OUT_PARAM_ARGS = """\
     out: {shape: [num_tokens, hidden], dtype: act, role: output}
     x: {shape: [num_tokens, hidden], dtype: act, layout: [contiguous, strided]}
@@ -54,3 +56,8 @@ def read_results(path: Path) -> dict:
 def any_call(**values):
     """A kernel and reference for plans that only test how inputs are built: it takes any arguments."""
     return None
+
+
+def ones_for_x(values, *, plan, cell, example, sizes, generator, device):
+    """A plan's own input generator (op.generate): x becomes ones, drawn nothing else."""
+    return {"x": values["x"].new_ones(values["x"].shape) * (1 + torch.rand((), generator=generator, device=device))}

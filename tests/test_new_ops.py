@@ -232,3 +232,14 @@ def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(tmp_path, pl
                            "-p", "no:cacheprovider", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0 and "4 passed" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_plans_own_generator_replaces_inputs_and_replays_from_the_seed(tmp_path):
+    text = (ROOT / "plan.yaml").read_text().replace("  outputs: [out]\n",
+                                                    "  outputs: [out]\n  generate: tests.plans:ones_for_x\n")
+    (tmp_path / "p.yaml").write_text(text)
+    plan = load_plan(tmp_path / "p.yaml")
+    cell = Cell("decode", "fp32", 1, "eager", "cpu")
+    ex = examples(plan, cell, "cpu").example()
+    first, again = build_args(plan, cell, ex, "cpu")["x"], build_args(plan, cell, ex, "cpu")["x"]
+    assert bool((first == first.flatten()[0]).all()) and torch.equal(first, again)  # the hook's, and seeded

@@ -192,7 +192,7 @@ def test_sections_header_and_provenance(tmp_path):
     for field in ("**Op:**", "**Intent:** drop-in", "**Verdict:** cpu: numerics only · sm80, sm89, sm90, sm100: "
                   "no results", "**Provenance:**"):
         assert field in head
-    assert "**numerics only**" in sm_line(text, "cpu") and "1 of 108 cells passed" in sm_line(text, "cpu")
+    assert "**numerics only**" in sm_line(text, "cpu") and "1 of 144 cells passed" in sm_line(text, "cpu")
     assert "**no results**" in sm_line(text, "sm90")  # a CPU machine's "needs sm90" does not cover sm90
     prov = next(line for line in head.splitlines() if line.startswith("- **Provenance:**"))
     assert "cpu: laptop (x86_64), commit abc123def456, 2026-11-28T09:00:00Z" in prov
@@ -325,8 +325,8 @@ def test_support_matrix_marks_legend_and_details(tmp_path):
     assert overview[2].count("no results from this SM yet") == 4
     assert matrix.count("No results from this SM yet.") == 4
     row = marks(text, "cpu")
-    assert row[("decode", "bf16")] == ["✅", "⏭", "—"]
-    assert row[("decode", "fp16")] == ["❌", "⏭", "—"]
+    assert row[("decode", "bf16")] == ["✅", "⏭", "—", "—"]  # eager, cuda_graph, torch_compile, memcheck
+    assert row[("decode", "fp16")] == ["❌", "⏭", "—", "—"]
     assert row[("decode", "fp32")][0] == "⚠️" and row[("prefill", "fp32")][0] == "❗"
     assert row[("prefill", "bf16")][0] == "🚫"
     failed = next(t for t in tables(matrix) if "minimal input" in t[0])
@@ -337,7 +337,8 @@ def test_support_matrix_marks_legend_and_details(tmp_path):
     not_run = next(t for t in tables(matrix) if t[0].startswith("| reason"))
     line = next(line for line in not_run if "cuda_graph needs a CUDA device" in line)
     assert "| 2 " in line and "decode · fp16, bf16 · tp1 · cuda_graph · cpu" in line
-    assert any("no results from this SM yet" in line and "| 432 " in line for line in not_run)
+    # 4 SMs x 120 cells: memcheck cells run bf16 only
+    assert any("no results from this SM yet" in line and "| 480 " in line for line in not_run)
     items = section(text, "Open items")
     assert "Fix decode · fp16 · tp1 · eager · cpu: output 'out': max abs error 0.5" in items
     assert "Run on sm100:" in items and "`prefill-fp32-tp1-eager-cpu` passes although the plan expects" in items

@@ -115,7 +115,7 @@ def test_recombine_gather_sum_and_replicated(tmp_path):
     plan = _plan(tmp_path, "tp: {kind: trivial}")
     nan = torch.tensor([[1.0, float("nan")]])
     assert tp.recombine(plan, "out", [nan, nan.clone()], 1) is not None  # NaN where both have NaN agrees
-    with pytest.raises(Mismatch, match=r"replicated across ranks .* rank 1's differs from rank 0's in 1 of 2"):
+    with pytest.raises(Mismatch, match=r"replicated across ranks, but rank 1's differs from its replica's in 1 of 2"):
         tp.recombine(plan, "out", [torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 2.5]])], 1)
 
 
@@ -355,3 +355,21 @@ def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monk
     assert outcome.facts == {"ranks": 2, "backend": "gloo", "worker_starts": 1}
     assert multiprocessing.active_children() == []
     assert _spawned_descendants() == []
+
+
+def test_fewer_kv_heads_than_ranks_are_replicated_as_vllm_does():
+    """RoPE at tp4 with 2 KV heads: ranks 0-1 hold KV head 0, ranks 2-3 head 1; each rank its own query heads."""
+    from pathlib import Path
+
+    plan = load_plan(Path(__file__).resolve().parents[1] / "kernels" / "plans" / "rotary_embedding.yaml")
+    ex = Example(num_tokens=3, sizes={"num_heads": 8, "num_kv_heads": 2, "head_size": 64, "rotary_dim": 64,
+                                      "max_position": 4096}, seed=1)
+    full = build_args(plan, Cell("decode", "fp32", 4, "eager", "cpu"), ex, "cpu")
+    local = [tp.local_values(plan, ex, full, r, 4) for r in range(4)]
+    assert [v["key"].shape[1] for v in local] == [64] * 4 and [v["query"].shape[1] for v in local] == [128] * 4
+    assert torch.equal(local[0]["key"], local[1]["key"]) and torch.equal(local[2]["key"], local[3]["key"])
+    assert not torch.equal(local[1]["key"], local[2]["key"])
+    assert torch.equal(tp.recombine(plan, "key", [v["key"] for v in local], 3, ex.sizes), full["key"])
+    local[3]["key"][0, 0] += 1  # a replica that disagrees
+    with pytest.raises(Mismatch, match="replicated across ranks"):
+        tp.recombine(plan, "key", [v["key"] for v in local], 3, ex.sizes)
