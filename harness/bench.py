@@ -143,16 +143,20 @@ def _itemsize(dtype: str) -> int:
     return TORCH_DTYPES[dtype].itemsize
 
 
-def bytes_moved(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int], returned_bytes: int = 0) -> int:
-    """Fewest bytes one call must move: the plan's benchmark.bytes, else every tensor input read once, every
-    output written once, mutated arguments read and written; `returned_bytes` for outputs the op returns."""
-    names = model_names(plan, dtype, num_tokens, sizes)
+def bytes_moved(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int], returned_bytes: int = 0,
+                values: dict | None = None) -> int:
+    """Fewest bytes one call must move: the plan's benchmark.bytes, else every tensor argument of the call
+    (`values`, as built) read once, outputs written once, mutated arguments read and written; `returned_bytes`
+    for outputs the op returns."""
     if plan.benchmark.bytes:
+        names = model_names(plan, dtype, num_tokens, sizes)
         return int(_model(plan, "benchmark.bytes", plan.benchmark.bytes, names))
     total = 0
     for arg in plan.tensor_args:
-        numel = math.prod(num_tokens if d.symbol == "num_tokens" else d.size(sizes) for d in arg.shape)
-        nbytes = numel * _itemsize(dtype if arg.dtype == "act" else arg.dtype)
+        t = (values or {}).get(arg.name)
+        if t is None:
+            continue
+        nbytes = t.numel() * t.element_size()
         total += 2 * nbytes if arg.name in plan.mutates else nbytes
     return total + returned_bytes
 
@@ -167,7 +171,8 @@ def check_models(plan: Plan) -> None:
     """Raise PlanError now if the plan's byte or flop expression cannot be evaluated on its sizes."""
     sizes = {name: values[0] for name, values in plan.sizes.items()}
     for dtype in plan.matrix["dtype"]:
-        bytes_moved(plan, dtype, 1, sizes)
+        if plan.benchmark.bytes:
+            bytes_moved(plan, dtype, 1, sizes)
         flops_done(plan, dtype, 1, sizes)
 
 
@@ -572,7 +577,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
             continue
         returned = sum(t.numel() * t.element_size() for k, t in expected.items() if not plan.has_arg(k))
-        nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned)
+        nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
         launches = count_launches(call, sets[0]) if device == "cuda" else None
         rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches)
         rec.timer = timing.timer

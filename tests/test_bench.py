@@ -31,17 +31,36 @@ def timing(median, q20, q80) -> ImplFigures:
 # ---------------------------------------------------------------- byte and flop models
 
 
+def _built(plan, dtype: str, tokens: int, hidden: int) -> dict:
+    spec = bench.BenchSpec("decode", dtype, "eager", "cpu", tokens, (("hidden", hidden),))
+    return bench.input_sets(plan, spec, "cpu")[0]
+
+
 def test_default_byte_model_reads_inputs_once_and_writes_outputs_once():
     plan = load_plan(ROOT / "plan.yaml")  # out (output), x (input), weight (input)
-    assert bench.bytes_moved(plan, "bf16", 64, {"hidden": 4096}) == 2 * 64 * 4096 * 2 + 4096 * 2
-    assert bench.bytes_moved(plan, "fp32", 64, {"hidden": 4096}) == 2 * 64 * 4096 * 4 + 4096 * 4
-    assert bench.bytes_moved(plan, "fp32", 1, {"hidden": 8}, returned_bytes=100) == 2 * 8 * 4 + 8 * 4 + 100
+    for dtype, size in (("bf16", 2), ("fp32", 4)):
+        values = _built(plan, dtype, 64, 4096)
+        assert bench.bytes_moved(plan, dtype, 64, {"hidden": 4096}, values=values) == 2 * 64 * 4096 * size + 4096 * size
+    values = _built(plan, "fp32", 1, 8)
+    assert bench.bytes_moved(plan, "fp32", 1, {"hidden": 8}, 100, values) == 2 * 8 * 4 + 8 * 4 + 100
 
 
 def test_mutated_arguments_count_read_and_write():
     plan = load_plan(ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml")  # x, residual in place; weight read
     t, h = 8, 4096
-    assert bench.bytes_moved(plan, "bf16", t, {"hidden": h}) == 2 * (t * h * 2) * 2 + h * 2
+    assert bench.bytes_moved(plan, "bf16", t, {"hidden": h}, values=_built(plan, "bf16", t, h)) == \
+        2 * (t * h * 2) * 2 + h * 2
+
+
+def test_structured_plans_count_the_tensors_their_batch_built():
+    """A paged KV cache's size follows the drawn batch, not a size symbol: the default model counts it as built."""
+    plan = load_plan(ROOT / "kernels" / "plans" / "paged_attention.yaml")
+    bench.check_models(plan)  # no byte model: nothing to evaluate before the batch exists
+    spec = bench.BenchSpec("decode", "bf16", "eager", "cpu", 4,
+                           (("num_heads", 8), ("num_kv_heads", 2), ("head_size", 64), ("block_size", 16)))
+    values = bench.input_sets(plan, spec, "cpu")[0]
+    expected = sum(t.numel() * t.element_size() for t in values.values() if hasattr(t, "numel"))
+    assert bench.bytes_moved(plan, "bf16", 4, dict(spec.sizes), values=values) == expected
 
 
 def test_plan_expressions_for_bytes_and_flops(tmp_path):
