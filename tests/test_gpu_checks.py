@@ -61,3 +61,11 @@ def test_cuda_graph_cells_keep_the_drawn_layout(tmp_path):
     cells = run_plan(tmp_path, f"{BUGS}:row_stride_ignored", "strided")
     assert cells["decode-bf16-tp1-eager-sm90"]["status"] == "failed"
     assert cells["decode-bf16-tp1-cuda_graph-sm90"]["status"] == "failed", cells["decode-bf16-tp1-cuda_graph-sm90"]
+
+
+@on_gpu
+def test_a_host_sync_fails_cuda_graph_capture_and_nothing_else(tmp_path):
+    cells = run_plan(tmp_path, f"{BUGS}:host_sync")
+    assert cells["decode-bf16-tp1-eager-sm90"]["status"] == "passed"
+    graph = cells["decode-bf16-tp1-cuda_graph-sm90"]
+    assert graph["status"] == "failed" and "synchronizes with the host" in graph["reason"], graph
