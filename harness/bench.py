@@ -7,14 +7,19 @@ this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GP
 
 - Device time only. `eager`: CUDA events around each plain call; before each batch of calls the GPU
   is parked on a short sleep kernel so the host queues the whole batch ahead of it, so host launch
-  overhead stays out of the figure. `cuda_graph`: K calls captured in one graph, replays timed with
-  events, each sample is replay time / K (how vLLM runs decode batches).
+  overhead stays out of the figure ("back-to-back"). Eager items also time LAUNCH_SAMPLES isolated calls
+  on an idle GPU, from an event to the call's end, the host's launch cost included ("launch-inclusive":
+  what a host-bound eager decode step sees); the report shows both where they differ by over 3%.
+  `cuda_graph`: K calls captured in one graph, replays timed with events, each sample is replay time / K
+  (how vLLM runs decode batches).
 - Warm-up before timing (compilation, autotuning, graph upload), then a median and q20/q80 over
   samples worth about TARGET_MS of device time.
 - Cold L2: when one call's tensors are smaller than twice the L2 cache, enough input sets are built
   that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results).
 - Each implementation's outputs are checked against the reference after its timing loop.
-- A named baseline whose package is not installed on this machine is recorded as not run, with why.
+- A named baseline whose package is not installed on this machine is recorded as not run, with why; so is one
+  on a shape or dtype outside its contract (`{name: {path: ..., contract: {...}}}`). A shape outside the
+  kernel's own contract (op.contract) is not timed at all.
 - Launches per call: the device operations (kernels, memsets, copies) in a CUDA graph capturing one call.
 - A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
   is "no difference".
@@ -54,7 +59,7 @@ from .numerics import Mismatch, Stats
 from .plan import Plan, PlanError, import_object, load_plan
 from .results import NOISE_FLOOR, BenchRecord, ImplFigures, Speedup
 from .runner import compare_judged, device_poisoned
-from .vllm_kernels import vllm_kernel
+from .vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
 
@@ -62,6 +67,7 @@ IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; name
 TARGET_MS, WARMUP_MS = 100.0, 25.0
 EAGER_SAMPLES = (50, 1000)  # (fewest, most) timed calls
 GRAPH_SAMPLES = (20, 200)  # (fewest, most) timed replays
+LAUNCH_SAMPLES = 50  # isolated eager calls, launch cost included (ImplFigures.launch_us)
 # A captured graph holds at least this much work (and every rotated set), so replay launch costs amortise.
 GRAPH_REPLAY_MS = 2.0
 # Calls queued behind one sleep kernel; well under CUDA's launch queue (about 1000 entries).
@@ -236,6 +242,7 @@ class Timing:
     samples_us: list[float]
     timer: str  # cuda_events | cuda_graph_replay | host
     calls_per_sample: int = 1
+    launch_samples_us: list[float] = field(default_factory=list)  # eager only: isolated, launch-inclusive calls
 
     def quantile(self, q: float) -> float:
         return float(numpy.quantile(self.samples_us, q))
@@ -332,7 +339,21 @@ def _time_eager(call, sets) -> Timing:
     for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 10_000))):
         run()
     samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, EAGER_SAMPLES), host_s)
-    return Timing(samples, "cuda_events")
+    return Timing(samples, "cuda_events", launch_samples_us=_isolated_calls(run, LAUNCH_SAMPLES))
+
+
+def _isolated_calls(run: Callable[[], object], count: int) -> list[float]:
+    """Device µs from an event recorded on an idle GPU to the end of one call: the host's launch cost included."""
+    samples = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(count):
+        torch.cuda.synchronize()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return samples
 
 
 def _time_graph(call, sets) -> Timing:
@@ -452,13 +473,24 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def implementations(plan: Plan, device: str) -> dict[str, Callable | str]:
+def outside_contract(plan: Plan, name: str, spec: BenchSpec) -> str:
+    """Why a benchmark shape is outside the contract of the kernel or of a named baseline ("" when it is not):
+    that one is not timed on it."""
+    contract = plan.contract if name == "kernel" else plan.benchmark.contract(name)
+    why = contract.outside(plan.args, spec.sizes_dict, spec.dtype) if contract else ""
+    return f"outside {'the kernel' if name == 'kernel' else name}'s contract: {why}" if why else ""
+
+
+def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> dict[str, Callable | str]:
     """Each implementation as a call, or the reason it is not run: the kernel, the built-in baselines, then the
-    plan's named baselines in plan order."""
+    plan's named baselines in plan order. With `spec`, the kernel and named baselines whose contract that shape is
+    outside are not run (the others are)."""
     reference = plan.load_reference()
-    impls: dict[str, Callable | str] = {
-        "kernel": kernel_call(plan, plan.load_kernel()) if device == "cuda" else CPU_KERNEL_REASON,
-    }
+    try:
+        kernel = kernel_call(plan, load_kernel(plan)) if device == "cuda" else CPU_KERNEL_REASON
+    except KernelUnavailable as exc:  # the plan tests vLLM's own kernel, which cannot be loaded here
+        kernel = str(exc)
+    impls: dict[str, Callable | str] = {"kernel": kernel}
     for name in ("native", "compiled", "vllm"):
         if name not in plan.benchmark.baselines:
             impls[name] = "not in the plan's benchmark.baselines"
@@ -472,6 +504,8 @@ def implementations(plan: Plan, device: str) -> dict[str, Callable | str]:
             impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
     for name, path in plan.benchmark.named:
         impls[name] = named_call(plan, path)
+    for name in ("kernel", *(n for n, _ in plan.benchmark.named)):
+        impls[name] = (outside_contract(plan, name, spec) if spec else "") or impls[name]
     return impls
 
 
@@ -526,7 +560,8 @@ def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | N
         median_us=round(timing.median_us, 3), q20_us=round(timing.q20_us, 3), q80_us=round(timing.q80_us, 3),
         gbps=significant(gbps), pct_copy_bw=significant(100 * gbps / copy_bw) if copy_bw else None,
         tflops=significant(flops / seconds / 1e12) if flops is not None else None,
-        launches=launches, samples=len(timing.samples_us))
+        launches=launches, samples=len(timing.samples_us),
+        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None)
 
 
 def base_record(spec: BenchSpec) -> BenchRecord:
@@ -563,7 +598,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
         significant(copy_bw), l2, working_set, len(sets)
     outcome = BenchOutcome(rec)
     flops = flops_done(plan, spec.dtype, spec.num_tokens, sizes)
-    for name, call in implementations(plan, device).items():
+    for name, call in implementations(plan, device, spec).items():
         if isinstance(call, str):
             rec.impls[name] = ImplFigures(not_run=call)
             continue
@@ -608,4 +643,4 @@ def skip_reason(plan: Plan, spec: BenchSpec, hw: Hardware, max_cpu_ranks: int = 
         return f"not timed: {decision.reason}"
     if decision.kind != "run":
         return decision.reason
-    return ""
+    return outside_contract(plan, "kernel", spec)  # nothing to decide where the kernel cannot run

@@ -98,11 +98,18 @@ def context_cap(plan: Plan, sizes: dict, device: str) -> int:
 
 
 @st.composite
-def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_sizes: bool = True) -> int:
-    """A size the plan names, or an awkward one (odd, not a power of two) up to the plan's largest."""
-    awkward = st.integers(0, max(choices) // (2 * multiple_of)).map(lambda k: (2 * k + 1) * multiple_of)
-    planned = st.sampled_from([c for c in choices if c % multiple_of == 0] or [multiple_of])
-    return draw(st.one_of(planned, awkward) if awkward_sizes else planned)
+def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_sizes: bool = True, low: int = 1,
+                high: int | None = None) -> int:
+    """A size the plan names, or an awkward one (an odd multiple of `multiple_of`: not a power of two) up to the
+    plan's largest; both within [low, high], a kernel's contract."""
+    bottom = max(0, -(-(low - multiple_of) // (2 * multiple_of)))  # the smallest k with (2k + 1) * m >= low
+    top = max(choices) // (2 * multiple_of)
+    if high is not None:
+        top = min(top, (high // multiple_of - 1) // 2)
+    awkward = st.integers(bottom, top).map(lambda k: (2 * k + 1) * multiple_of)
+    inside = [c for c in choices if c % multiple_of == 0 and c >= low and (high is None or c <= high)]
+    planned = st.sampled_from(inside or [-(-low // multiple_of) * multiple_of])
+    return draw(st.one_of(planned, awkward) if awkward_sizes and bottom <= top else planned)
 
 
 def _fits(v: int, spec: SizeSpec, drawn: dict) -> bool:
@@ -121,13 +128,17 @@ def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
                                              (plan.size_specs[s].divides, plan.size_specs[s].at_most)))
         pending.remove(sym)
         spec = plan.size_specs[sym]
-        step = math.lcm(spec.multiple_of, 2 if spec.even else 1, tp_multiple.get(sym, 1))
+        # the kernel's contract narrows what is drawn: its multiples (row strides too) and its limits
+        step = math.lcm(spec.multiple_of, 2 if spec.even else 1, tp_multiple.get(sym, 1),
+                        plan.contract.size_step(sym, plan.args))
+        low, high = plan.contract.bounds(sym)
         awkward = plan.numerics.awkward_sizes if spec.awkward is None else spec.awkward
         values = cpu_sizes.get(sym, spec.values)
-        v = draw(size_values(values, step, awkward and not spec.divides), label=sym)
+        v = draw(size_values(values, step, awkward and not spec.divides, low, high), label=sym)
         if not _fits(v, spec, drawn):  # the largest fitting size of the plan's, else of the step's multiples
-            fitting = [c for c in values if c % step == 0 and _fits(c, spec, drawn)] or \
-                [m for m in range(step, max(values) + 1, step) if _fits(m, spec, drawn)] or [step]
+            candidates = [c for c in values if c % step == 0] or list(range(step, max(values) + 1, step))
+            fitting = [c for c in candidates if _fits(c, spec, drawn) and plan.contract.allows_size(sym, c, plan.args)]
+            fitting = fitting or [step]
             v = max(fitting)
         drawn[sym] = v
     return drawn
@@ -150,13 +161,39 @@ def token_counts(draw, phase: str, plan: Plan, cap: int | None) -> tuple[int, in
 
 
 @st.composite
-def layouts(draw, args: tuple[Arg, ...]) -> dict:
+def layouts(draw, plan: Plan, sizes: dict) -> dict:
+    """Each input's (layout, row padding), within the kernel's contract: contiguous alone where it says so, and
+    rows a multiple of the contract's row stride apart (a tensor whose width is not one is drawn padded to it)."""
+    contract = plan.contract
+    strides = dict(contract.row_stride_multiple_of)
     chosen = {}
-    for arg in args:
+    for arg in plan.args:
         if arg.is_tensor and arg.role == "input" and len(arg.layouts) > 0:
-            layout = draw(st.sampled_from(arg.layouts))
-            chosen[arg.name] = (layout, draw(st.integers(1, 64)) if layout == "strided" else 0)
+            allowed = contract.layouts(arg)
+            layout = draw(st.sampled_from(allowed))
+            pad = draw(st.integers(1, 64)) if layout == "strided" else 0
+            if arg.name in strides:
+                width, n = arg.shape[-1].size(sizes), strides[arg.name]
+                if layout == "contiguous" and width % n and "strided" in allowed:
+                    layout = "strided"
+                pad += -(width + pad) % n if layout == "strided" else 0
+            chosen[arg.name] = (layout, pad)
     return chosen
+
+
+def within_contract(plan: Plan, ex: Example) -> bool:
+    """Whether the kernel's contract lets the harness draw this example (a candidate of a shrink may not be)."""
+    contract = plan.contract
+    if not all(contract.allows_size(sym, v, plan.args) for sym, v in ex.sizes.items()):
+        return False
+    strides = dict(contract.row_stride_multiple_of)
+    for name, (layout, pad) in ex.layouts.items():
+        arg = plan.arg(name)
+        if layout not in contract.layouts(arg):
+            return False
+        if name in strides and (arg.shape[-1].size(ex.sizes) + pad) % strides[name]:
+            return False
+    return True
 
 
 @st.composite
@@ -167,7 +204,7 @@ def examples(draw, plan: Plan, cell: Cell, device: str, tp_multiple: dict | None
     num_tokens, decode_tokens = draw(token_counts(cell.phase, plan, cap), label="tokens")
     return Example(
         num_tokens=num_tokens, decode_tokens=decode_tokens, sizes=sizes,
-        layouts=draw(layouts(plan.args), label="layouts"),
+        layouts=draw(layouts(plan, sizes), label="layouts"),
         scale=draw(st.sampled_from(VALUE_SCALES), label="scale"),
         seed=draw(st.integers(0, 2**31 - 1), label="seed"),
     )

@@ -26,8 +26,9 @@ from .device import detect
 from .inputs import Example
 from .matrix import Cell
 from .plan import load_plan
-from .results import CellRecord, Status, to_json
-from .runner import CellCheck, Outcome, RunSettings, run_examples
+from .results import CellRecord, InputsSeen, Status, from_json, to_json
+from .runner import CellCheck, Outcome, RunSettings, not_run, run_examples
+from .vllm_kernels import KernelUnavailable
 
 EXAMPLES = 3  # drawn examples per memcheck cell: each costs the sanitizer's start and its slowed launches
 MARK = "harness-memcheck-example: "
@@ -52,7 +53,12 @@ class AnnouncedCheck(CellCheck):
 def main(argv: list[str]) -> int:
     plan_path, cell_id, examples = argv[0], argv[1], int(argv[2])
     plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
-    outcome = run_examples(plan, cell, AnnouncedCheck(plan, cell, detect().device), RunSettings(examples, "ci", None))
+    try:
+        check = AnnouncedCheck(plan, cell, detect().device)
+    except KernelUnavailable as exc:
+        outcome = not_run(cell, str(exc))
+    else:
+        outcome = run_examples(plan, cell, check, RunSettings(examples, "ci", None))
     print("harness-memcheck-record: " + json.dumps(to_json(outcome.record)), flush=True)
     return 0
 
@@ -83,6 +89,10 @@ def run_memcheck(plan_path: str, cell_id: str, timeout_s: float) -> Outcome:
         data = json.loads(inner.group(1))
         rec.examples = data.get("examples")
         rec.facts = {**data.get("facts", {}), "sanitizer": "memcheck", "caching_allocator": "off"}
+        if data.get("passing"):
+            rec.passing = from_json(InputsSeen, data["passing"], "memcheck record")
+        if data.get("status") == Status.NOT_RUN.value:  # vLLM's kernel cannot be loaded here
+            return not_run(cell, data.get("reason", ""))
     if errors is None:
         rec.status = Status.FAILED
         rec.reason = f"compute-sanitizer did not finish (exit {proc.returncode}): {text.strip()[-400:]}"
@@ -102,6 +112,10 @@ def run_memcheck(plan_path: str, cell_id: str, timeout_s: float) -> Outcome:
         data = json.loads(inner.group(1))
         rec.status, rec.reason = Status.FAILED, data.get("reason", "")
         rec.minimal_example = data.get("minimal_example")
+        return Outcome(rec)
+    if not inner:  # the process under the sanitizer ended before its result (an import error, a crash)
+        rec.status = Status.FAILED
+        rec.reason = f"the cell's process under compute-sanitizer gave no result: {text.strip()[-400:]}"
         return Outcome(rec)
     rec.status = Status.PASSED
     return Outcome(rec)

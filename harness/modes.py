@@ -84,20 +84,11 @@ BATCH_SYMBOLS = set(BUILTIN_SYMBOLS) - {"num_tokens"}
 OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-class TorchCompile:
-    """Compiled once per cell; the token dimension is unbacked so a new token count must not recompile."""
+class _Compiled:
+    """The op under torch.compile(fullgraph=True), counting the graphs its backend compiles."""
 
-    def __init__(self, plan: Plan, kernel: Callable, device: str, fake: Callable | None = None):
-        import torch._dynamo
-
-        self.plan, self.names = plan, [a.name for a in plan.args]
-        self.op = as_custom_op(plan, kernel, fake)
-        torch._dynamo.reset()
-        torch._dynamo.config.cache_size_limit = 1024  # never fall back to eager silently
-        if hasattr(torch._dynamo.config, "recompile_limit"):
-            torch._dynamo.config.recompile_limit = 1024
-        self.compiles, self.seen_keys, self.opcheck_failure = 0, set(), None
-        self.facts = {"compiles": 0, "shapes": 0, "opcheck": None}
+    def __init__(self, op):
+        self.compiles = 0
 
         def count_compiles(gm, example_inputs):
             from torch._inductor.compile_fx import compile_fx
@@ -105,8 +96,34 @@ class TorchCompile:
             self.compiles += 1
             return compile_fx(gm, example_inputs)
 
-        op = self.op
-        self.compiled = torch.compile(lambda *args: op(*args), fullgraph=True, backend=count_compiles)
+        self.fn = torch.compile(lambda *args: op(*args), fullgraph=True, backend=count_compiles)
+
+
+# Compiled callers per (op, kernel, fake), kept for the life of the process: a later cell of the same op (another
+# phase, a dtype seen before) reuses the graphs earlier cells compiled, and compiles only what it is the first to see.
+# Compiling afresh in every cell (4 graphs through dynamo and Inductor) cost about 0.5 s a cell on a 2-core CPU
+# machine; the recompile check stays per cell (a shape the cell has seen must not compile again).
+_compiled: dict[tuple, _Compiled] = {}
+
+
+class TorchCompile:
+    """The token dimension is unbacked, so a new token count must not recompile (a cell fails if it does)."""
+
+    def __init__(self, plan: Plan, kernel: Callable, device: str, fake: Callable | None = None):
+        import torch._dynamo
+
+        self.plan, self.names = plan, [a.name for a in plan.args]
+        self.op = as_custom_op(plan, kernel, fake)
+        torch._dynamo.config.cache_size_limit = 1024  # never fall back to eager silently
+        if hasattr(torch._dynamo.config, "recompile_limit"):
+            torch._dynamo.config.recompile_limit = 1024
+        self.compiles, self.seen_keys, self.opcheck_failure = 0, set(), None
+        self.facts = {"compiles": 0, "shapes": 0, "opcheck": None}
+        # A derived fake is a new function per call: the reference and outputs it is derived from identify it.
+        key = (plan.op_qualname, plan.schema(), kernel, fake or (plan.reference, tuple(plan.outputs)))
+        if key not in _compiled:
+            _compiled[key] = _Compiled(self.op)
+        self.compiled = _compiled[key]
 
     def __call__(self, values: dict, example: Example):
         args = [values[n] for n in self.names]
@@ -138,10 +155,12 @@ class TorchCompile:
                 torch._dynamo.decorators.mark_unbacked(values[n], dim)
                 if values[n]._base is not None:  # a strided view: Dynamo guards on its buffer's size too
                     torch._dynamo.decorators.mark_unbacked(values[n]._base, dim)
-        before, key = self.compiles, example.shape_key()
-        out = self.compiled(*args)
+        before, key = self.compiled.compiles, example.shape_key()
+        out = self.compiled.fn(*args)
+        compiled_now = self.compiled.compiles - before
+        self.compiles += compiled_now
         self.facts["compiles"] = self.compiles
-        if key in self.seen_keys and self.compiles > before:
+        if key in self.seen_keys and compiled_now:
             raise Mismatch(f"torch.compile recompiled for num_tokens={example.num_tokens} on a shape it had "
                            f"compiled before ({self.compiles} compilations for {len(self.seen_keys)} shapes): "
                            "the token dimension must stay dynamic")

@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 
 from .plan import Plan
-from .report import NO_RESULT, code, collect, md, plan_display, recommendations, sm_verdicts, table, verdict
+from .report import NO_RESULT, _first_line, _grouped_reasons, code, collect, md, plan_display, recommendations, \
+    sm_verdicts, table, verdict
+from .results import Status
+from .vllm_schemas import VLLM_KERNELS
 
 PAGE = "README.md"
 
@@ -34,9 +37,14 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
     reports_dir = Path(reports_dir)
     plans = sorted(plans, key=lambda p: (p.name, str(p.path)))
     verdict_rows, decision_rows, problems, undecided = [], [], [], []
-    shown_plans = []
+    shown_plans, vllm_rows = [], []
     for plan in plans:
         res = collect(plan, reports_dir / plan.name)
+        if plan.vllm_kernel:  # vLLM's own kernel: what it accepts, no decision to make
+            shown_plans.append(plan_display(res))
+            problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
+            vllm_rows += _accepts_rows(plan, res)
+            continue
         recs = recommendations(res)
         per_sm = sm_verdicts(res, recs)
         shown_plans.append(plan_display(res))
@@ -75,7 +83,30 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
         lines.append("No decisions yet: benchmark on a GPU machine (`pytest --plan PLAN --bench`).")
     if undecided and decision_rows:
         lines += ["", f"Without benchmark decisions yet: {', '.join(code(n) for n in undecided)}."]
+    if vllm_rows:
+        lines += ["", "## vLLM's kernels: what they accept", "",
+                  "Plans whose kernel is vLLM's own (`op.kernel: vllm:<name>`): the contract a replacement must match "
+                  "or beat. They carry no decision; each page's \"What vLLM's kernel accepts\" has the inputs that "
+                  "passed and every failure with its minimal input.", "",
+                  table(vllm_rows, ["plan", "vLLM's kernel", "SM", "cells passed", "failed", "not run",
+                                    "most common failure", "page"])]
     return "\n".join(lines) + "\n", problems
+
+
+def _accepts_rows(plan: Plan, res) -> list[list[str]]:
+    """One row per SM with results (one row saying so where none has any) for a plan testing vLLM's own kernel."""
+    kernel, link = VLLM_KERNELS[plan.vllm_kernel], f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
+    rows = []
+    for sm in res.covered:
+        cells = [c for c in res.cells if c.sm == sm]
+        count = {s: sum(1 for c in cells if res.status(c) in s) for s in
+                 ((Status.PASSED, Status.XPASS), (Status.FAILED, Status.XFAIL), (Status.NOT_RUN,))}
+        failed = [c for c in cells if res.status(c) in (Status.FAILED, Status.XFAIL)]
+        reasons = _grouped_reasons(res, failed)
+        worst = f"{md(_first_line(reasons[0][0], 160))} ({len(reasons[0][1])})" if reasons else NO_RESULT
+        rows.append([code(plan.name), code(kernel.call), sm, *(str(n) for n in count.values()), worst, link])
+    return rows or [[code(plan.name), code(kernel.call), NO_RESULT, "no results yet", NO_RESULT, NO_RESULT,
+                     NO_RESULT, link]]
 
 
 def write_overview(plans: list[Plan], reports_dir: Path) -> tuple[Path, list[str]]:

@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import inspect
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import yaml
 
 from .expressions import evaluate, names_in
+from .vllm_schemas import VLLM_KERNELS, mismatches
 
 PHASES = ("prefill", "decode", "chunked_prefill")
 DTYPES = ("fp32", "fp16", "bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "int8")
@@ -35,10 +37,15 @@ STRUCTURED_INITS = ("positions", "seq_lens", "query_start_loc", "block_tables", 
 # {cos_sin_cache: {base: B}} (RoPE's [max_position, rotary_dim] table).
 PARAM_INITS = ("uniform", "integers", "cos_sin_cache")
 SIZE_CONSTRAINTS = ("values", "awkward", "divides", "multiple_of", "even", "at_most")
+# A kernel's preconditions (op.contract, or a named baseline's contract): tensors, size symbols and dtypes it is for.
+CONTRACT_KEYS = ("contiguous", "row_stride_multiple_of", "multiple_of", "at_least", "at_most", "dtypes", "why")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 ROLES = ("input", "output")
 VLLM_ROUTES = ("ir", "custom_op")
 BASELINES = ("native", "compiled", "vllm")
+# `op.kernel: vllm:<name>`: vLLM's own compiled kernel torch.ops._C.<name> (harness.vllm_schemas), loaded by
+# harness.vllm_kernels from an installed vLLM or a vLLM ops library.
+VLLM_KERNEL = "vllm:"
 # NVIDIA compute capability (sm90) or an AMD CDNA target (gfx90a, gfx942, gfx950).
 SM_PATTERN = re.compile(r"^(cpu|sm\d{2,3}|gfx9[0-9][0-9a-f])$")
 SM_EXPECTED = "'cpu', 'smXY' (e.g. sm90) or an AMD target (gfx90a, gfx942, gfx950)"
@@ -254,6 +261,79 @@ class SizeSpec:
 
 
 @dataclass(frozen=True)
+class Contract:
+    """What a kernel is written for (`op.contract`, or a named baseline's `contract`). Inputs outside it are not
+    drawn for the kernel, cells of other dtypes are excluded, benchmark shapes outside it are not timed for it, and
+    the kernel's vLLM plugin rejects calls outside it in supports_args (vLLM then falls back). Sizes are the plan's
+    symbols as drawn (before tensor-parallel sharding); a row stride is stride(-2), in elements."""
+
+    contiguous: tuple[str, ...] = ()  # tensors that must be fully contiguous
+    row_stride_multiple_of: tuple[tuple[str, int], ...] = ()  # (tensor, N): its rows start N elements apart
+    multiple_of: tuple[tuple[str, int], ...] = ()  # (size symbol, N)
+    at_least: tuple[tuple[str, int], ...] = ()
+    at_most: tuple[tuple[str, int], ...] = ()
+    dtypes: tuple[str, ...] = ()  # the cell dtypes it supports; empty: all
+    why: str = ""
+    line: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not (self.contiguous or self.row_stride_multiple_of or self.multiple_of or self.at_least
+                    or self.at_most or self.dtypes)
+
+    def layouts(self, arg: Arg) -> tuple[str, ...]:
+        """The layouts drawn for `arg`: contiguous alone where the contract says so."""
+        return ("contiguous",) if arg.name in self.contiguous else arg.layouts
+
+    def bounds(self, sym: str) -> tuple[int, int | None]:
+        return dict(self.at_least).get(sym, 1), dict(self.at_most).get(sym)
+
+    def size_step(self, sym: str, args: tuple[Arg, ...]) -> int:
+        """What `sym` is drawn a multiple of: its multiple_of, and where a tensor drawn only contiguous has rows
+        `N*sym` wide, what makes them a multiple of its row stride apart."""
+        step = dict(self.multiple_of).get(sym, 1)
+        for name, n in self.row_stride_multiple_of:
+            arg = next(a for a in args if a.name == name)
+            width = arg.shape[-1]
+            if "strided" not in self.layouts(arg) and width.symbol == sym:
+                step = math.lcm(step, n // math.gcd(n, width.coeff))
+        return step
+
+    def allows_size(self, sym: str, value: int, args: tuple[Arg, ...]) -> bool:
+        low, high = self.bounds(sym)
+        return value % self.size_step(sym, args) == 0 and value >= low and (high is None or value <= high)
+
+    def outside(self, args: tuple[Arg, ...], sizes: dict[str, int], dtype: str) -> str:
+        """Why a call on contiguous tensors of these sizes and dtype is outside the contract ("" when it is not)."""
+        if self.dtypes and dtype not in self.dtypes:
+            return f"dtype {dtype} is not one of {', '.join(self.dtypes)}"
+        for sym, value in sizes.items():
+            low, high = self.bounds(sym)
+            n = dict(self.multiple_of).get(sym, 1)
+            if value % n:
+                return f"{sym} {value} is not a multiple of {n}"
+            if value < low:
+                return f"{sym} {value} is below {low}"
+            if high is not None and value > high:
+                return f"{sym} {value} is above {high}"
+        for name, n in self.row_stride_multiple_of:
+            width = next(a for a in args if a.name == name).shape[-1].size(sizes)
+            if width % n:
+                return f"{name}'s row stride {width} is not a multiple of {n}"
+        return ""
+
+    def describe(self) -> str:
+        """The contract in words: "x contiguous; hidden a multiple of 8; dtypes bf16, fp16"."""
+        parts = [f"{', '.join(self.contiguous)} contiguous"] if self.contiguous else []
+        parts += [f"{name}'s row stride a multiple of {n} elements" for name, n in self.row_stride_multiple_of]
+        parts += [f"{sym} a multiple of {n}" for sym, n in self.multiple_of]
+        parts += [f"{sym} at least {n}" for sym, n in self.at_least]
+        parts += [f"{sym} at most {n}" for sym, n in self.at_most]
+        parts += [f"dtypes {', '.join(self.dtypes)}"] if self.dtypes else []
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class Quantized:
     """One quantized output: compared in its quantized domain, with its scale tensor."""
 
@@ -303,9 +383,14 @@ class Benchmark:
     flops: str | None = None
     # The real model each size comes from: ("hidden=4096", "Llama-3-8B"); a key may pair several symbols.
     models: tuple[tuple[str, str], ...] = ()
+    contracts: tuple[tuple[str, Contract], ...] = ()  # named baseline -> its contract, where it states one
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
+
+    def contract(self, name: str) -> Contract | None:
+        """A named baseline's contract, None where it states none."""
+        return dict(self.contracts).get(name)
 
     def model(self, sizes: dict) -> str | None:
         """The model a benchmark shape's sizes come from (the entry naming the most symbols wins), else None."""
@@ -375,9 +460,17 @@ class Plan:
     accumulation: str
     raw_text: str = field(repr=False, default="")
     warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
+    contract: Contract = Contract()  # the kernel's preconditions (op.contract)
 
     def load_kernel(self) -> Callable:
+        if self.vllm_kernel:
+            raise ValueError(f"{self.kernel} is vLLM's compiled kernel: harness.vllm_kernels.load_kernel loads it")
         return import_object(self.kernel)
+
+    @property
+    def vllm_kernel(self) -> str | None:
+        """The torch.ops._C name where op.kernel is vLLM's own compiled kernel (`vllm:rms_norm`), else None."""
+        return self.kernel.removeprefix(VLLM_KERNEL) if self.kernel.startswith(VLLM_KERNEL) else None
 
     def load_reference(self) -> Callable:
         return import_object(self.reference)
@@ -410,7 +503,10 @@ class Plan:
 
     @property
     def op_namespace(self) -> str:
-        """The torch.library namespace of the op: the kernel's top-level package (e.g. `kernels`)."""
+        """The torch.library namespace of the op: the kernel's top-level package (e.g. `kernels`); `vllm_c` for
+        vLLM's compiled kernels (torch.ops.vllm is vLLM's own namespace)."""
+        if self.vllm_kernel:
+            return "vllm_c"
         return re.sub(r"\W", "_", self.kernel.split(":")[0].split(".")[0])
 
     @property
@@ -491,6 +587,32 @@ def _check_import(r: _Reader, node: _Map, key: str, name: str, optional_module: 
     return path
 
 
+def _check_kernel(r: _Reader, op: _Map) -> str:
+    """op.kernel: an import path, or `vllm:<name>`, one of vLLM's compiled kernels the harness describes."""
+    path = r.value(op, "kernel", "op.kernel", (str,), "an import path 'package.module:attribute' or vllm:<name>")
+    if not path.startswith(VLLM_KERNEL):
+        return _check_import(r, op, "kernel", "op.kernel")
+    if path.removeprefix(VLLM_KERNEL) not in VLLM_KERNELS:
+        raise r.fail(op, "kernel", "op.kernel", "vllm:<name> naming one of vLLM's kernels "
+                     f"({', '.join(sorted(VLLM_KERNELS))}), or an import path 'package.module:attribute'", path)
+    return path
+
+
+def _check_vllm_schema(r: _Reader, root: _Map, op: _Map, plan: "Plan") -> None:
+    """A `vllm:` kernel is called with the plan's arguments in order: they must be its schema's parameters; and it
+    is not its own baseline."""
+    kernel = VLLM_KERNELS[plan.vllm_kernel]
+    for index, expected, found in mismatches(kernel, plan.args, plan.written_args):
+        if index is None:
+            raise r.fail(op, "args", "op.args", expected, found)
+        name = plan.args[index].name
+        raise r.fail(op["args"], name, f"op.args.{name}", expected, found)
+    if "vllm" in plan.benchmark.baselines:
+        raise r.fail(root["benchmark"], "baselines", "benchmark.baselines",
+                     f"native, compiled or named baselines (the kernel is vLLM's own {kernel.call}: it is timed as the "
+                     "kernel)", "vllm")
+
+
 def _check_signature(r: _Reader, node: _Map, key: str, name: str, path: str | None, names: list[str],
                      positional: bool = False) -> None:
     """The callable at `path` accepts the plan's arguments as the harness passes them (by name, or in order)."""
@@ -525,7 +647,8 @@ def _never_applies(r: _Reader, root: _Map, plan: "Plan") -> tuple[str, ...]:
             found.append(r.fail(root["benchmark"], phase, f"benchmark.{phase}", "a phase of matrix.phase", phase))
     cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
     for i, rule in enumerate(plan.expects):
-        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes) for c in cells):
+        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes)
+                   and c["dtype"] in (plan.contract.dtypes or m["dtype"]) for c in cells):
             found.append(r.fail(root["expect"], i, f"expect[{i}]", "a rule matching a cell the plan does not exclude",
                                 dict(rule.match)))
     return tuple(str(w) for w in found)
@@ -832,12 +955,79 @@ def _parse_tp(r: _Reader, root: _Map, args: tuple[Arg, ...], outputs: tuple[str,
                           units=tuple(units), replicate=tuple(replicate))
 
 
-def _parse_baselines(r: _Reader, node: _Map) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """`benchmark.baselines`: built-in names (native, compiled, vllm) and `{name: import path}` entries."""
+def _parse_contract(r: _Reader, parent: _Map, key: str, name: str, args: tuple[Arg, ...],
+                    sizes: dict[str, tuple[int, ...]], matrix_dtypes: tuple[str, ...],
+                    cpu_sizes: tuple[tuple[str, tuple[int, ...]], ...]) -> Contract:
+    """A kernel's contract (`op.contract`, or a named baseline's): known names, positive numbers, and something
+    of the plan left to draw under it."""
+    node = r.mapping(parent, key, name, CONTRACT_KEYS)
+    tensors = {a.name: a for a in args if a.is_tensor}
+
+    def counts(k: str, keys: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+        if k not in node:
+            return ()
+        entries = r.mapping(node, k, f"{name}.{k}", keys)
+        for sub, n in entries.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise r.fail(entries, sub, f"{name}.{k}.{sub}", "a positive integer", n)
+        return tuple(entries.items())
+
+    contiguous = r.str_list(node, "contiguous", f"{name}.contiguous", tuple(tensors))
+    for i, t in enumerate(contiguous):
+        if "contiguous" not in tensors[t].layouts:  # nothing of the plan's would be left to draw
+            where = (node["contiguous"], i, f"{name}.contiguous[{i}]") if isinstance(node["contiguous"], _Seq) \
+                else (node, "contiguous", f"{name}.contiguous")
+            raise r.fail(*where, f"a tensor the plan draws contiguous (op.args.{t}.layout lists contiguous)", t)
+    strides = counts("row_stride_multiple_of", tuple(tensors))
+    for t, n in strides:
+        rows, f, shape = node["row_stride_multiple_of"], f"{name}.row_stride_multiple_of.{t}", tensors[t].shape
+        if len(shape) < 2:
+            raise r.fail(rows, t, f, "a tensor of 2 or more dimensions (one with rows)", f"{t}: {len(shape)}-d")
+        width = shape[-1]
+        if not width.names <= set(sizes):
+            raise r.fail(rows, t, f, "a tensor whose last dimension is made of op.sizes symbols", str(width))
+        if t in contiguous or "strided" not in tensors[t].layouts:  # its rows are its width apart
+            if width.coeff is None:
+                raise r.fail(rows, t, f, f"a tensor whose last dimension is a number, a symbol or N*symbol, as "
+                             f"{t} is drawn contiguous only (its width is its row stride)", str(width))
+            if width.symbol is None and width.coeff % n:
+                raise r.fail(rows, t, f, f"a multiple that {t}'s width ({width.coeff}) meets, as {t} is drawn "
+                             "contiguous only", n)
+    multiple, at_least, at_most = (counts(k, tuple(sizes)) for k in ("multiple_of", "at_least", "at_most"))
+    for sym, high in at_most:
+        low = dict(at_least).get(sym, 1)
+        if low > high:
+            raise r.fail(node["at_most"], sym, f"{name}.at_most.{sym}", f"at least {name}.at_least.{sym} ({low})",
+                         high)
+    dtypes = r.str_list(node, "dtypes", f"{name}.dtypes", matrix_dtypes)
+    if "dtypes" in node and not dtypes:
+        raise r.fail(node, "dtypes", f"{name}.dtypes", "at least one dtype of matrix.dtype", [])
+    contract = Contract(contiguous, strides, multiple, at_least, at_most, dtypes,
+                        r.value(node, "why", f"{name}.why", (str,), "text", ""), parent.key_lines.get(key, parent.line))
+    # Every constrained size keeps at least one of the plan's sizes (on a CPU machine, of numerics.cpu_sizes).
+    for sym, planned in sizes.items():
+        for values, where in ((planned, f"op.sizes.{sym}"), (dict(cpu_sizes).get(sym), f"numerics.cpu_sizes.{sym}")):
+            if not values or any(contract.allows_size(sym, v, args) for v in values):
+                continue
+            listed = ", ".join(map(str, values))
+            k = next((k for k in ("multiple_of", "at_least", "at_most") if sym in dict(getattr(contract, k))), None)
+            if k:
+                raise r.fail(node[k], sym, f"{name}.{k}.{sym}", f"a constraint that a size of {where} ({listed}) "
+                             "meets", node[k][sym])
+            t = next(t for t, _ in strides if tensors[t].shape[-1].symbol == sym)
+            raise r.fail(node["row_stride_multiple_of"], t, f"{name}.row_stride_multiple_of.{t}",
+                         f"a multiple that {t}'s rows ({tensors[t].shape[-1]} wide, drawn contiguous only) meet for "
+                         f"a size of {where} ({listed})", dict(strides)[t])
+    return contract
+
+
+def _parse_baselines(r: _Reader, node: _Map, contract_of: Callable) -> tuple[tuple[str, ...], tuple, tuple]:
+    """`benchmark.baselines`: built-in names (native, compiled, vllm), `{name: import path}` entries and
+    `{name: {path: import path, contract: {...}}}` entries; returns (built-in, named, named contracts)."""
     if "baselines" not in node:
-        return ("native", "compiled"), ()
+        return ("native", "compiled"), (), ()
     items = node["baselines"] if isinstance(node["baselines"], list) else [node["baselines"]]
-    builtin, named = [], []
+    builtin, named, contracts = [], [], []
     for i, item in enumerate(items):
         where = f"benchmark.baselines[{i}]"
         if isinstance(item, str) and item in BASELINES:
@@ -849,16 +1039,23 @@ def _parse_baselines(r: _Reader, node: _Map) -> tuple[tuple[str, ...], tuple[tup
                              f"{', '.join(BASELINES)} and kernel", name)
             if name in dict(named):
                 raise r.fail(item, name, where, "a baseline name not used before in benchmark.baselines", name)
+            holder, key, field_name = item, name, f"{where}.{name}"
+            if isinstance(path, dict):  # {name: {path: ..., contract: {...}}}
+                r.mapping(item, name, field_name, ("path", "contract"), required=("path",))
+                if "contract" in path:
+                    contracts.append((name, contract_of(path, "contract", f"{field_name}.contract")))
+                holder, key, field_name, path = path, "path", f"{field_name}.path", path["path"]
             # Syntax only: the package may be installed on one machine and not on another; a benchmark that
             # cannot import it reports that baseline as not run.
             if not isinstance(path, str) or not re.fullmatch(r"[\w.]+:[\w.]+", path):
-                raise r.fail(item, name, f"{where}.{name}", "an import path 'package.module:attribute'", path)
+                raise r.fail(holder, key, field_name, "an import path 'package.module:attribute'", path)
             named.append((name, path))
         else:
-            expected = f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}}"
+            expected = (f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}} or "
+                        "{name: {path: 'package.module:attribute', contract: {...}}}")
             raise (r.fail(node["baselines"], i, where, expected, item) if isinstance(node["baselines"], _Seq)
                    else r.fail(node, "baselines", where, expected, item))
-    return tuple(builtin), tuple(named)
+    return tuple(builtin), tuple(named), tuple(contracts)
 
 
 def _parse_models(r: _Reader, node: _Map, sizes: dict[str, tuple[int, ...]]) -> tuple[tuple[str, str], ...]:
@@ -902,7 +1099,8 @@ def load_plan(path: str | Path) -> Plan:
                                "quantization", "vllm", "cuda_graph"), required=("op", "matrix"))
 
     op = r.mapping(root, "op", "op", ("name", "intent", "description", "kernel", "reference", "replaces", "args",
-                                      "outputs", "mutates", "sizes", "accumulation", "fake", "generate"),
+                                      "outputs", "mutates", "sizes", "accumulation", "fake", "generate",
+                                      "contract"),
                    required=("name", "intent", "kernel", "reference", "args", "outputs"))
     name = r.value(op, "name", "op.name", (str,), "an identifier")
     if not re.fullmatch(r"[A-Za-z_]\w*", name):
@@ -970,13 +1168,18 @@ def load_plan(path: str | Path) -> Plan:
                 raise r.fail(num_node, f.name, f"numerics.{f.name}", "a positive integer", v)
             numerics_kw[f.name] = v
 
+    def contract_of(parent: _Map, key: str, field_name: str) -> Contract:
+        return _parse_contract(r, parent, key, field_name, args, sizes, matrix["dtype"],
+                               numerics_kw.get("cpu_sizes", ()))
+
+    contract = contract_of(op, "contract", "op.contract") if "contract" in op else Contract()
     bench = Benchmark()
     if "benchmark" in root:
         b = r.mapping(root, "benchmark", "benchmark", PHASES + ("baselines", "bytes", "flops", "models"))
-        builtin, named = _parse_baselines(r, b)
+        builtin, named, contracts = _parse_baselines(r, b, contract_of)
         bench = Benchmark(
             **{p: r.int_list(b, p, f"benchmark.{p}", minimum=1) for p in PHASES},
-            baselines=builtin, named=named,
+            baselines=builtin, named=named, contracts=contracts,
             bytes=r.value(b, "bytes", "benchmark.bytes", (str,), "a byte-count expression"),
             flops=r.value(b, "flops", "benchmark.flops", (str,), "a flop-count expression"),
             models=_parse_models(r, b, sizes),
@@ -1005,7 +1208,7 @@ def load_plan(path: str | Path) -> Plan:
 
     plan = Plan(
         path=path, name=name, intent=intent,
-        kernel=_check_import(r, op, "kernel", "op.kernel"),
+        kernel=_check_kernel(r, op),
         reference=_check_import(r, op, "reference", "op.reference", optional_module="vllm"),
         fake=_check_import(r, op, "fake", "op.fake"),
         description=r.value(op, "description", "op.description", (str,), "text", ""),
@@ -1017,11 +1220,14 @@ def load_plan(path: str | Path) -> Plan:
         tp=_parse_tp(r, root, args, outputs, matrix["tp"], tuple(sizes)), quantization=_parse_quantization(r, root, args, outputs),
         generate=_check_import(r, op, "generate", "op.generate"), vllm=vllm, capture_sizes=capture_sizes,
         accumulation=r.choice(op, "accumulation", "op.accumulation", ("fp32", "input"), "fp32"),
-        raw_text=text,
+        raw_text=text, contract=contract,
     )
     arg_names = [a.name for a in args]
     inputs = [a.name for a in args if a.role != "output"]
-    _check_signature(r, op, "kernel", "op.kernel", plan.kernel, arg_names)
+    if plan.vllm_kernel:
+        _check_vllm_schema(r, root, op, plan)
+    else:
+        _check_signature(r, op, "kernel", "op.kernel", plan.kernel, arg_names)
     _check_signature(r, op, "reference", "op.reference", plan.reference, inputs)
     _check_signature(r, op, "fake", "op.fake", plan.fake, arg_names, positional=True)
     _check_models(r, root, plan)

@@ -25,11 +25,12 @@ from tabulate import tabulate
 from .hardware import Hardware
 from .matrix import Cell, bench_graph_modes, decide, excluded_by, expand
 from .plan import AXES, PHASES, Plan
-from .results import NOISE_FLOOR, RAN, BenchRecord, CellRecord, ImplFigures, IntegrationRecord, Provenance, Status, \
-    merge_dir
+from .results import ALIGNMENTS, NOISE_FLOOR, RAN, BenchRecord, CellRecord, ImplFigures, InputsSeen, \
+    IntegrationRecord, Provenance, Status, merge_dir
 from .tolerances import tolerance_source
 from .vllm_ops import VLLM_DEFAULT, enable_setting, is_vllm_default, plugin_entry_point, plugin_module_name, \
     plugin_route, profile_setting, provider_name, render_plugin, unsupported, vllm_op
+from .vllm_schemas import VLLM_KERNELS
 
 MARKS = {Status.PASSED: "✅", Status.FAILED: "❌", Status.NOT_RUN: "⏭", Status.EXCLUDED: "🚫", Status.XFAIL: "⚠️",
          Status.XPASS: "❗"}
@@ -662,7 +663,8 @@ def provenance_line(res: Merged) -> str:
         descr = []
         for run in runs:
             p = res.runs[run]
-            descr.append(f"{md(p.host)} ({md(p.gpu)}), commit {md(p.commit or '?')}, {md(p.date)}")
+            descr.append(f"{md(p.host)} ({md(p.gpu)}), commit {md(p.commit or '?')}, {md(p.date)}"
+                         + (f", ran {md(p.cells)}" if p.cells else ""))
         parts.append(f"{sm}: " + "; ".join(dict.fromkeys(descr)))  # xdist workers of one run read alike
     missing = [sm for sm in res.plan.matrix["sm"] if sm not in res.sources]
     if missing:
@@ -685,7 +687,11 @@ def problem_breakdown(plan: Plan) -> str:
         lines += [md(plan.description), ""]
     lines.append(f"- **Kernel:** {code(signature)} from {code(plan.kernel)}; {'; '.join(effect) or 'no outputs'}.")
     lines.append(f"- **Reference:** {code(plan.reference)} (PyTorch eager; the numerics every cell is checked against).")
-    if plan.replaces:
+    if plan.vllm_kernel:
+        kernel = VLLM_KERNELS[plan.vllm_kernel]
+        lines.append(f"- **vLLM's own kernel:** {code(kernel.call)}, {code(kernel.schema)} (as vLLM 0.26.0 registers "
+                     "it), called with the plan's arguments in order: the contract a replacement must match or beat.")
+    elif plan.replaces:
         lines.append(f"- **Replaces:** {code(plan.replaces)} ({md(INTENTS[plan.intent])}).")
     else:
         lines.append(f"- **Replaces:** nothing in vLLM ({md(INTENTS[plan.intent])}).")
@@ -710,6 +716,8 @@ def _tp_answer(plan: Plan) -> str:
 
 
 def _vllm_answer(plan: Plan) -> str:
+    if plan.vllm_kernel:
+        return f"none: the kernel is vLLM's own {code(VLLM_KERNELS[plan.vllm_kernel].call)}, in vLLM already"
     op = vllm_op(plan)
     if plugin_route(plan) == "ir":
         how = (f"vLLM IR provider {code(provider_name(plan))} for {code('vllm.ir.ops.' + ir_op(plan))} "
@@ -744,6 +752,10 @@ def constraints(res: Merged) -> str:
                    f"{n.prefill_tokens[1]}; chunked prefill up to {n.max_num_batched_tokens}"],
         *([["Models the sizes come from", md("; ".join(f"{k}: {m}" for k, m in plan.benchmark.models))]]
           if plan.benchmark.models else []),
+        # what is drawn, timed and dispatched to the kernel (and timed for each named baseline)
+        *([["Kernel contract", _contract_text(plan.contract)]] if not plan.contract.empty else []),
+        *[[f"Contract of the baseline {md(name)}", _contract_text(c)] for name, c in plan.benchmark.contracts
+          if not c.empty],
         ["Tolerances", (md(tol) + " (plan); " if tol else "") + "other dtypes: vLLM's defaults"],
         ["Exclusions and expected failures", "; ".join(rules) or "none"],
     ]
@@ -752,6 +764,12 @@ def constraints(res: Merged) -> str:
     lines.append(_machines_table(res))
     lines += ["", _detected_facts(res)]
     return "\n".join(lines)
+
+
+def _contract_text(contract) -> str:
+    """A contract in words, with its reason and where the plan states it."""
+    why = f": {contract.why}" if contract.why else ""
+    return md(f"{contract.describe()}{why} (plan line {contract.line})")
 
 
 def _quantization_text(q) -> str:
@@ -817,6 +835,11 @@ def _detected_facts(res: Merged) -> str:
 
 
 def design(plan: Plan) -> str:
+    if plan.vllm_kernel:
+        return "\n".join(["## High-level design", "",
+                          f"Nothing plugs into vLLM: {code(VLLM_KERNELS[plan.vllm_kernel].call)} is the kernel vLLM's "
+                          "own layer calls (forward_cuda, or forward_cpu on a CPU). This plan measures it the way a "
+                          "replacement is measured, so a replacement's plan can be read against this page."])
     op = custom_op_name(plan)
     layer = layer_path(plan)
     layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"
@@ -867,6 +890,9 @@ def interfaces(plan: Plan, integration: dict) -> str:
         f"tuple[{', '.join(['torch.Tensor'] * len(returns))}]"
     imp = f"from {module} import {attr} as {kernel_fn}" if "." not in attr else \
         f"import {module}\n{kernel_fn} = {module}.{attr}"
+    if plan.vllm_kernel:  # vLLM's compiled kernel (harness.vllm_kernels loads it), called with the plan's order
+        plain = ", ".join(a.name for a in plan.args)
+        imp = f"def {kernel_fn}({plain}):  # vLLM's own kernel\n    torch.ops._C.{plan.vllm_kernel}({plain})"
     op_code = [
         "import torch", "", imp, "", "",
         "@torch.library.custom_op(",
@@ -1103,7 +1129,7 @@ def _not_run(res: Merged) -> list[str]:
         rows.append([md(reason), str(len(cells)), md(describe(res.plan, cells))])
     missing = res.missing()
     if missing:
-        rows.append(["no result recorded (deselected, e.g. with -k, or the run stopped)", str(len(missing)),
+        rows.append(["no result recorded (sampled out, deselected with -k or -m, or the run stopped)", str(len(missing)),
                      md(describe(res.plan, missing))])
     uncovered = res.uncovered_cells()
     if uncovered:
@@ -1113,6 +1139,90 @@ def _not_run(res: Merged) -> list[str]:
     if not rows:
         return []
     return ["Cells without a pass or fail, by reason:", "", table(rows, ["reason", "cells", "which"]), ""]
+
+
+# ---------------------------------------------------------------- what the kernel accepts
+
+
+def _range(low_high) -> str:
+    low, high = low_high
+    return str(low) if low == high else f"{low} … {high}"
+
+
+def _seen_sizes(seen: InputsSeen) -> str:
+    return "; ".join(f"{md(sym)} {_range(seen.sizes[sym])} (alignment {', '.join(map(str, seen.alignments[sym]))})"
+                     for sym in sorted(seen.sizes)) or NO_RESULT
+
+
+def _seen_layouts(seen: InputsSeen) -> str:
+    parts = []
+    for name in sorted(seen.layouts):
+        text = f"{md(name)}: {', '.join(seen.layouts[name])}"
+        if seen.row_strides.get(name):
+            text += f" (row stride alignment {', '.join(map(str, seen.row_strides[name]))})"
+        parts.append(text)
+    return "; ".join(parts) or NO_RESULT
+
+
+def accepted_inputs(res: Merged) -> str:
+    """What the kernel accepted, per SM: the inputs of the examples that passed (each cell records them), the dtypes,
+    graph modes and TP sizes of the cells that passed, then each failure with its minimal input. Titled for vLLM's own
+    kernel (`op.kernel: vllm:<name>`), whose acceptances a replacement must match; "" for other kernels until a cell
+    has recorded its inputs."""
+    plan = res.plan
+    kernel = VLLM_KERNELS[plan.vllm_kernel] if plan.vllm_kernel else None
+    ran = [c for c in res.cells if res.status(c) in RAN]
+    if kernel is None and not any(res.records[c.id].passing for c in ran):
+        return ""
+    lines = ["## What vLLM's kernel accepts" if kernel else "## Inputs seen passing", ""]
+    if kernel:
+        lines += [f"{code(kernel.call)} under the matrix: the inputs it computed right are what a replacement must "
+                  "accept too; where it fails, a replacement may refuse the input (state it in `op.contract`) or do "
+                  "better.", ""]
+    alignments = ", ".join(map(str, ALIGNMENTS))
+    lines += [f"From the examples that passed in each cell (drawn by hypothesis; alignment: the largest of "
+              f"{alignments} dividing a size, or a row stride in elements). Dtypes, graph modes and TP sizes: of the "
+              "cells that passed.", ""]
+    rows = []
+    for sm in plan.matrix["sm"]:
+        mine = [c for c in ran if c.sm == sm]
+        if not mine:
+            continue
+        passed = [c for c in mine if res.status(c) in (Status.PASSED, Status.XPASS)]
+        seen = InputsSeen()
+        for c in mine:
+            if res.records[c.id].passing:
+                seen = seen.merge(res.records[c.id].passing)
+
+        def values(axis):
+            return ", ".join(f"tp{v}" if axis == "tp" else str(v) for v in plan.matrix[axis]
+                             if any(getattr(c, axis) == v for c in passed)) or NO_RESULT
+
+        rows.append([sm, f"{len(passed)} of {len(mine)}", values("dtype"), values("graph_mode"), values("tp"),
+                     _range(seen.num_tokens) if seen.num_tokens else NO_RESULT, _seen_sizes(seen),
+                     _seen_layouts(seen), str(seen.examples)])
+    if rows:
+        lines += [table(rows, ["SM", "cells passed of run", "dtypes", "graph modes", "tp", "num_tokens",
+                               "sizes (alignments)", "layouts", "passing examples"]), ""]
+    else:
+        lines += ["No cell has run yet.", ""]
+    failed = [c for c in ran if res.status(c) in (Status.FAILED, Status.XFAIL)]
+    if failed:
+        groups = defaultdict(list)  # (reason, minimal input) -> the cells that failed so
+        for c in failed:  # every distinct failure of a cell, each with its minimal input
+            rec = res.records[c.id]
+            for reason, example in [(rec.reason, rec.minimal_example),
+                                    *((f.reason, f.minimal_example) for f in rec.more_failures or ())]:
+                groups[(_first_line(reason, 300), example or NO_RESULT)].append(c)
+        rows = [[md(describe(plan, cells)), str(len(cells)), md(reason), md(example)]
+                for (reason, example), cells in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+        lines += ["Where it failed (each distinct failure of a cell, with its minimal input):", "",
+                  table(rows, ["cells", "count", "reason", "minimal input"]), ""]
+    not_run = [c for c in res.cells_with("not_run") if c.sm in res.covered]
+    if not_run:
+        lines += ["Not run on machines of the cells' SM:", ""]
+        lines += [f"- {n_cells(len(cells))}: {md(reason)}" for reason, cells in _grouped_reasons(res, not_run)]
+    return "\n".join(lines).rstrip()
 
 
 # ---------------------------------------------------------------- performance
@@ -1202,6 +1312,11 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
     return [note, "", table(rows, headers)]
 
 
+# Eager figures are back-to-back device time; where an isolated, launch-inclusive call differs by more than
+# this fraction, both are shown.
+LAUNCH_GAP = 0.03
+
+
 def _impl_cell(impl: ImplFigures | None) -> str:
     if impl is None:
         return NO_RESULT
@@ -1209,6 +1324,10 @@ def _impl_cell(impl: ImplFigures | None) -> str:
         return f"not run: {md(_why_untimed(impl))}"
     gbps = f"{impl.gbps:.0f}" if _is_num(impl.gbps) else NO_RESULT
     text = f"{fmt_us(impl.median_us)} µs · {gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%"
+    if _is_num(impl.launch_us) and abs(impl.launch_us / impl.median_us - 1) > LAUNCH_GAP:
+        # The two measure different things; where they differ, one figure would mislead (docs/report.md).
+        text = (f"{fmt_us(impl.median_us)} µs back-to-back · {fmt_us(impl.launch_us)} µs launch-inclusive · "
+                f"{gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%")
     if _is_num(impl.tflops):
         text += f" · {fmt(impl.tflops, 3)} TFLOP/s"
     if impl.error:
@@ -1240,7 +1359,8 @@ def tradeoffs(res: Merged, recs: list[Recommendation]) -> str:
     plan = res.plan
     cs = capture_sizes(plan)
     pad = max((b - a - 1 for a, b in zip(cs, cs[1:])), default=0)
-    items = [f"Opaque custom op: torch.compile cannot fuse across {code(custom_op_name(plan))} (neighbouring "
+    opaque = VLLM_KERNELS[plan.vllm_kernel].call if plan.vllm_kernel else custom_op_name(plan)
+    items = [f"Opaque custom op: torch.compile cannot fuse across {code(opaque)} (neighbouring "
              "elementwise ops, a following quantization) as it fuses forward_native; the op must beat the "
              "compiled reference on its own."]
     if plan.intent == "fusion":
@@ -1255,7 +1375,9 @@ def tradeoffs(res: Merged, recs: list[Recommendation]) -> str:
                          "tensor parallelism saves nothing here.")
         else:
             items.append("Sharded: each rank works on its shard; recombining the outputs costs a collective per call.")
-    if plugin_route(plan) == "ir":
+    if plan.vllm_kernel:
+        pass  # vLLM's own kernel: no route into vLLM to weigh
+    elif plugin_route(plan) == "ir":
         items.append("vLLM IR: the provider is chosen by priority per platform and falls back to native where "
                      "`supports_args` rejects a call; a fallback is silent, so check the priority per platform.")
     else:
@@ -1263,7 +1385,10 @@ def tradeoffs(res: Merged, recs: list[Recommendation]) -> str:
                      "carries the layer's name in `custom_ops`.")
     caps = [c for c in res.cells if c.sm == "cpu" and c.id in res.records
             and res.records[c.id].facts.get("token_cap")]
-    if caps:
+    if caps and plan.vllm_kernel:
+        items.append("CPU results run vLLM's CPU build of the kernel, with capped token counts: they say what that "
+                     "build accepts, not what its GPU build does, and not at the largest shapes.")
+    elif caps:
         items.append("CPU results run the kernel in Triton's interpreter with capped token counts: they check "
                      "numerics, not speed, and not the largest shapes.")
     return "\n".join(["## Trade-offs", "", *(f"- {i}" for i in items)])
@@ -1275,7 +1400,10 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
     items = []
     for problem in res.shown_problems():
         items.append(f"Fix or remove a results file: {md(problem)}")
-    for reason, cells in _grouped_reasons(res, res.cells_with("failed")):
+    if plan.vllm_kernel and res.cells_with("failed"):  # vLLM's kernel is not ours to fix: its failures are findings
+        items.append(f"For a replacement: accept or refuse (`op.contract`) the inputs vLLM's kernel fails on in "
+                     f"{n_cells(len(res.cells_with('failed')))} (What vLLM's kernel accepts)")
+    for reason, cells in [] if plan.vllm_kernel else _grouped_reasons(res, res.cells_with("failed")):
         items.append(f"Fix {md(describe(plan, cells))}: {md(reason)}")
     for c in res.cells_with("xpass"):
         items.append(f"{code(c.id)} passes although the plan expects a failure: drop or narrow the expectation "
@@ -1283,7 +1411,8 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
     for sm in plan.matrix["sm"]:
         n = sum(1 for c in res.uncovered_cells() if c.sm == sm)
         if n:
-            items.append(f"Run on {sm}: {code(f'pytest --plan {pd}')} on a machine with {sm} ({n_cells(n)})")
+            where = " and vLLM's kernels (an installed vLLM, or --vllm-ops-library)" if plan.vllm_kernel else ""
+            items.append(f"Run on {sm}: {code(f'pytest --plan {pd}')} on a machine with {sm}{where} ({n_cells(n)})")
     covered_not_run = [c for c in res.cells_with("not_run") if c.sm in res.covered]
     for reason, cells in _grouped_reasons(res, covered_not_run):
         items.append(f"Run {md(describe(plan, cells))} ({n_cells(len(cells))}): not run because {md(reason)}")
@@ -1366,6 +1495,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
     per_sm = sm_verdicts(res, recs)
     v = verdict(res, recs, per_sm)
     items = open_items(res, recs)
+    accepted = accepted_inputs(res)
     sections = [
         header(res, v, per_sm),
         problem_breakdown(plan),
@@ -1374,6 +1504,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         interfaces(plan, res.integration),
         critical_path(plan),
         support_matrix(res),
+        *([accepted] if accepted else []),  # what the kernel accepts, where the cells recorded it
         performance(res, op_dir, recs),
         tradeoffs(res, recs),
         "\n".join(["## Open items", "", *(f"- [ ] {i}" for i in items)] if items else ["## Open items", "", "None."]),

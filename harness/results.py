@@ -27,7 +27,9 @@ from typing import Any
 
 FORMAT = "harness-results"
 VERSION = 2
-# Version 1 files have the same layout (records were untyped dicts); they are read as they are.
+# Version 1 files have the same layout (records were untyped dicts); they are read as they are. Optional fields
+# added since (CellRecord.passing, CellRecord.more_failures) keep the version: a harness without them skips them
+# (from_json).
 READABLE_VERSIONS = (1, 2)
 
 
@@ -73,6 +75,7 @@ class Provenance:
     triton_interpreter: bool = False
     commit: str | None = None
     date: str = "?"
+    cells: str | None = None  # which runnable cells the run ran: "a pairwise sample of 9 of 54 runnable cells"
 
     @property
     def machine_key(self) -> str:
@@ -98,6 +101,61 @@ class Tol:
     rtol: float
 
 
+ALIGNMENTS = (16, 8, 4, 2, 1)
+
+
+def alignment(n: int) -> int:
+    """A size's alignment class: the largest of ALIGNMENTS dividing it."""
+    return next(a for a in ALIGNMENTS if n % a == 0)
+
+
+@dataclass
+class InputsSeen:
+    """The inputs of a cell's examples that passed, in brief: what the kernel was seen to accept."""
+
+    examples: int = 0
+    num_tokens: list[int] | None = None  # [lowest, highest]
+    sizes: dict[str, list[int]] = field(default_factory=dict)  # size symbol -> [lowest, highest]
+    alignments: dict[str, list[int]] = field(default_factory=dict)  # size symbol -> the alignment classes seen
+    layouts: dict[str, list[str]] = field(default_factory=dict)  # tensor input -> contiguous and/or strided
+    row_strides: dict[str, list[int]] = field(default_factory=dict)  # strided input -> its row strides' alignments
+
+    def add(self, num_tokens: int, sizes: dict[str, int], layouts: dict[str, tuple[str, int | None]]) -> None:
+        """One passing example: its token count, size symbols, and per tensor input (layout, row stride or None)."""
+        self.examples += 1
+        low, high = self.num_tokens or (num_tokens, num_tokens)
+        self.num_tokens = [min(low, num_tokens), max(high, num_tokens)]
+        for sym, v in sizes.items():
+            low, high = self.sizes.get(sym, (v, v))
+            self.sizes[sym] = [min(low, v), max(high, v)]
+            self.alignments[sym] = sorted({*self.alignments.get(sym, ()), alignment(v)})
+        for name, (layout, stride) in layouts.items():
+            self.layouts[name] = sorted({*self.layouts.get(name, ()), layout})
+            if stride is not None:
+                self.row_strides[name] = sorted({*self.row_strides.get(name, ()), alignment(stride)})
+
+    def merge(self, other: "InputsSeen") -> "InputsSeen":
+        """Both records' inputs in one (for a summary over cells)."""
+        out = InputsSeen(self.examples + other.examples)
+        ranges = [r for r in (self.num_tokens, other.num_tokens) if r]
+        out.num_tokens = [min(r[0] for r in ranges), max(r[1] for r in ranges)] if ranges else None
+        for sym in {*self.sizes, *other.sizes}:
+            both = [r for r in (self.sizes.get(sym), other.sizes.get(sym)) if r]
+            out.sizes[sym] = [min(r[0] for r in both), max(r[1] for r in both)]
+        for name in ("alignments", "layouts", "row_strides"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(out, name, {k: sorted({*mine.get(k, ()), *theirs.get(k, ())}) for k in {*mine, *theirs}})
+        return out
+
+
+@dataclass
+class Failure:
+    """One distinct failure of a cell: why, and the smallest input found for it."""
+
+    reason: str
+    minimal_example: str | None = None
+
+
 @dataclass
 class CellRecord:
     """One numerics cell: its axes, status and reason, and what the run measured."""
@@ -115,6 +173,8 @@ class CellRecord:
     error: ErrorStats | None = None
     facts: dict = field(default_factory=dict)
     minimal_example: str | None = None
+    passing: InputsSeen | None = None  # the inputs of the examples that passed
+    more_failures: list[Failure] | None = None  # distinct failures besides `reason` (plans of vLLM's own kernels)
     repro: str | None = None
     expectation: str | None = None
     finished: str = ""
@@ -133,6 +193,9 @@ class ImplFigures:
     tflops: float | None = None
     launches: int | None = None
     samples: int | None = None
+    # Eager timings are back-to-back device time (calls queued behind each other); launch_us is the median of
+    # isolated calls on an idle GPU, the host's launch cost included (what a host-bound decode step sees).
+    launch_us: float | None = None
     error: str | None = None  # raised, or a wrong result after timing
     not_run: str | None = None
 
@@ -257,6 +320,10 @@ def _convert(hint, value, where: str):
             raise ResultsError(f"{where}: unknown status {value!r}") from None
     if dataclasses.is_dataclass(target):
         return from_json(target, value, where)
+    if typing.get_origin(target) is list and dataclasses.is_dataclass(typing.get_args(target)[0]):
+        if not isinstance(value, list):
+            raise ResultsError(f"{where}: expected a list")
+        return [from_json(typing.get_args(target)[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
     if typing.get_origin(target) is dict:
         inner = typing.get_args(target)[1]
         if dataclasses.is_dataclass(inner):
@@ -362,7 +429,7 @@ def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:
 
 
 class Recorder:
-    """The running pytest process's results file, rewritten atomically after every item."""
+    """The running pytest process's results file, rewritten atomically after every item that ran."""
 
     def __init__(self, directory: Path, op: str, provenance: Provenance, run_id: str, worker: str | None = None):
         key = provenance.machine_key
@@ -376,11 +443,27 @@ class Recorder:
                 self.path.replace(self.path.with_suffix(".unreadable"))
         self.run_id = run_id
         self.results.runs[run_id] = provenance
+        self.unwritten = False  # records kept in memory only (record's `defer`)
 
-    def record(self, section: str, key: str, rec: Record) -> None:
+    def describe_run(self, **fields) -> None:
+        """Set fields of this run's provenance (written with the next record)."""
+        self.results.runs[self.run_id] = dataclasses.replace(self.results.runs[self.run_id], **fields)
+
+    def record(self, section: str, key: str, rec: Record, defer: bool = False) -> None:
+        """Add a record and rewrite the file; `defer`: rewrite it with the next record or `flush` instead, for
+        records that cost nothing to make again (a cell this machine cannot run). Rewriting the file for each of
+        the hundreds of those in a plan cost about 20 ms apiece."""
         rec.run = self.run_id
         self.results.section(section)[key] = rec
-        write_atomic(self.path, self.results)
+        self.unwritten = defer
+        if not defer:
+            write_atomic(self.path, self.results)
+
+    def flush(self) -> None:
+        """Write deferred records."""
+        if self.unwritten:
+            write_atomic(self.path, self.results)
+            self.unwritten = False
 
     def fold_worker_files(self) -> None:
         """Fold xdist workers' files (and those an interrupted run left) into this machine's file."""

@@ -7,6 +7,7 @@ check their examples with `tp.TPCheck` through the same `run_examples` loop.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import traceback
@@ -16,18 +17,19 @@ from functools import partial
 import torch
 from hypothesis import Phase, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.errors import HypothesisException
+from hypothesis.errors import FlakyFailure, HypothesisException
 
 from . import numerics
 from .calls import kernel_outputs, reference_outputs
 from .device import detect
-from .inputs import Example, build_args, examples, token_cap
+from .inputs import Example, build_args, examples, token_cap, within_contract
 from .matrix import Cell
 from .modes import make_runner
 from .numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
 from .plan import Plan, load_plan
-from .results import CellRecord, Status, Tol
+from .results import CellRecord, Failure, InputsSeen, Status, Tol
 from .tolerances import output_tolerance, tolerance_for
+from .vllm_kernels import KernelUnavailable, load_kernel
 
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
 FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
@@ -66,9 +68,11 @@ class KernelRaised(AssertionError):
     """The kernel (or its launcher) raised: reported with the exception and where it came from."""
 
 
-def hypothesis_settings(run: RunSettings) -> settings:
+def hypothesis_settings(run: RunSettings, multiple_bugs: bool = False) -> settings:
+    """`multiple_bugs`: shrink and report every distinct failure (by exception type and place), not the first only."""
     database = None if run.profile == "ci" or not run.database else DirectoryBasedExampleDatabase(run.database)
-    return settings(settings.get_profile(f"harness-{run.profile}"), max_examples=run.examples, database=database)
+    return settings(settings.get_profile(f"harness-{run.profile}"), max_examples=run.examples, database=database,
+                    report_multiple_bugs=multiple_bugs)
 
 
 def exact_outputs(plan: Plan, reference, values: dict) -> dict:
@@ -78,15 +82,22 @@ def exact_outputs(plan: Plan, reference, values: dict) -> dict:
         return {k: v.double() for k, v in reference_outputs(plan, reference, up).items()}
 
 
+def exception_text(exc: BaseException) -> str:
+    """An exception's message, without the request torch appends to every TORCH_CHECK failure."""
+    return str(exc).strip().replace("  (Could this error message be improved?  If so, please report an enhancement "
+                                    "request to PyTorch.)", "")
+
+
 def kernel_error(exc: Exception, ex: Example, device: str) -> KernelRaised:
     """What a user reads when the kernel raises: out of memory in words, else the exception and where."""
     frame = traceback.extract_tb(exc.__traceback__)[-1]
-    text = str(exc).strip()
+    where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # an installed package: by its path
+    text = exception_text(exc)
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text \
             or "not enough memory" in text.lower():
         return KernelRaised(f"out of memory at {ex.describe()}: the kernel asked for more memory than the {device} "
-                            f"has ({text.splitlines()[0][:300]}; {frame.filename}:{frame.lineno})")
-    return KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} ({frame.filename}:{frame.lineno})")
+                            f"has ({text.splitlines()[0][:300]}; {where})")
+    return KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} ({where})")
 
 
 class CellCheck:
@@ -94,19 +105,23 @@ class CellCheck:
 
     def __init__(self, plan: Plan, cell: Cell, device: str):
         self.plan, self.cell, self.device = plan, cell, device
-        self.kernel, self.reference = plan.load_kernel(), plan.load_reference()
+        self.kernel, self.reference = load_kernel(plan), plan.load_reference()  # KernelUnavailable: not run here
         self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
         self.tol = tolerance_for(plan, cell.dtype)
         self.stats = Stats()
         self.count = 0
         self.last_failure: tuple[Example, BaseException] | None = None
+        self.passing = InputsSeen()  # what the examples that passed looked like
+        self.failed_on: dict[int, Example] = {}  # id of each exception raised -> its example
 
     def __call__(self, ex: Example) -> None:
         try:
             self._check(ex)
         except BaseException as exc:
             self.last_failure = (ex, exc)
+            self.failed_on[id(exc)] = ex
             raise
+        self.passing.add(ex.num_tokens, ex.sizes, example_layouts(self.plan, ex))
 
     def _call(self, values: dict, ex: Example):
         try:
@@ -142,6 +157,27 @@ class CellCheck:
     def compare(self, name, actual, expected, values, returned: bool) -> None:
         compare_judged(self.plan, self.reference, self.cell.dtype, self.stats, name, actual, expected, values,
                        returned)
+
+
+def example_layouts(plan: Plan, ex: Example) -> dict[str, tuple[str, int | None]]:
+    """Per tensor input, its layout as built and, where strided, its row stride in elements (None: not known)."""
+    sizes = {**ex.sizes, "num_tokens": ex.num_tokens}
+    out = {}
+    for name, (layout, pad) in ex.layouts.items():
+        shape = plan.arg(name).shape
+        known = all(d.names <= set(sizes) for d in shape[:-1])
+        rows = math.prod(d.size(sizes) for d in shape[:-1]) if known else 2
+        # in_layout pads tensors of 2 dims and more only, and a single padded row is contiguous all the same
+        if layout != "strided" or len(shape) < 2 or rows < 2:
+            out[name] = ("contiguous", None)
+        else:
+            out[name] = ("strided", shape[-1].size(sizes) + pad if shape[-1].names <= set(sizes) else None)
+    return out
+
+
+def not_run(cell: Cell, reason: str) -> Outcome:
+    """A cell this machine cannot run after all (vLLM's kernel not loadable here), with why."""
+    return Outcome(CellRecord(**cell.axes(), status=Status.NOT_RUN, reason=reason))
 
 
 def compare_judged(plan: Plan, reference, dtype: str, stats: Stats, name: str, actual, expected, values: dict,
@@ -191,7 +227,10 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     # A distinct name per plan and cell gives each cell its own entry in hypothesis's example database.
     test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__{cell.id}")
     if replay is None:
-        test = hypothesis_settings(run)(given(examples(plan, cell, device, tp_multiple))(test))
+        # vLLM's own kernel: every distinct failure is shrunk and kept, so that one (a size it refuses) does not hide
+        # another (a strided input it reads wrong): the run is there to find what it accepts.
+        test = hypothesis_settings(run, multiple_bugs=bool(plan.vllm_kernel))(
+            given(examples(plan, cell, device, tp_multiple))(test))
     else:
         test = partial(test, replay)
     rec = CellRecord(**cell.axes(), status=Status.PASSED)
@@ -199,13 +238,17 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     try:
         test()
     except Exception as exc:  # hypothesis re-raises the minimal example's failure
-        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # flaky: failed once, not on replay
-            exc = exc.exceptions[0]
+        more = []
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # flaky (failed once, not on replay), or several
+            exc, more = exc.exceptions[0], [] if isinstance(exc, FlakyFailure) else list(exc.exceptions[1:])
         rec.status = Status.FAILED
+        rec.more_failures = [Failure(str(e).strip() or type(e).__name__,
+                                     check.failed_on[id(e)].describe() if id(e) in check.failed_on else None)
+                             for e in more] or None
         if isinstance(exc, HypothesisException):
             rec.reason = f"hypothesis: {exc}"
         else:
-            failing = check.last_failure
+            failing = (check.failed_on[id(exc)],) if id(exc) in check.failed_on else check.last_failure
             reason = str(exc).strip() or type(exc).__name__
             if device == "cuda" and any(s in reason for s in FATAL_DEVICE_ERRORS):
                 device_fault = True
@@ -221,6 +264,9 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     rec.duration_s = round(time.monotonic() - start, 3)
     rec.tolerance = Tol(check.tol.atol, check.tol.rtol)
     rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {})}
+    rec.passing = check.passing if check.passing.examples else None
+    if not plan.contract.empty:  # what the inputs were drawn within (results outlive a plan's edits)
+        rec.facts["contract"] = plan.contract.describe()
     rec.error = rec.error or check.stats.record()
     return Outcome(rec, fatal=device_poisoned(rec.reason, device), device_fault=device_fault)
 
@@ -229,8 +275,11 @@ def run_cell(plan_path: str, cell_id: str, run: RunSettings, progress=None, repl
     """Run one tp1 cell's hypothesis examples in this process (or only `replay`); `progress` as in run_examples."""
     start = time.monotonic()
     plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
-    return run_examples(plan, cell, CellCheck(plan, cell, detect().device), run, start=start, progress=progress,
-                        replay=replay)
+    try:
+        check = CellCheck(plan, cell, detect().device)
+    except KernelUnavailable as exc:
+        return not_run(cell, str(exc))
+    return run_examples(plan, cell, check, run, start=start, progress=progress, replay=replay)
 
 
 def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None) -> Example:
@@ -243,6 +292,9 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
     tp_multiple = tp_multiple or {}
     best = ex
 
+    def faults(candidate: Example) -> bool:  # outside the kernel's contract: never drawn, so never tried
+        return within_contract(plan, candidate) and reproduces(candidate)
+
     def bisect(values, make) -> bool:
         """`values` ascending, the last one `best`'s: move `best` to the smallest that reproduces."""
         nonlocal best
@@ -250,13 +302,13 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
             return False
         low, high = 0, len(values) - 1  # values[high] reproduces
         cand = make(values[0])
-        if reproduces(cand):
+        if faults(cand):
             best = cand
             return True
         while high - low > 1:
             mid = (low + high) // 2
             cand = make(values[mid])
-            if reproduces(cand):
+            if faults(cand):
                 high, best = mid, cand
             else:
                 low = mid
@@ -276,11 +328,13 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
             gained |= bisect(range(low, n + 1), lambda k: replace(best, num_tokens=k))
         sizes = {}  # size symbol -> the values this cell could draw up to the current one, ascending
         for sym in sorted(best.sizes):
-            v, m = best.sizes[sym], tp_multiple.get(sym, 1)
+            v, m = best.sizes[sym], math.lcm(tp_multiple.get(sym, 1), plan.contract.size_step(sym, plan.args))
             drawn = {c for c in plan.sizes.get(sym, ()) if c % m == 0 and c < v}  # as inputs.size_values draws
-            if plan.numerics.awkward_sizes:
+            spec = plan.size_specs.get(sym)
+            awkward = plan.numerics.awkward_sizes if spec is None or spec.awkward is None else spec.awkward
+            if awkward and not (spec and spec.divides):  # a symbol drawn without awkward sizes shrinks without them
                 drawn |= set(range(m, v, 2 * m))
-            sizes[sym] = sorted(drawn) + [v]
+            sizes[sym] = sorted(c for c in drawn if plan.contract.allows_size(sym, c, plan.args)) + [v]
         layouts = {}  # input -> its layouts from the smallest padding up to the current one
         for name, (layout, pad) in sorted(best.layouts.items()):
             plain = [("contiguous", 0)] if "contiguous" in plan.arg(name).layouts else []
@@ -289,7 +343,7 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
         # Often only the token count matters: every other field at its smallest at once, in one replay.
         floor = replace(best, sizes={sym: values[0] for sym, values in sizes.items()},
                         layouts={name: steps[0] for name, steps in layouts.items()}, scale="normal")
-        if floor != best and reproduces(floor):
+        if floor != best and faults(floor):
             best, gained = floor, True
             continue
         for sym, values in sizes.items():

@@ -8,25 +8,29 @@ Registered by harness.plugin only when `--plan` is given. Data flows one way: pl
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from tabulate import tabulate
 
 from .bench import BenchOutcome, BenchSpec, Timing, bench_specs, check_models, not_run_record, run_benchmark, \
     skip_reason
 from .device import detect, provenance, use_triton_interpreter
 from .interpreter import make_faithful
-from .memcheck import run_memcheck
+from .memcheck import run_memcheck, sanitizer
 from .integration import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
-from .matrix import Cell, Decision, decide, expand
+from .matrix import RUN, XFAIL, Cell, Decision, decide, expand, pairwise_sample
 from .plan import Plan, PlanError, load_plan
 from .plots import draw_plots
-from .report import write_report
+from .report import SmVerdict, collect, sm_verdicts, verdict, write_report
 from .results import BenchRecord, CellRecord, IntegrationRecord, Recorder, Status
 from .runner import NIGHTLY_FACTOR, Outcome, RunSettings, run_cell, shrink_example
 from .tp import run_cell_on_rank, tp_multiples
@@ -47,10 +51,15 @@ class Session:
     isolation: str
     max_cpu_ranks: int
     database: str
+    cells: str = "all"  # all | sampled (--cells)
     recorder: Recorder | None = None
     workers: dict = field(default_factory=dict)  # "kernels" / "vllm" -> Worker; tp size -> WorkerGroup
+    memchecks: dict[str, Future] = field(default_factory=dict)  # cell id -> its memcheck run, started early
+    memcheck_pool: ThreadPoolExecutor | None = None
     report_path: Path | None = None
     report_problems: list = field(default_factory=list)
+    verdict: str = ""  # the report's verdict line, and per SM
+    verdicts: list[SmVerdict] = field(default_factory=list)
 
     def run_settings(self, examples: int | None = None) -> RunSettings:
         return RunSettings(examples=examples or self.examples, profile=self.profile, database=self.database)
@@ -60,13 +69,15 @@ class Session:
             self.workers[key] = WorkerGroup(key) if isinstance(key, int) else Worker()
         return self.workers[key]
 
-    def record(self, section: str, key: str, rec) -> None:
+    def record(self, section: str, key: str, rec, defer: bool = False) -> None:
         rec.finished = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.recorder.record(section, key, rec)
+        self.recorder.record(section, key, rec, defer)
 
     def stop_workers(self) -> None:
         for worker in self.workers.values():
             worker.stop()
+        if self.memcheck_pool:  # memcheck runs not started yet are dropped; running ones end by their time limit
+            self.memcheck_pool.shutdown(wait=False, cancel_futures=True)
 
 
 _SESSION = pytest.StashKey[Session]()
@@ -98,9 +109,10 @@ def pytest_configure(config):
     profile = config.getoption("--plan-profile") or _hypothesis_profile() or ("ci" if os.environ.get("CI") else "dev")
     examples = config.getoption("--examples") or plan.numerics.examples * (NIGHTLY_FACTOR if profile == "nightly" else 1)
     reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
+    cells = config.getoption("--cells") or ("all" if profile == "nightly" else "sampled")
     config.stash[_SESSION] = Session(plan, plan_path, profile, examples, reports / plan.name,
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
-                                     str(config.rootpath / ".hypothesis" / "examples"))
+                                     str(config.rootpath / ".hypothesis" / "examples"), cells=cells)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
 
@@ -143,8 +155,10 @@ class PlanFile(pytest.File):
                 yield item
 
     def _integration_items(self, plan: Plan, hw):
-        """One per (route, phase, dtype) on this machine's SM, for plans whose `vllm:` section names a vLLM op."""
-        if hw.sm not in plan.matrix["sm"] or not (plan.vllm.layer or plan.vllm.ir_op or plan.vllm.custom_op):
+        """One per (route, phase, dtype) on this machine's SM, for plans whose `vllm:` section names a vLLM op (and
+        whose kernel is not vLLM's own: that is in vLLM already)."""
+        if hw.sm not in plan.matrix["sm"] or not (plan.vllm.layer or plan.vllm.ir_op or plan.vllm.custom_op) \
+                or plan.vllm_kernel:
             return
         for route in ROUTES:
             for phase in plan.matrix["phase"]:
@@ -176,8 +190,8 @@ class PlanItem(pytest.Item):
 
 def _expected(decision: Decision, status: Status) -> Status:
     """A plan's expected failure turns failed into xfail and passed into xpass."""
-    if decision.kind != "xfail":
-        return status
+    if decision.kind != "xfail" or status not in (Status.FAILED, Status.PASSED):
+        return status  # a cell not run after all stays not run
     return Status.XFAIL if status == Status.FAILED else Status.XPASS
 
 
@@ -185,15 +199,19 @@ class CellItem(PlanItem):
     def __init__(self, *, cell: Cell, decision: Decision, **kwargs):
         super().__init__(**kwargs)
         self.cell, self.decision, self.outcome = cell, decision, None
+        self.sampled_out = ""  # why the run's sample left this cell out (pytest_collection_finish)
 
     def setup(self):
         if self.decision.kind in ("excluded", "not_run"):
             pytest.skip(self.decision.reason)
+        if self.sampled_out:
+            pytest.skip(self.sampled_out)
 
     def runtest(self):
         s = session_of(self.config)
         if self.cell.graph_mode == "memcheck":  # a process of its own, under compute-sanitizer
-            self.outcome = run_memcheck(str(s.plan_path), self.cell.id, 10 * s.plan.numerics.timeout_s)
+            started = s.memchecks.pop(self.cell.id, None)
+            self.outcome = started.result() if started else run_memcheck(*memcheck_args(s, self.cell))
             if self.outcome.record.status == Status.NOT_RUN:
                 pytest.skip(self.outcome.record.reason)
             if self.outcome.record.status != Status.PASSED:
@@ -222,6 +240,8 @@ class CellItem(PlanItem):
             value.record.minimal_example = shrunk.example.describe()
             value.record.facts.update(shrunk.facts)
         self.outcome = value
+        if value.record.status == Status.NOT_RUN:  # vLLM's kernel cannot be loaded here: not run, as memcheck cells
+            pytest.skip(value.record.reason)
         if value.record.status != Status.PASSED:
             raise ItemFailed(self.failure_text())
 
@@ -230,6 +250,9 @@ class CellItem(PlanItem):
         lines = [f"cell {self.cell.id} failed: {rec.reason}"]
         if rec.minimal_example:
             lines.append(f"minimal example: {rec.minimal_example}")
+        for f in rec.more_failures or ():  # distinct failures besides the first (plans of vLLM's own kernels)
+            lines.append(f"also failed: {f.reason}" + (f"; minimal example: {f.minimal_example}" if f.minimal_example
+                                                       else ""))
         lines.append(f"reproduce: {self.repro_command()}")
         if self.outcome.traceback:
             lines.append(self.outcome.traceback)
@@ -394,17 +417,85 @@ def pytest_sessionstart(session):
     s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=_xdist_worker(session.config))
 
 
+def pytest_collection_finish(session):
+    """Sample the cells this machine can run (--cells sampled), when the run selects every cell of the plan: a -k,
+    -m, --lf or node-id selection that leaves cells out runs every selected cell. Called once collection, and every
+    deselection, is done; under xdist in each worker, which all pick the same sample."""
+    s = session_of(session.config)
+    cells = [i for i in session.items if isinstance(i, CellItem)]
+    if not cells:
+        return
+    runnable = [i for i in cells if i.decision.kind in (RUN, XFAIL)]
+    if not runnable:
+        ran = "no cell: none can run here"
+    elif s.cells == "all":
+        ran = f"every runnable cell ({len(runnable)})"
+    elif len(cells) < len(expand(s.plan)):
+        ran = f"the {len(runnable)} runnable cells selected (-k, -m, --lf or node ids; no sampling)"
+    else:
+        chosen = set(pairwise_sample([i.cell for i in runnable], s.plan.name))
+        sample = f"pairwise sample of {len(chosen)} of {len(runnable)} runnable cells"
+        ran = f"a {sample}"
+        for item in runnable:
+            if item.cell not in chosen:
+                item.sampled_out = f"sampled out: {sample}; --cells all runs it"
+    s.recorder.describe_run(cells=ran)
+    # Under xdist a worker runs only some items: there each memcheck item runs its own.
+    if not _xdist_worker(session.config) and not session.config.option.collectonly:
+        start_memchecks(s, [i for i in runnable if not i.sampled_out])
+
+
+# Memcheck runs side by side with the other cells: each is a process of its own under compute-sanitizer, which
+# spends most of its time starting up and instrumenting, so they overlap well with each other and with the worker.
+MEMCHECK_PARALLEL = 3
+
+
+def memcheck_args(s: Session, cell: Cell) -> tuple[str, str, float]:
+    return str(s.plan_path), cell.id, 10 * s.plan.numerics.timeout_s
+
+
+def start_memchecks(s: Session, items: list) -> None:
+    """Start the run's memcheck cells when collection ends; each memcheck item then waits for its own result."""
+    todo = [i.cell for i in items if i.cell.graph_mode == "memcheck"]
+    if not todo or sanitizer() is None:  # without the tool each item reports that itself, at once
+        return
+    s.memcheck_pool = ThreadPoolExecutor(max_workers=min(len(todo), MEMCHECK_PARALLEL))
+    for cell in todo:
+        s.memchecks[cell.id] = s.memcheck_pool.submit(run_memcheck, *memcheck_args(s, cell))
+
+
+SAMPLED_OUT = "sampled_out"  # a cell's status in the summary only: sampled-out cells are not recorded
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     if isinstance(item, CellItem) and (report.when == "call" or report.when == "setup" and report.skipped):
-        session_of(item.config).record("cells", item.cell.id, item.result(skipped=report.when == "setup"))
+        # The cell's status on its report (xdist sends it to the controller) for the terminal summary.
+        report.plan_cell = item.cell.id
+        if item.sampled_out:  # not recorded: what an earlier run recorded for the cell stays
+            report.plan_status, report.plan_reason = SAMPLED_OUT, item.sampled_out
+            return
+        skipped = report.when == "setup"
+        rec = item.result(skipped=skipped)
+        # A cell skipped before it ran (not run here, excluded) is written with the next cell that runs, or at the end.
+        session_of(item.config).record("cells", item.cell.id, rec, defer=skipped)
+        report.plan_status, report.plan_reason = rec.status.value, rec.reason
+
+
+def pytest_report_teststatus(report, config):
+    """A cell this machine did not run (another SM, excluded, sampled out) prints no `s` of its own: the terminal
+    summary counts them by reason. -v still lists each; -rs too."""
+    if report.skipped and getattr(report, "plan_status", None) in (SAMPLED_OUT, Status.NOT_RUN, Status.EXCLUDED):
+        return "skipped", "", "SKIPPED"
+    return None
 
 
 def pytest_sessionfinish(session, exitstatus):
     s = session_of(session.config)
     if s.recorder is None:
         return
+    s.recorder.flush()
     s.stop_workers()
     if _xdist_worker(session.config):
         return  # the controller folds worker files and writes the report
@@ -413,12 +504,65 @@ def pytest_sessionfinish(session, exitstatus):
         return
     draw_plots(s.plan, s.op_dir)
     s.report_path, s.report_problems = write_report(s.plan, s.op_dir)
+    res = collect(s.plan, s.op_dir)
+    s.verdicts = sm_verdicts(res)
+    s.verdict = verdict(res, per_sm=s.verdicts).word
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     s = session_of(config)
+    reports = [r for rs in terminalreporter.stats.values() for r in rs if getattr(r, "plan_status", None)]
+    if reports:
+        terminalreporter.ensure_newline()
+        terminalreporter.section(f"{s.plan.name}: numerics cells", sep="-")
+        for line in cells_summary(s.plan, [(Cell.from_id(r.plan_cell), r.plan_status, r.plan_reason)
+                                           for r in reports]):
+            terminalreporter.write_line(line)
     if s.report_path is None:
         return
     for problem in s.report_problems:
         terminalreporter.write_line(f"results problem: {problem}", yellow=True)
+    if s.verdicts:
+        terminalreporter.write_line(f"verdict: {s.verdict}")
+        here = detect().sm
+        for v in s.verdicts:
+            if v.sm == here:
+                terminalreporter.write_line(f"  {v.sm} (this machine): {v.word}: {v.rule}")
     terminalreporter.write_line(f"living plan written: {s.report_path}")
+
+
+SUMMARY_STATUSES = {"passed": "passed", "failed": "failed", "xfail": "expected failure", "xpass": "unexpected pass",
+                    SAMPLED_OUT: "sampled out", "not_run": "not run here", "excluded": "excluded"}
+OTHER_SM = re.compile(r"needs (\w+); (this machine is .*)")
+
+
+def cells_summary(plan: Plan, cells: list[tuple[Cell, str, str]]) -> list[str]:
+    """The run's cells (cell, status, reason) as lines: a table of statuses per graph mode and TP size, how many
+    were sampled out, and why the others did not run here, grouped (cells needing another SM in one group)."""
+    statuses = [st for st in SUMMARY_STATUSES if any(status == st for _, status, _ in cells)]
+    counts = Counter((c.graph_mode, c.tp, status) for c, status, _ in cells)
+    rows = [[mode, f"tp{tp}", *(counts[mode, tp, st] or "" for st in statuses)]
+            for mode in plan.matrix["graph_mode"] for tp in plan.matrix["tp"]
+            if any(counts[mode, tp, st] for st in statuses)]
+    lines = tabulate(rows, headers=["graph mode", "tp", *(SUMMARY_STATUSES[st] for st in statuses)],
+                     disable_numparse=True).splitlines()
+    sampled = sum(1 for _, status, _ in cells if status == SAMPLED_OUT)
+    if sampled:
+        ran = sum(1 for _, status, _ in cells if status in ("passed", "failed", "xfail", "xpass"))
+        lines.append(f"pairwise sample: {ran} of {ran + sampled} runnable cells ran, every pair of axis values in one "
+                     f"at least; --cells all runs all {ran + sampled}")
+    groups: dict[tuple[str, str, bool], list[Cell]] = {}
+    for c, status, reason in cells:
+        if status in ("not_run", "excluded"):
+            other = OTHER_SM.fullmatch(reason)  # "needs sm90; this machine is cpu": one group for every other SM
+            groups.setdefault((status, other.group(2) if other else reason, bool(other)), []).append(c)
+    shown = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    for (status, reason, other_sm), group in shown[:6]:
+        if other_sm:
+            sms = [sm for sm in plan.matrix["sm"] if any(c.sm == sm for c in group)]
+            reason = f"needs {' or '.join([', '.join(sms[:-1]), sms[-1]] if len(sms) > 1 else sms)}; {reason}"
+        lines.append(f"{len(group)} {SUMMARY_STATUSES[status]}: {reason}")
+    if len(shown) > 6:
+        lines.append(f"… and {sum(len(g) for _, g in shown[6:])} more cells for {len(shown) - 6} other reasons "
+                     "(the living plan lists them)")
+    return lines

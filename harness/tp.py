@@ -32,7 +32,8 @@ from .matrix import Cell
 from .modes import make_runner
 from .numerics import Mismatch
 from .plan import Plan, load_plan
-from .runner import CellCheck, KernelRaised, Outcome, RunSettings, run_examples
+from .runner import CellCheck, KernelRaised, Outcome, RunSettings, exception_text, not_run, run_examples
+from .vllm_kernels import KernelUnavailable, load_kernel
 
 
 # ---------------------------------------------------------------- layouts
@@ -179,7 +180,7 @@ class RankRun:
 
     def __init__(self, plan: Plan, cell: Cell, device: str, rank: int, size: int, runner=None):
         self.plan, self.cell, self.device, self.rank, self.size = plan, cell, device, rank, size
-        self.runner = runner or make_runner(cell.graph_mode, plan, plan.load_kernel(), device)
+        self.runner = runner or make_runner(cell.graph_mode, plan, load_kernel(plan), device)
 
     def __call__(self, ex: Example, full: dict | None = None) -> tuple[dict, dict]:
         """(meta, outputs); meta["error"] says what went wrong on this rank instead of raising, so every
@@ -198,7 +199,8 @@ class RankRun:
             return {"error": _error("mismatch", str(exc))}, {}
         except Exception as exc:
             frame = traceback.extract_tb(exc.__traceback__)[-1]
-            return {"error": _error("raised", f"the kernel raised {_short(exc)} ({frame.filename}:{frame.lineno})")}, {}
+            where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # as runner.kernel_error says it
+            return {"error": _error("raised", f"the kernel raised {_short(exc)} ({where})")}, {}
         try:
             for name, before in untouched.items():
                 numerics.check_unchanged(name, before, local[name])
@@ -209,7 +211,7 @@ class RankRun:
 
 
 def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+    return f"{type(exc).__name__}: {exception_text(exc)[:500]}"
 
 
 def _error(kind: str, message: str) -> dict:
@@ -336,6 +338,9 @@ def run_cell_on_rank(plan_path: str, cell_id: str, run: RunSettings, progress=No
             all_set_up()
         outcome = run_examples(plan, cell, check, run, check.tp_multiple, start=start, progress=progress,
                                replay=replay)
+    except KernelUnavailable as exc:  # vLLM's kernel cannot be loaded here: not run, on every rank alike
+        finish_cell()
+        return not_run(cell, str(exc))
     except BaseException:
         finish_cell()
         raise  # the group replies with a fault, and is replaced

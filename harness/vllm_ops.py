@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from .plan import Plan, Tolerance
+from .vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
 
 TEMPLATES = Path(__file__).parent / "vllm_plugins"
 
@@ -52,12 +53,14 @@ class VllmOp:
     layer: str  # vLLM's layer class that runs it, as an import path
     custom_op: str  # the layer's in-tree CustomOp registry name
     ir_op: str | None  # its vllm.ir op, None where vLLM has none
-    in_tree: str  # torch.ops._C.<in_tree>
-    in_tree_schema: str  # that kernel's schema, as vLLM registers it (csrc/torch_bindings.cpp)
+    in_tree: str  # torch.ops._C.<in_tree>, described in harness.vllm_schemas
     # kernel args (in call order) -> (layer constructor kwargs, layer tensors, layer.forward args)
     layer_call: Callable
     # vLLM IR's tolerance for the op where it differs from the IR defaults (ir_tolerance below)
     tolerance_overrides: dict[str, Tolerance] = field(default_factory=dict)
+    # per kernel arg (in call order), the template's supports_args parameter vLLM passes it as; None: not passed
+    # (an output the plugin allocates). The contract's checks are written on these (contract_checks).
+    supports_params: tuple[str | None, ...] = ()
 
     @property
     def layer_class(self) -> str:
@@ -77,6 +80,11 @@ class VllmOp:
     def template(self) -> Path:
         return TEMPLATES / f"{self.name}.py"
 
+    @property
+    def in_tree_schema(self) -> str:
+        """The in-tree kernel's schema, as vLLM registers it."""
+        return VLLM_KERNELS[self.in_tree].schema
+
 
 # vLLM IR's default tolerances per dtype (vllm/ir/op.py); ops may override some.
 IR_DEFAULT_TOLERANCE = {"fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2)}
@@ -84,14 +92,12 @@ _NORM_FP16 = {"fp16": Tolerance(1e-2, 2e-3)}  # 1 ulp where the weight product r
 
 VLLM_OPS = {op.name: op for op in (
     VllmOp("rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "rms_norm", "rms_norm",
-           "rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()", _rms_norm_layer,
-           _NORM_FP16),
+           _rms_norm_layer, _NORM_FP16, supports_params=(None, "x", "weight", "epsilon")),
     VllmOp("fused_add_rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "fused_add_rms_norm",
-           "fused_add_rms_norm",
-           "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()",
-           _fused_add_rms_norm_layer, _NORM_FP16),
+           "fused_add_rms_norm", _fused_add_rms_norm_layer, _NORM_FP16,
+           supports_params=("x", "x_residual", "weight", "epsilon")),
     VllmOp("silu_and_mul", "vllm.model_executor.layers.activation:SiluAndMul", "silu_and_mul", None,
-           "silu_and_mul", "silu_and_mul(Tensor! result, Tensor input) -> ()", _silu_and_mul_layer),
+           "silu_and_mul", _silu_and_mul_layer, supports_params=(None, "x")),
 )}
 
 
@@ -105,12 +111,46 @@ def vllm_op(plan: Plan) -> VllmOp | None:
 
 def unsupported(plan: Plan) -> str:
     """Why the harness cannot put this plan's kernel into vLLM ("" when it can)."""
+    if plan.vllm_kernel:
+        return (f"the kernel is vLLM's own {VLLM_KERNELS[plan.vllm_kernel].call}, already in vLLM: no plugin, no "
+                "integration items")
     op = vllm_op(plan)
     if op is None:
         return (f"the harness drives vLLM's {', '.join(sorted(VLLM_OPS))} only; the plan names none of them "
                 f"(vllm.ir_op, op.name, vllm.custom_op)")
     if plan.vllm.layer and plan.vllm.layer != op.layer:
         return f"vllm.layer names {plan.vllm.layer}; the harness drives {op.layer} for this op"
+    return ""
+
+
+def vllm_kernel_for(plan: Plan) -> VllmKernel | None:
+    """vLLM's compiled kernel for the plan's op: the one `op.kernel: vllm:<name>` names, else the one of the op's name
+    (or of the vLLM op it replaces)."""
+    if plan.vllm_kernel:
+        return VLLM_KERNELS[plan.vllm_kernel]
+    op = vllm_op(plan)
+    return next((k for k in VLLM_KERNELS.values() if plan.name in (k.name, k.in_tree)
+                 or op is not None and op.in_tree == k.in_tree), None)
+
+
+def baseline_unsupported(plan: Plan) -> str:
+    """Why vLLM's kernel cannot be the plan's `vllm` baseline ("" when it can): no kernel for the op, or the plan's
+    arguments do not map onto the kernel's schema through its adapter (VllmKernel.args)."""
+    kernel = vllm_kernel_for(plan)
+    if kernel is None:
+        return (f"vLLM has no compiled kernel the harness knows for {plan.name} (harness.vllm_schemas: "
+                f"{', '.join(sorted(k.name for k in VLLM_KERNELS.values()))})")
+    if plan.vllm_kernel:
+        return f"the kernel is vLLM's own {kernel.call}"
+    missing = [n for n in kernel.args if not plan.has_arg(n)]
+    if missing:
+        return (f"{kernel.call} takes ({', '.join(kernel.args)}) from the plan's arguments; the plan has no "
+                f"{', '.join(missing)}")
+    bad = mismatches(kernel, [plan.arg(n) for n in kernel.args], plan.written_args)
+    if bad:
+        index, expected, found = bad[0]
+        where = "its arguments" if index is None else f"'{kernel.args[index]}'"
+        return f"the plan's {where} cannot be {kernel.call}'s: expected {expected}; found {found}"
     return ""
 
 
@@ -203,6 +243,64 @@ def enable_setting(plan: Plan) -> str:
 
 # Lines of a template that rendering rewrites, by the marker comment that ends them.
 _MARKED = re.compile(r"^(?P<lhs>.*?)\s*# harness: (?P<what>\w+)$", re.M)
+# Cell dtypes as a plugin names them.
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3fn": "float8_e4m3fn",
+                 "fp8_e4m3fnuz": "float8_e4m3fnuz", "int8": "int8"}
+
+
+def contract_checks(plan: Plan, op: VllmOp) -> str:
+    """The statement that ends the plugin's supports_args: `return True`, or the kernel's contract (op.contract)
+    as checks on what vLLM passes, so that vLLM falls back on a call outside it. The template's own checks come
+    first, so these may assume what those establish (2-D rows, a weight)."""
+    contract = plan.contract
+    if contract.empty:
+        return "return True"
+    tensors = {a.name: a for a in plan.tensor_args}
+    passed = {a.name: p for a, p in zip(plan.args, op.supports_params) if p and a.is_tensor}
+
+    def size_of(sym: str) -> str | None:
+        """`sym` read off the shape of a tensor vLLM passes (None: none has it)."""
+        for name, param in passed.items():
+            shape = tensors[name].shape
+            for i, d in enumerate(shape):
+                if d.symbol == sym:
+                    dim = f"{param}.shape[{i - len(shape)}]"
+                    return dim if d.coeff == 1 else f"({dim} // {d.coeff})"
+        return None
+
+    checks, notes = [], []
+    for name in contract.contiguous:
+        if name in passed:
+            checks.append(f"{passed[name]}.is_contiguous()")
+        else:
+            notes.append(f"{name}: allocated contiguous by this plugin")
+    for name, n in contract.row_stride_multiple_of:
+        width = tensors[name].shape[-1]
+        if name in passed:
+            checks.append(f"{passed[name]}.stride(-2) % {n} == 0")
+        elif width.symbol and size_of(width.symbol):  # allocated contiguous by the plugin: rows are its width apart
+            factor = "" if width.coeff == 1 else f" * {width.coeff}"
+            checks.append(f"{size_of(width.symbol)}{factor} % {n} == 0")
+        elif width.symbol or width.coeff is None:
+            notes.append(f"{name}'s row stride: not checked here (no tensor vLLM passes has its width)")
+    for key, check in (("multiple_of", "{} % {} == 0"), ("at_least", "{} >= {}"), ("at_most", "{} <= {}")):
+        for sym, n in getattr(contract, key):
+            size = size_of(sym)
+            if size:
+                checks.append(check.format(size, n))
+            else:
+                notes.append(f"{sym} {key.replace('_', ' ')} {n}: not checked here (no tensor vLLM passes has it)")
+    if contract.dtypes:
+        act = next((p for name, p in passed.items() if tensors[name].dtype == "act"), None)
+        names = [f"torch.{_TORCH_DTYPES[d]}" for d in contract.dtypes]
+        if act:
+            checks.append(f"{act}.dtype in ({', '.join(names)}{',' if len(names) == 1 else ''})")
+        else:
+            notes.append(f"dtypes {', '.join(contract.dtypes)}: not checked here (no activation vLLM passes)")
+    why = f": {' '.join(contract.why.split())}" if contract.why else ""
+    lines = [f"# op.contract ({plan.path.name} line {contract.line}){why}", *(f"# {note}" for note in notes)]
+    lines.append("return (" + "\n        and ".join(checks) + ")" if checks else "return True")
+    return "\n".join(lines)
 
 
 def render_plugin(plan: Plan) -> str:
@@ -219,8 +317,14 @@ def render_plugin(plan: Plan) -> str:
         "op": f'OP = "{plan.op_qualname}"',
         "provider": f'PROVIDER = "{provider_name(plan)}"',
         "route": f'ROUTE = "{plugin_route(plan)}"',
+        "contract": contract_checks(plan, op),
     }
-    text = _MARKED.sub(lambda m: values[m["what"]], text)
+
+    def fill(m: re.Match) -> str:  # the marked line's own indentation on every line put in its place
+        indent = m["lhs"][: len(m["lhs"]) - len(m["lhs"].lstrip())]
+        return "\n".join(indent + line for line in values[m["what"]].split("\n"))
+
+    text = _MARKED.sub(fill, text)
     note = "" if plugin_route(plan) == plan.vllm.route else \
         f"\n(vllm.route is {plan.vllm.route}, but vLLM has no IR op for {plan.name}: the CustomOp route is used.)\n"
     entry = plugin_entry_point(plan).strip().replace("\n", "\n    ")

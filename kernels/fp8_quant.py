@@ -82,7 +82,7 @@ def dynamic_per_token_scaled_fp8_quant(
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return
-    block, single_pass, num_warps = _launch_config(hidden, x.element_size())
+    block, single_pass, num_warps = _launch_config(num_tokens, hidden, x.element_size())
     qmax = fp8_max(out.dtype)
     _dynamic_per_token_fp8_quant_kernel[(num_tokens,)](
         out,

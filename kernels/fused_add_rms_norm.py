@@ -77,7 +77,7 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return
-    block, single_pass, num_warps = _launch_config(hidden, x.element_size())
+    block, single_pass, num_warps = _launch_config(num_tokens, hidden, x.element_size(), whole_row_chunks=True)
     # Row strides are passed so strided views (last dim contiguous) need no copy.
     _fused_add_rms_norm_kernel[(num_tokens,)](
         x,

@@ -95,7 +95,7 @@ def _launch(out, x, residual, weight, scale, eps):
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return
-    block, single_pass, num_warps = _launch_config(hidden, x.element_size())
+    block, single_pass, num_warps = _launch_config(num_tokens, hidden, x.element_size())
     # Row strides are passed so strided views (last dim contiguous) need no copy.
     _rms_norm_fp8_quant_kernel[(num_tokens,)](
         out,

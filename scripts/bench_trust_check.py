@@ -45,14 +45,14 @@ def main() -> int:
     from tabulate import tabulate
 
     from harness.bench import (BenchSpec, bytes_moved, copy_bandwidth_gbps, count_launches, input_sets,
-                               kernel_style, l2_cache_bytes, reference_style, rotation_count, time_calls,
+                               kernel_call, l2_cache_bytes, reference_call, rotation_count, time_calls,
                                working_set_bytes)
-    from harness.hardware import detect
+    from harness.device import detect
     from harness.plan import load_plan
 
     plan = load_plan(ROOT / "plan.yaml")
     kernel, sm = plan.load_kernel(), detect().sm
-    call = kernel_style(plan, kernel)
+    call = kernel_call(plan, kernel)
     l2, copy_bw = l2_cache_bytes("cuda"), copy_bandwidth_gbps("cuda")
 
     def repeated(measure) -> list[float]:
@@ -97,8 +97,8 @@ def main() -> int:
             add(shape, "graph, hot L2", 1, repeated(lambda: time_calls(call, [one], "cuda", graph=True).median_us),
                 "do_bench_cudagraph",
                 repeated(lambda: triton.testing.do_bench_cudagraph(bare, return_mode="median") * 1e3), nbytes)
-            for impl, fn in (("kernel", call), ("native", reference_style(plan, plan.load_reference())),
-                             ("compiled", reference_style(plan, torch.compile(plan.load_reference())))):
+            for impl, fn in (("kernel", call), ("native", reference_call(plan, plan.load_reference())),
+                             ("compiled", reference_call(plan, torch.compile(plan.load_reference())))):
                 fn(one)  # compile outside the capture
                 torch.cuda.synchronize()
                 probes[impl] = (fn, one, count_launches(fn, one))

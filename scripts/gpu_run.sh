@@ -5,19 +5,23 @@
 # JOBS=N runs N plans' numerics side by side (they share the GPUs; benchmarks always run alone, so that no
 # other process disturbs the timings). LOGS=DIR keeps one log per plan there.
 # Each plan's run rewrites reports/<op>/results/<sm>-<gpu>.json and reports/<op>/PLAN.md; commit them.
+# vLLM's compiled kernels (the vllm baselines, and the kernels of kernels/plans/vllm_*.yaml) load from an
+# installed vLLM or from HARNESS_VLLM_OPS_LIBRARY=<vLLM's _C_stable_libtorch.abi3.so>; without either, those
+# baselines and cells are reported not run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # NVLink multicast stays off, also for the ranks of tensor-parallel cells (they inherit this environment).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python=${PYTHON:-python3}
-plans=(plan.yaml kernels/plans/*.yaml)
+# PLANS="a.yaml b.yaml" runs those plans only (default: every bundled plan).
+read -r -a plans <<< "${PLANS:-plan.yaml $(echo kernels/plans/*.yaml)}"
 what=${1:?usage: scripts/gpu_run.sh numerics|bench [pytest args]}
 shift
 jobs=${JOBS:-1}
 logs=${LOGS:-}
 [ -n "$logs" ] && mkdir -p "$logs"
 case "$what" in
-  numerics) select=(-m "not bench") ;;
+  numerics) select=(-m "not bench" --cells all) ;;  # every cell, whatever the profile (no pairwise sample)
   bench) select=(--bench -m bench); jobs=1 ;;
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac

@@ -27,9 +27,12 @@ def _(out: Tensor, x: Tensor, weight: Tensor, eps: float) -> None:
 
 
 def supports_args(x: Tensor, weight: Optional[Tensor], epsilon: float, variance_size: Optional[int] = None) -> bool:
-    """What the kernel handles: 2-D rows with unit column stride, a weight of x's dtype, whole-row variance."""
-    return (x.dim() == 2 and x.stride(-1) == 1 and weight is not None and weight.dtype == x.dtype
-            and variance_size is None)
+    """What the kernel handles: 2-D rows with unit column stride, a weight of x's dtype, whole-row variance; then
+    the plan's op.contract, where it states one."""
+    if not (x.dim() == 2 and x.stride(-1) == 1 and weight is not None and weight.dtype == x.dtype
+            and variance_size is None):
+        return False
+    return True  # harness: contract
 
 
 def rms_norm_impl(x: Tensor, weight: Optional[Tensor], epsilon: float, variance_size: Optional[int] = None) -> Tensor:

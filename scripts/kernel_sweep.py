@@ -1,0 +1,168 @@
+"""Launch configurations of the bundled row-wise kernels against Inductor, timed as the harness times them.
+
+    python scripts/kernel_sweep.py [--ops rms_norm,fused_add_rms_norm,silu_and_mul] [--tokens 2048,8192,32768]
+                                   [--hidden 2048,4096,5120,8192] [--intermediate ...] [--dtype bf16] [--out FILE]
+
+Per op and shape: the shipped launch (`default`), a sweep of alternatives (one or two passes and warps for the norms,
+columns per program and warps for silu_and_mul), and the op's reference compiled by Inductor, each timed with
+harness.bench.time_calls (CUDA events, input sets rotated past twice the L2 size) and given as % of the
+device-to-device copy bandwidth measured in the same process (bytes: inputs read once, outputs written once).
+The last table is the one to read: per shape the default, the best alternative and Inductor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="rms_norm,fused_add_rms_norm,silu_and_mul")
+    parser.add_argument("--tokens", default="1,64,256,2048,8192,32768")
+    parser.add_argument("--hidden", default="2048,4096,5120,8192", help="hidden sizes of the norms")
+    parser.add_argument("--intermediate", default="8192,11008,14336,28672", help="silu_and_mul's d")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--out", type=Path, help="also write the tables to this file")
+    parser.add_argument("--inductor-code", type=Path, help="write Inductor's generated kernels (largest shapes) here")
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kernel_sweep: needs a CUDA GPU (timings of Triton's CPU interpreter mean nothing)")
+        return 2
+    from tabulate import tabulate
+
+    from harness.bench import (
+        copy_bandwidth_gbps,
+        l2_cache_bytes,
+        rotation_count,
+        time_calls,
+    )
+    from kernels import fused_add_rms_norm as fa
+    from kernels import rms_norm as rn
+    from kernels import silu_and_mul as sm
+
+    dtype = getattr(torch, DTYPES[args.dtype])
+    copy_bw = copy_bandwidth_gbps("cuda")
+    l2 = l2_cache_bytes("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, summary = [], []
+
+    def norm_variants(kernel, num_rows, hidden, ptrs):
+        """The shipped launch, one-pass launches with other warp counts, two-pass launches over chunks."""
+        block, single_pass, warps = rn._launch_config(hidden, dtype.itemsize)
+        configs = {"default": (block, single_pass, warps)}
+        for w in (4, 8, 16, 32):
+            configs[f"one-pass-w{w}"] = (block, True, w)
+        for chunk in (1024, 2048, 4096, 8192):
+            for w in (4, 8, 16, 32):
+                if chunk <= block and chunk // (32 * w) >= 4:
+                    configs[f"two-pass-b{chunk}-w{w}"] = (chunk, False, w)
+
+        def launch(block, single_pass, warps):
+            def run(v):
+                kernel[(num_rows,)](*[v[p] for p in ptrs], *[v[p].stride(0) for p in ptrs if p != "w"], hidden,
+                                    1e-6, BLOCK=block, SINGLE_PASS=single_pass, num_warps=warps)
+            return run
+        return {name: launch(*c) for name, c in configs.items()}
+
+    for op in args.ops.split(","):
+        widths = args.intermediate if op == "silu_and_mul" else args.hidden
+        for hidden in map(int, widths.split(",")):
+            for num_rows in map(int, args.tokens.split(",")):
+                if op == "rms_norm":
+                    nbytes = 2 * num_rows * hidden * dtype.itemsize + hidden * dtype.itemsize
+                    impls = norm_variants(rn._rms_norm_kernel, num_rows, hidden, ["out", "x", "w"])
+                    torch._dynamo.reset()  # a fresh compile per shape (dynamic=False), never the recompile limit
+                    ref = torch.compile(rn.rms_norm_ref, fullgraph=True, dynamic=False)
+                    impls["inductor"] = lambda v, ref=ref: ref(v["x"], v["w"], 1e-6)
+                elif op == "fused_add_rms_norm":
+                    nbytes = 4 * num_rows * hidden * dtype.itemsize + hidden * dtype.itemsize
+                    impls = norm_variants(fa._fused_add_rms_norm_kernel, num_rows, hidden, ["x", "r", "w"])
+                    torch._dynamo.reset()
+                    ref = torch.compile(fa.fused_add_rms_norm_ref, fullgraph=True, dynamic=False)
+                    impls["inductor"] = lambda v, ref=ref: ref(v["x"], v["r"], v["w"], 1e-6)
+                else:
+                    d = hidden
+                    nbytes = 3 * num_rows * d * dtype.itemsize
+                    impls = {"default": lambda v: sm.silu_and_mul(v["out"], v["x"])}
+                    for block in (512, 1024, 2048, 4096):
+                        for warps in (2, 4, 8, 16):
+                            if block // (warps * 32) < 2:
+                                continue
+
+                            def run(v, block=block, warps=warps, num_rows=num_rows, d=d):
+                                grid = (num_rows * triton_cdiv(d, block),)
+                                sm._silu_and_mul_kernel[grid](v["out"], v["x"], v["out"].stride(0), v["x"].stride(0),
+                                                              d, BLOCK=block, num_warps=warps)
+                            impls[f"b{block}-w{warps}"] = run
+                    torch._dynamo.reset()
+                    ref = torch.compile(sm.silu_and_mul_ref, fullgraph=True, dynamic=False)
+                    impls["inductor"] = lambda v, ref=ref: ref(v["x"])
+                first = make_inputs(op, num_rows, hidden, dtype)
+                ws = sum(t.numel() * t.element_size() for t in first.values())
+                sets = [first] + [make_inputs(op, num_rows, hidden, dtype) for _ in range(rotation_count(ws, l2) - 1)]
+                pct = {}
+                for name, call in impls.items():
+                    try:
+                        t = time_calls(call, sets, "cuda")
+                    except Exception as exc:  # a configuration the compiler rejects (too many registers)
+                        rows.append([op, num_rows, hidden, name, None, None, f"{type(exc).__name__}"])
+                        continue
+                    gbps = nbytes / (t.median_us * 1e-6) / 1e9
+                    pct[name] = (100 * gbps / copy_bw, t.median_us)
+                    rows.append([op, num_rows, hidden, name,
+                                 round(t.median_us, 2), round(100 * gbps / copy_bw, 1), ""])
+                if args.inductor_code and num_rows == max(map(int, args.tokens.split(","))):
+                    from torch._inductor.utils import run_and_get_code
+
+                    torch._dynamo.reset()
+                    _, code = run_and_get_code(impls["inductor"], sets[0])
+                    with args.inductor_code.open("a") as f:
+                        f.write(f"# ==== {op} {num_rows}x{hidden}\n" + "\n".join(code) + "\n")
+                alternatives = {k: v for k, v in pct.items() if k not in ("default", "inductor")}
+                best = min(alternatives, key=lambda k: alternatives[k][1]) if alternatives else "default"
+                summary.append([op, num_rows, hidden,
+                                *(round(x, 2) for x in pct.get("default", (0, 0))[::-1]), best,
+                                *(round(x, 2) for x in pct.get(best, (0, 0))[::-1]),
+                                *(round(x, 2) for x in pct.get("inductor", (0, 0))[::-1])])
+                del sets, first
+                torch.cuda.empty_cache()
+
+    text = (f"copy bandwidth {copy_bw:.0f} GB/s, {args.dtype}, {sms} SMs\n\n"
+            + tabulate(rows, ["op", "tokens", "width", "config", "median us", "% copy", "error"]) + "\n\n"
+            + tabulate(summary, ["op", "tokens", "width", "default us", "default %", "best", "best us", "best %",
+                                 "inductor us", "inductor %"]))
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def make_inputs(op: str, num_rows: int, width: int, dtype) -> dict:
+    import torch
+
+    def randn(*shape):
+        return torch.randn(*shape, dtype=dtype, device="cuda")
+
+    if op == "rms_norm":
+        return {"out": randn(num_rows, width), "x": randn(num_rows, width), "w": randn(width).abs() + 0.5}
+    if op == "fused_add_rms_norm":
+        return {"x": randn(num_rows, width), "r": randn(num_rows, width), "w": randn(width).abs() + 0.5}
+    return {"out": randn(num_rows, width), "x": randn(num_rows, 2 * width)}
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

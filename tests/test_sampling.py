@@ -1,0 +1,249 @@
+"""A quick default run: the pairwise sample of the runnable cells, what a sampled run records, the terminal summary,
+and compiled graphs kept across the cells of a worker."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.hardware import Hardware
+from harness.matrix import RUN, XFAIL, Cell, decide, expand, pairwise_sample
+from harness.plan import AXES, load_plan
+from harness.report import write_report
+from harness.results import CellRecord, Provenance, Recorder, Status
+from harness.runner import RunSettings, run_cell
+from harness.session import cells_summary
+from tests.plans import read_results, rms_norm_plan
+from tests.test_report import cell, machine, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = Hardware("cpu", "cpu", "x86_64", 0, 2)
+
+
+def value_pairs(cells) -> set:
+    """Every pair of axis values found together in one of `cells`."""
+    return {pair for c in cells for pair in itertools.combinations(c.axes().items(), 2)}
+
+
+def runnable(plan, hw=CPU) -> list[Cell]:
+    return [c for c in expand(plan) if decide(plan, c, hw, 4).kind in (RUN, XFAIL)]
+
+
+# ---------------------------------------------------------------- the sample
+
+
+def test_the_default_plans_sample_meets_every_pair_in_nine_of_54_cells():
+    plan = load_plan(ROOT / "plan.yaml")
+    cells = runnable(plan)
+    assert len(cells) == 54  # 3 phases x 3 dtypes x tp1/2/4 x eager/torch_compile on a CPU machine
+    sample = pairwise_sample(cells, plan.name)
+    assert value_pairs(sample) == value_pairs(cells)
+    for axis in AXES:
+        assert {getattr(c, axis) for c in sample} == {getattr(c, axis) for c in cells}, axis
+    assert len(sample) == 9  # no sample can be smaller: 3 phases x 3 dtypes must each meet once
+    # the cheapest of those: one torch_compile cell per TP size (the fewest compiles on the most ranks)
+    assert sorted(c.tp for c in sample if c.graph_mode == "torch_compile") == [1, 2, 4]
+    assert sample == [c for c in cells if c in sample]  # in plan order
+
+
+def test_the_sample_is_the_same_for_the_same_cells_and_seed():
+    cells = runnable(load_plan(ROOT / "plan.yaml"))
+    first = pairwise_sample(cells, "rms_norm")
+    shuffled = random.Random(1).sample(cells, len(cells))
+    assert set(pairwise_sample(shuffled, "rms_norm")) == set(first)
+    assert pairwise_sample(cells, "rms_norm") == first
+    assert any(set(pairwise_sample(cells, f"op{i}")) != set(first) for i in range(5))  # the seed matters
+
+
+AXIS_VALUES = {"phase": ["prefill", "decode", "chunked_prefill"], "dtype": ["fp16", "bf16", "fp32", "fp8"],
+               "tp": [1, 2, 4, 8], "graph_mode": ["eager", "torch_compile", "cuda_graph"], "sm": ["cpu", "sm90"]}
+EVERY_CELL = [Cell(*values) for values in itertools.product(*AXIS_VALUES.values())]
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.sets(st.sampled_from(EVERY_CELL), min_size=1, max_size=80), st.text(max_size=5))
+def test_any_set_of_cells_keeps_every_pair_and_value_it_has(cells, seed):
+    cells = sorted(cells)
+    sample = pairwise_sample(cells, seed)
+    assert sample and set(sample) <= set(cells)
+    assert value_pairs(sample) == value_pairs(cells)
+    assert len(sample) <= len(cells)
+
+
+def test_small_sets_are_kept_whole_where_every_cell_is_needed():
+    one_axis = [Cell("decode", d, 1, "eager", "cpu") for d in ("fp32", "fp16", "bf16")]
+    assert pairwise_sample(one_axis, "x") == one_axis  # every value of the only axis that varies
+    assert len(pairwise_sample([one_axis[0]], "x")) == 1
+    assert pairwise_sample([], "x") == []
+    two_axes = [Cell(p, d, 1, "eager", "cpu") for p in ("decode", "prefill") for d in ("fp32", "fp16")]
+    assert pairwise_sample(two_axes, "x") == two_axes
+
+
+# ---------------------------------------------------------------- costs paid once
+
+
+def test_a_later_torch_compile_cell_reuses_the_graphs_earlier_cells_compiled(tmp_path):
+    plan = rms_norm_plan(tmp_path, graph_mode="[torch_compile]", hidden="[64]")
+    run = RunSettings(examples=4, profile="ci", database=None)  # derandomized: the same examples again
+    first = run_cell(str(plan), "decode-fp32-tp1-torch_compile-cpu", run).record
+    again = run_cell(str(plan), "decode-fp32-tp1-torch_compile-cpu", run).record
+    assert first.status == again.status == "passed", (first.reason, again.reason)
+    assert again.facts["compiles"] == 0 and again.facts["shapes"] == first.facts["shapes"] >= 1, again.facts
+    assert again.facts["opcheck"] == "passed"  # each cell still checks its registration
+
+
+def test_records_of_cells_not_run_here_wait_for_the_next_write(tmp_path):
+    plan = load_plan(ROOT / "plan.yaml")
+    recorder = Recorder(tmp_path, plan.name, Provenance("cpu", "cpu", "x86_64", 0, 2), "run")
+    skipped = CellRecord("decode", "fp32", 1, "eager", "sm90", Status.NOT_RUN, "needs sm90; this machine is cpu")
+    recorder.record("cells", "decode-fp32-tp1-eager-sm90", skipped, defer=True)
+    assert not recorder.path.exists()  # not rewritten for a record that costs nothing to make again
+    ran = CellRecord("decode", "fp32", 1, "eager", "cpu", Status.PASSED)
+    recorder.record("cells", "decode-fp32-tp1-eager-cpu", ran)
+    assert set(read_results(recorder.path)["cells"]) == {"decode-fp32-tp1-eager-sm90", "decode-fp32-tp1-eager-cpu"}
+    recorder.record("cells", "decode-fp16-tp1-eager-sm90", skipped, defer=True)
+    recorder.flush()  # the end of the run
+    assert "decode-fp16-tp1-eager-sm90" in read_results(recorder.path)["cells"]
+
+
+# ---------------------------------------------------------------- the report
+
+
+def test_the_report_says_what_the_latest_run_sampled(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, phase="[decode, prefill]", dtype="[fp32, fp16]"))
+    op_dir = tmp_path / "reports" / "rms_norm"
+    write_results(op_dir, "cpu.json", "rms_norm", "r2", {**machine("cpu"), "cells": "a pairwise sample of 3 of 4 "
+                                                                                    "runnable cells"},
+                  {cid: cell(cid, "passed") for cid in ("decode-fp32-tp1-eager-cpu", "decode-fp16-tp1-eager-cpu",
+                                                        "prefill-fp32-tp1-eager-cpu")})
+    text = write_report(plan, op_dir)[0].read_text()
+    provenance = next(line for line in text.splitlines() if line.startswith("- **Provenance:**"))
+    assert "ran a pairwise sample of 3 of 4 runnable cells" in provenance
+    assert "| no result recorded (sampled out, deselected with -k or -m, or the run stopped) | 1 " in text
+
+
+# ---------------------------------------------------------------- the terminal summary
+
+
+def summary_table(lines: list[str]) -> dict:
+    """The summary's table: (graph mode, tp) -> {status: count}, blanks left out."""
+    spans = [m.span() for m in re.finditer(r"-+", lines[1])]  # tabulate's rule under the headers
+    headers = [lines[0][a:b].strip() for a, b in spans]
+    rows = {}
+    for line in lines[2:]:
+        if not line[:1].isalpha() or ":" in line:
+            break
+        values = [line[a:b].strip() for a, b in spans[:-1]] + [line[spans[-1][0]:].strip()]
+        rows[values[0], values[1]] = {h: int(v) for h, v in zip(headers[2:], values[2:]) if v}
+    return rows
+
+
+def test_the_summary_counts_cells_by_mode_and_tp_and_groups_the_reasons():
+    plan = load_plan(ROOT / "plan.yaml")
+    cells = []
+    for c in expand(plan):
+        d = decide(plan, c, CPU, 4)
+        status = "passed" if d.kind == RUN and c.tp == 1 else "sampled_out" if d.kind == RUN else d.kind
+        cells.append((c, status, d.reason))
+    lines = cells_summary(plan, cells)
+    table = summary_table(lines)
+    assert table["eager", "tp1"] == {"passed": 9, "not run here": 36}
+    assert table["torch_compile", "tp2"] == {"sampled out": 9, "not run here": 36}
+    assert table["memcheck", "tp1"] == {"not run here": 15, "excluded": 30}
+    assert sum(sum(row.values()) for row in table.values()) == len(expand(plan))
+    assert "pairwise sample: 18 of 54 runnable cells ran, every pair of axis values in one at least; " \
+           "--cells all runs all 54" in lines
+    assert "480 not run here: needs sm80, sm89, sm90 or sm100; this machine is cpu" in lines
+    assert "36 not run here: cuda_graph needs a CUDA device; this machine has none" in lines
+    assert any(x.startswith("120 excluded: excluded by the plan") for x in lines)
+
+
+# ---------------------------------------------------------------- a sampled run end to end
+
+
+@pytest.fixture
+def run_plan(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv("CI", raising=False)
+
+    def run(plan: Path, *args: str):
+        return pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--reports-dir",
+                                             str(pytester.path / "reports"), "-p", "no:cacheprovider", *args)
+    return run
+
+
+def summary_rows(out: str) -> dict:
+    """The summary table in a run's output."""
+    return summary_table(out.split(" rms_norm: numerics cells ")[1].splitlines()[1:])
+
+
+def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, run_plan):
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
+                         graph_mode="[eager, torch_compile]", sm="[cpu, sm90]", hidden="[64]",
+                         numerics="{examples: 2}")
+    results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
+
+    full = run_plan(plan, "--cells", "all", "--plan-profile", "ci")
+    full.assert_outcomes(passed=8, skipped=8)
+    out = full.stdout.str()
+    assert summary_rows(out) == {("eager", "tp1"): {"passed": 4, "not run here": 4},
+                                 ("torch_compile", "tp1"): {"passed": 4, "not run here": 4}}
+    assert "8 not run here: needs sm90; this machine is cpu" in out
+    assert "verdict: cpu: numerics only · sm90: no results" in out
+    progress = next(line for line in out.splitlines() if line.startswith("plan.yaml "))
+    assert "s" not in progress.split()[1], progress  # cells of another SM print no `s` each
+    first = read_results(results)
+    assert [r["cells"] for r in first["runs"].values()] == ["every runnable cell (8)"]
+
+    sampled = run_plan(plan, "--plan-profile", "ci", "-rs", "-p", "xdist", "-n", "2")
+    sampled.assert_outcomes(passed=4, skipped=12)  # both xdist workers pick the same sample
+    out = sampled.stdout.str()
+    assert "sampled out: pairwise sample of 4 of 8 runnable cells; --cells all runs it" in out
+    assert summary_rows(out) == {("eager", "tp1"): {"passed": 2, "sampled out": 2, "not run here": 4},
+                                 ("torch_compile", "tp1"): {"passed": 2, "sampled out": 2, "not run here": 4}}
+    assert "pairwise sample: 4 of 8 runnable cells ran" in out
+    second = read_results(results)
+    assert len(second["cells"]) == 16  # the four cells left out keep the first run's results
+    new_runs = {run for run, prov in second["runs"].items() if prov.get("cells", "").startswith("a pairwise sample")}
+    assert {prov["cells"] for run, prov in second["runs"].items() if run in new_runs} == \
+        {"a pairwise sample of 4 of 8 runnable cells"}
+    ours = {cid: rec for cid, rec in second["cells"].items() if cid.endswith("-cpu")}
+    rerun = {cid for cid, rec in ours.items() if rec["run"] in new_runs}
+    kept = set(ours) - rerun
+    assert len(rerun) == 4 and len(kept) == 4
+    assert all(second["cells"][cid] == first["cells"][cid] for cid in kept)
+    assert value_pairs([Cell.from_id(cid) for cid in rerun]) == value_pairs(
+        [Cell.from_id(cid) for cid in first["cells"] if cid.endswith("-cpu")])
+
+    # A selection runs what it selects, sampled out or not; -v still names every skipped cell.
+    left_out = sorted(kept)[0]
+    chosen = run_plan(plan, "-k", left_out.removesuffix("-cpu"), "-v")
+    chosen.assert_outcomes(passed=1, skipped=1)
+    assert f"numerics[{left_out.removesuffix('-cpu')}-sm90] SKIPPED" in chosen.stdout.str()
+    assert read_results(results)["cells"][left_out]["run"] not in new_runs
+
+
+def test_the_profile_sets_the_default_and_cells_overrides_it(pytester, run_plan, monkeypatch):
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
+                         graph_mode="[eager, torch_compile]")
+    results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
+
+    def cells_of_last_run(*args) -> str:
+        results.unlink(missing_ok=True)
+        run_plan(plan, "--collect-only", "-q", *args)
+        return next(iter(read_results(results)["runs"].values()))["cells"]
+
+    sample = "a pairwise sample of 4 of 8 runnable cells"
+    assert cells_of_last_run() == sample  # dev
+    assert cells_of_last_run("--plan-profile", "nightly") == "every runnable cell (8)"
+    assert cells_of_last_run("--plan-profile", "nightly", "--cells", "sampled") == sample
+    assert cells_of_last_run("--cells", "all") == "every runnable cell (8)"
+    assert cells_of_last_run("-m", "decode") == "the 4 runnable cells selected (-k, -m, --lf or node ids; no sampling)"
+    monkeypatch.setenv("CI", "1")
+    assert cells_of_last_run() == sample  # ci
