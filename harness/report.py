@@ -1332,6 +1332,8 @@ def _impl_cell(impl: ImplFigures | None) -> str:
         text += f" · {fmt(impl.tflops, 3)} TFLOP/s"
     if impl.error:
         text += f" · ❌ {md(_first_line(impl.error, 160))}"
+    if impl.differs:
+        text += f" · ⚠️ differs from the reference: {md(_first_line(impl.differs, 160))}"
     return text
 
 
@@ -1426,6 +1428,9 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
         for impl, t in sorted(rec.impls.items()):
             if t.error:
                 items.append(f"Fix {md(impl)} in benchmark {code(bid)}: {md(_first_line(t.error))}")
+            if t.differs:
+                items.append(f"Check that {md(impl)}'s outputs are acceptable (benchmark {code(bid)}; its timing is "
+                             f"used): {md(_first_line(t.differs))}")
     if not res.benchmarks:
         items.append(f"Benchmark on a GPU machine: {code(f'pytest --plan {pd} --bench')}")
     else:

@@ -196,7 +196,8 @@ class ImplFigures:
     # Eager timings are back-to-back device time (calls queued behind each other); launch_us is the median of
     # isolated calls on an idle GPU, the host's launch cost included (what a host-bound decode step sees).
     launch_us: float | None = None
-    error: str | None = None  # raised, or a wrong result after timing
+    error: str | None = None  # raised, or (the kernel) a wrong result after timing
+    differs: str | None = None  # a baseline whose outputs differ from the reference after timing (timing kept)
     not_run: str | None = None
 
     @property
