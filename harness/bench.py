@@ -17,7 +17,9 @@ this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GP
 - Cold L2: when one call's tensors are smaller than twice the L2 cache, enough input sets are built
   that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results).
 - Each implementation's outputs are checked against the reference after its timing loop: a wrong kernel
-  fails the item; a baseline that differs keeps its timing and is reported as differing (`differs`).
+  fails the item; a baseline that differs keeps its timing and is reported as differing (`differs`). A
+  baseline that raises (a reference that syncs the host cannot be captured in a CUDA graph) is not run
+  there, with its error, and the item still times the others; the kernel raising fails the item.
 - A named baseline whose package is not installed on this machine is recorded as not run, with why; so is one
   on a shape or dtype outside its contract (`{name: {path: ..., contract: {...}}}`). A shape outside the
   kernel's own contract (op.contract) is not timed at all.
@@ -608,9 +610,12 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             mismatch, expected = check(plan, spec, call, device)
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = f"{type(exc).__name__}: {_first_line(exc)}"
-            rec.impls[name] = ImplFigures(error=message)
-            outcome.failures[name] = message
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
+            if name == "kernel" or outcome.fatal:
+                rec.impls[name] = ImplFigures(error=message)
+                outcome.failures[name] = message
+            else:  # a baseline that cannot run in this mode (e.g. a reference that syncs the host under capture)
+                rec.impls[name] = ImplFigures(not_run=f"raised {message}")
             continue
         returned = sum(t.numel() * t.element_size() for k, t in expected.items() if not plan.has_arg(k))
         nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])

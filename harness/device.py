@@ -39,6 +39,9 @@ def detect() -> Hardware:
 
 
 def _git_commit(root: Path) -> str | None:
+    """HARNESS_COMMIT where the job names the commit (a copied tree's .git may be stale or absent), else git's."""
+    if os.environ.get("HARNESS_COMMIT"):
+        return os.environ["HARNESS_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10)

@@ -9,3 +9,8 @@ from kernels.rms_norm import rms_norm_ref
 def rms_norm_into(out, x, weight, eps):
     """rms_norm(out, x, weight, eps) that writes the reference's result into `out`."""
     out.copy_(rms_norm_ref(x, weight, eps))
+
+
+def rms_norm_off_by_a_tenth(out, x, weight, eps):
+    """A baseline that is fast enough to time and 10% wrong: its outputs differ from the reference."""
+    out.copy_(rms_norm_ref(x, weight, eps) * 1.1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench
+from harness import bench, report
 from harness.hardware import Hardware
 from harness.plan import PlanError, load_plan
 from harness.results import ImplFigures, to_json
@@ -200,14 +200,26 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
     assert rec.speedup["ref_into"].not_run.startswith("kernel: not timed on a CPU machine")
 
 
-def test_a_wrong_named_baseline_is_caught_after_timing(tmp_path):
+def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
     path = rms_norm_plan(tmp_path, hidden="[64]",
-                         extra="benchmark: {decode: [4], baselines: [{wrong: kernels.rms_norm:rms_norm_ref}]}\n")
+                         extra="benchmark: {decode: [4], baselines: [native, {wrong: kernels.rms_norm:rms_norm_ref}]}\n")
     spec = bench.bench_specs(load_plan(path), "cpu")[0]
-    rec = bench.run_benchmark(str(path), spec).record
+    outcome = bench.run_benchmark(str(path), spec)
+    rec = outcome.record
     # rms_norm_ref(out=..., x=..., weight=..., eps=...) is not kernel-style: it raises, and only its entry says so
-    assert rec.impls["wrong"].error and "TypeError" in rec.impls["wrong"].error
-    assert rec.impls["native"].not_run == "not in the plan's benchmark.baselines"
+    assert rec.impls["wrong"].not_run.startswith("raised TypeError") and not rec.impls["wrong"].timed
+    assert rec.impls["native"].timed and not outcome.failures
+
+
+def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
+    path = rms_norm_plan(tmp_path, hidden="[64]", extra=(
+        "benchmark: {decode: [4], baselines: [native, {scaled: tests.baselines:rms_norm_off_by_a_tenth}]}\n"))
+    spec = bench.bench_specs(load_plan(path), "cpu")[0]
+    outcome = bench.run_benchmark(str(path), spec)
+    off = outcome.record.impls["scaled"]
+    assert off.timed and off.error is None and "wrong result after timing" in off.differs
+    assert outcome.record.impls["native"].differs is None and not outcome.failures
+    assert "differs from the reference" in report._impl_cell(off)
 
 
 @pytest.mark.parametrize("entry, field, words", [
