@@ -1036,7 +1036,9 @@ def _parse_baselines(r: _Reader, node: _Map, contract_of: Callable) -> tuple[tup
             name, path = next(iter(item.items()))
             if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)) or name in BASELINES + ("kernel",):
                 raise r.fail(item, name, where, "a baseline name of lowercase letters, digits and _ other than "
-                             f"{', '.join(BASELINES)} and kernel", name)
+                             f"{', '.join(BASELINES)} and kernel"
+                             + (" (YAML reads off/on/yes/no/true/false as a boolean: quote the name)"
+                                if isinstance(name, bool) else ""), name)
             if name in dict(named):
                 raise r.fail(item, name, where, "a baseline name not used before in benchmark.baselines", name)
             holder, key, field_name = item, name, f"{where}.{name}"

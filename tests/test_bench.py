@@ -225,6 +225,7 @@ def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
 @pytest.mark.parametrize("entry, field, words", [
     ("{liger: 'not a path'}", "benchmark.baselines[0].liger", "an import path 'package.module:attribute'"),
     ("{Liger: 'a.b:c'}", "benchmark.baselines[0]", "a baseline name of lowercase letters"),
+    ("{off: 'a.b:c'}", "benchmark.baselines[0]", "YAML reads off/on/yes/no/true/false as a boolean"),
     ("{native: 'a.b:c'}", "benchmark.baselines[0]", "other than native, compiled, vllm and kernel"),
     ("inductor", "benchmark.baselines[0]", "one of native, compiled, vllm or {name: 'package.module:attribute'}"),
 ])
