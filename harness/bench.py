@@ -60,7 +60,7 @@ from .inputs import TORCH_DTYPES, Example, build_args, poison_value
 from .matrix import Cell, bench_graph_modes, decide
 from .numerics import Mismatch, Stats
 from .plan import Plan, PlanError, import_object, load_plan
-from .results import NOISE_FLOOR, BenchRecord, ImplFigures, Speedup
+from .results import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
 from .runner import compare_judged, device_poisoned
 from .vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
@@ -532,7 +532,7 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], device: str
         for name in plan.outputs:
             compare_judged(plan, reference, spec.dtype, Stats(), name, actual[name], expected[name], values, False)
     except Mismatch as exc:
-        return f"wrong result after timing: {exc}", expected
+        return f"{WRONG_AFTER_TIMING}: {exc}", expected
     return None, expected
 
 

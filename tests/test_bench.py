@@ -374,3 +374,19 @@ def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
                                     "2/* tests collected*"])
     without = pytester.runpytest_subprocess(*common[:4], *common[5:], "-k", "bench")
     without.stdout.fnmatch_lines(["*no tests collected*"])
+
+
+def test_a_baselines_wrong_result_recorded_as_an_error_is_read_as_differing():
+    """Results written before `differs` existed kept it in `error`: read as differing, the kernel's stays an error."""
+    data = {"phase": "prefill", "dtype": "bf16", "sm": "sm90", "graph_mode": "eager", "num_tokens": 8,
+            "impls": {"kernel": {"median_us": 2.0, "q20_us": 1.9, "q80_us": 2.1,
+                                 "error": "wrong result after timing: out differs"},
+                      "compiled": {"median_us": 2.0, "q20_us": 1.9, "q80_us": 2.1,
+                                   "error": "wrong result after timing: 2% one step off"},
+                      "native": {"error": "RuntimeError: boom"}}}
+    from harness.results import BenchRecord, from_json
+
+    rec = from_json(BenchRecord, data, "test")
+    assert rec.impls["compiled"].differs.endswith("2% one step off") and rec.impls["compiled"].error is None
+    assert rec.impls["kernel"].error and not rec.impls["kernel"].differs
+    assert rec.impls["native"].error == "RuntimeError: boom"  # untimed: still an error
