@@ -66,10 +66,12 @@ from .vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
 
-# Device time spent on timed samples per implementation, and on warm-up (triton.testing.do_bench's defaults).
-TARGET_MS, WARMUP_MS = 100.0, 25.0
-EAGER_SAMPLES = (50, 1000)  # (fewest, most) timed calls
-GRAPH_SAMPLES = (20, 200)  # (fewest, most) timed replays
+# Device time spent on timed samples per implementation, and on warm-up. triton.testing.do_bench spends 100 and
+# 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (measured
+# on an H200: docs/performance.md), and a plan's benchmarks then take about a minute rather than three.
+TARGET_MS, WARMUP_MS = 30.0, 10.0
+EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
+GRAPH_SAMPLES = (20, 100)  # (fewest, most) timed replays
 LAUNCH_SAMPLES = 50  # isolated eager calls, launch cost included (ImplFigures.launch_us)
 # A captured graph holds at least this much work (and every rotated set), so replay launch costs amortise.
 GRAPH_REPLAY_MS = 2.0
@@ -500,8 +502,7 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
         elif name == "native":
             impls[name] = reference_call(plan, reference)
         elif name == "compiled":
-            torch._dynamo.reset()  # one shape per item: never hit dynamo's recompile limit and fall back to eager
-            impls[name] = reference_call(plan, torch.compile(reference, fullgraph=True, dynamic=False))
+            impls[name] = reference_call(plan, compiled_reference(reference))
         else:
             fn = vllm_kernel(plan)
             impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
@@ -510,6 +511,26 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
     for name in ("kernel", *(n for n, _ in plan.benchmark.named)):
         impls[name] = (outside_contract(plan, name, spec) if spec else "") or impls[name]
     return impls
+
+
+@lru_cache(maxsize=None)
+def compiled_reference(reference: Callable) -> Callable:
+    """The reference under torch.compile as vLLM compiles a model: one graph for every token count (the inputs'
+    token dimension is marked dynamic, mark_token_dims), recompiled only for a new dtype or width. One per
+    reference per process, so every item of a plan reuses the graphs earlier items compiled."""
+    torch._dynamo.config.cache_size_limit = 1024  # a plan's dtypes x widths: never fall back to eager silently
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 1024
+    return torch.compile(reference, fullgraph=True)
+
+
+def mark_token_dims(plan: Plan, sets: list[dict]) -> None:
+    """Mark every input's num_tokens dimension dynamic (a dimension of 1 may still specialise, as in vLLM)."""
+    for values in sets:
+        for arg in plan.tensor_args:
+            dim = plan.token_dim(arg.name)
+            if dim is not None and isinstance(values.get(arg.name), torch.Tensor):
+                torch._dynamo.maybe_mark_dynamic(values[arg.name], dim)
 
 
 def _captured(call: Callable[[dict], dict], values: dict) -> dict:
@@ -521,19 +542,34 @@ def _captured(call: Callable[[dict], dict], values: dict) -> dict:
     return outs
 
 
-def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], device: str) -> tuple[str | None, dict]:
-    """(mismatch message or None, reference outputs) for one call on fresh inputs, in the spec's graph mode,
+@dataclass
+class CheckInputs:
+    """One item's fresh inputs (never timed on) and the reference's outputs on them, shared by its implementations."""
+    values: dict
+    expected: dict
+
+    @classmethod
+    def build(cls, plan: Plan, spec: BenchSpec, device: str) -> CheckInputs:
+        values = input_sets(plan, spec, device, 1, seed=CHECK_SEED)[0]
+        return cls(values, reference_outputs(plan, plan.load_reference(), values))
+
+    def fresh(self) -> dict:
+        """A copy of the inputs for one implementation (kernels may write into them)."""
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
+
+
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
+    """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
     judged as a numerics cell judges it (the same tolerance and fp64 tie-break)."""
-    values = input_sets(plan, spec, device, 1, seed=CHECK_SEED)[0]
-    reference = plan.load_reference()
-    expected = reference_outputs(plan, reference, values)
+    values = inputs.fresh()
     actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
     try:
         for name in plan.outputs:
-            compare_judged(plan, reference, spec.dtype, Stats(), name, actual[name], expected[name], values, False)
+            compare_judged(plan, plan.load_reference(), spec.dtype, Stats(), name, actual[name],
+                           inputs.expected[name], values, False)
     except Mismatch as exc:
-        return f"{WRONG_AFTER_TIMING}: {exc}", expected
-    return None, expected
+        return f"{WRONG_AFTER_TIMING}: {exc}"
+    return None
 
 
 # ---------------------------------------------------------------- figures
@@ -587,6 +623,10 @@ class BenchOutcome:
     fatal: bool = False  # the device context is unusable: the worker is replaced
 
 
+# Launches per call, per (plan, implementation, shape): the same in both graph modes, so counted once.
+_launches: dict[tuple, int | None] = {}
+
+
 def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
     """Time every implementation of one benchmark item and check its result; returns the results record."""
     plan, device = load_plan(plan_path), detect().device
@@ -594,8 +634,10 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
     sizes = spec.sizes_dict
     copy_bw = copy_bandwidth_gbps(device)
     l2 = l2_cache_bytes(device)
-    working_set = working_set_bytes(input_sets(plan, spec, device, 1)[0])
+    inputs = CheckInputs.build(plan, spec, device)
+    working_set = working_set_bytes(inputs.values)
     sets = input_sets(plan, spec, device, rotation_count(working_set, l2))
+    mark_token_dims(plan, sets)
     rec = base_record(spec)
     rec.copy_bw_gbps, rec.l2_bytes, rec.working_set_bytes, rec.rotated_sets = \
         significant(copy_bw), l2, working_set, len(sets)
@@ -607,7 +649,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             continue
         try:
             timing = time_calls(call, sets, device, graph)
-            mismatch, expected = check(plan, spec, call, device)
+            mismatch = check(plan, spec, call, inputs)
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = f"{type(exc).__name__}: {_first_line(exc)}"
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
@@ -617,9 +659,12 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             else:  # a baseline that cannot run in this mode (e.g. a reference that syncs the host under capture)
                 rec.impls[name] = ImplFigures(not_run=f"raised {message}")
             continue
-        returned = sum(t.numel() * t.element_size() for k, t in expected.items() if not plan.has_arg(k))
+        returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
         nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
-        launches = count_launches(call, sets[0]) if device == "cuda" else None
+        key = (plan_path, name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
+        if device == "cuda" and key not in _launches:
+            _launches[key] = count_launches(call, sets[0])
+        launches = _launches.get(key)
         rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches)
         rec.timer = timing.timer
         outcome.timings[name] = timing
@@ -638,7 +683,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
         else:
             why = kernel.not_run or kernel.error or base.not_run or base.error
             rec.speedup[name] = Speedup(not_run=f"{'kernel' if not kernel.timed else name}: {why}")
-    del sets
+    del sets, inputs
     if device == "cuda":
         torch.cuda.empty_cache()
     return outcome
