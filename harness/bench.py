@@ -15,7 +15,9 @@ this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GP
 - Warm-up before timing (compilation, autotuning, graph upload), then a median and q20/q80 over
   samples worth about TARGET_MS of device time.
 - Cold L2: when one call's tensors are smaller than twice the L2 cache, enough input sets are built
-  that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results).
+  that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results), up to
+  MAX_ROTATED_SETS: a call smaller than 2x L2 / MAX_ROTATED_SETS (about 120 KB on an H200: decode sizes)
+  finds part of its data in L2, as in a decode step, whose input the previous op has just written.
 - Each implementation's outputs are checked against the reference after its timing loop: a wrong kernel
   fails the item; a baseline that differs keeps its timing and is reported as differing (`differs`). A
   baseline that raises (a reference that syncs the host cannot be captured in a CUDA graph) is not run
@@ -71,7 +73,10 @@ IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; name
 # on an H200: docs/performance.md), and a plan's benchmarks then take about a minute rather than three.
 TARGET_MS, WARMUP_MS = 30.0, 10.0
 EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
-GRAPH_SAMPLES = (20, 100)  # (fewest, most) timed replays
+GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of many calls
+# Input sets a call rotates over at most. A CUDA graph holds one call per set; 10 000 sets of a one-token
+# RMSNorm made each decode item capture and replay 60 000 nodes per baseline, several seconds an item.
+MAX_ROTATED_SETS = 1024
 LAUNCH_SAMPLES = 50  # isolated eager calls, launch cost included (ImplFigures.launch_us)
 # A captured graph holds at least this much work (and every rotated set), so replay launch costs amortise.
 GRAPH_REPLAY_MS = 2.0
@@ -232,7 +237,7 @@ def rotation_count(working_set: int, l2_bytes: int | None) -> int:
     """Input sets whose total exceeds 2x L2, so every timed call starts with its data out of the cache."""
     if not l2_bytes:
         return 1
-    return 2 * l2_bytes // max(working_set, 1) + 1
+    return min(2 * l2_bytes // max(working_set, 1) + 1, MAX_ROTATED_SETS)
 
 
 def l2_cache_bytes(device: str) -> int | None:
@@ -381,7 +386,7 @@ def _time_graph(call, sets) -> Timing:
             call(sets[i % len(sets)])
     graph.replay()  # the first replay uploads the graph
     torch.cuda.synchronize()
-    estimate_ms, host_s = _estimate(graph.replay, 2)
+    estimate_ms, host_s = _estimate(graph.replay, 1)
     for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 100))):
         graph.replay()
     replays = _events_host_ahead(graph.replay, _clamp(TARGET_MS / estimate_ms, GRAPH_SAMPLES), host_s)
@@ -502,7 +507,8 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
         elif name == "native":
             impls[name] = reference_call(plan, reference)
         elif name == "compiled":
-            impls[name] = reference_call(plan, compiled_reference(reference))
+            shape = (spec.dtype, spec.num_tokens, spec.sizes) if spec else None
+            impls[name] = reference_call(plan, compiled_reference(reference, shape))
         else:
             fn = vllm_kernel(plan)
             impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
@@ -513,24 +519,19 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
     return impls
 
 
-@lru_cache(maxsize=None)
-def compiled_reference(reference: Callable) -> Callable:
-    """The reference under torch.compile as vLLM compiles a model: one graph for every token count (the inputs'
-    token dimension is marked dynamic, mark_token_dims), recompiled only for a new dtype or width. One per
-    reference per process, so every item of a plan reuses the graphs earlier items compiled."""
-    torch._dynamo.config.cache_size_limit = 1024  # a plan's dtypes x widths: never fall back to eager silently
-    if hasattr(torch._dynamo.config, "recompile_limit"):
-        torch._dynamo.config.recompile_limit = 1024
-    return torch.compile(reference, fullgraph=True)
+_compiled: dict = {}  # the compiled reference of the last shape benchmarked in this process
 
 
-def mark_token_dims(plan: Plan, sets: list[dict]) -> None:
-    """Mark every input's num_tokens dimension dynamic (a dimension of 1 may still specialise, as in vLLM)."""
-    for values in sets:
-        for arg in plan.tensor_args:
-            dim = plan.token_dim(arg.name)
-            if dim is not None and isinstance(values.get(arg.name), torch.Tensor):
-                torch._dynamo.maybe_mark_dynamic(values[arg.name], dim)
+def compiled_reference(reference: Callable, shape: tuple) -> Callable:
+    """The reference under torch.compile, specialised to one shape (Inductor at its best, as vLLM's
+    compile_sizes get it). Items of one shape follow each other (eager, then cuda_graph), so they share one
+    compilation; a new shape starts afresh (dynamo.reset), so dynamo's recompile limit never sends it to eager."""
+    key = (reference, shape)
+    if key not in _compiled:
+        torch._dynamo.reset()
+        _compiled.clear()
+        _compiled[key] = torch.compile(reference, fullgraph=True, dynamic=False)
+    return _compiled[key]
 
 
 def _captured(call: Callable[[dict], dict], values: dict) -> dict:
@@ -637,7 +638,6 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
     inputs = CheckInputs.build(plan, spec, device)
     working_set = working_set_bytes(inputs.values)
     sets = input_sets(plan, spec, device, rotation_count(working_set, l2))
-    mark_token_dims(plan, sets)
     rec = base_record(spec)
     rec.copy_bw_gbps, rec.l2_bytes, rec.working_set_bytes, rec.rotated_sets = \
         significant(copy_bw), l2, working_set, len(sets)

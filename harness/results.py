@@ -14,6 +14,7 @@ Plain Python: no torch, so the report can read results anywhere.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import enum
 import json
 import os
@@ -300,12 +301,17 @@ def to_json(obj: Any) -> Any:
     return obj
 
 
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> tuple[dict, frozenset]:
+    """A record class's field types and names, resolved once (get_type_hints evaluates every annotation anew)."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
 def from_json(cls: type, data: Any, where: str) -> Any:
     """A record of `cls` from JSON data; ResultsError names the place when the data does not fit."""
     if not isinstance(data, dict):
         raise ResultsError(f"{where}: expected an object, found {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints, names = _fields(cls)
     kwargs = {}
     for key, value in data.items():
         if key not in names:

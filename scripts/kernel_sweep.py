@@ -61,8 +61,8 @@ def main() -> int:
 
     def norm_variants(kernel, num_rows, hidden, ptrs):
         """The shipped launch, one-pass launches with other warp counts, two-pass launches over chunks."""
-        whole_rows = kernel is fa._fused_add_rms_norm_kernel
-        block, single_pass, warps = rn._launch_config(num_rows, hidden, dtype.itemsize, whole_row_chunks=whole_rows)
+        fused_add = kernel is fa._fused_add_rms_norm_kernel
+        block, single_pass, warps = rn._launch_config(num_rows, hidden, dtype.itemsize, streams=2 if fused_add else 1)
         configs = {"default": (block, single_pass, warps)}
         row_block = triton_next_power_of_2(hidden)  # one pass holds the whole row, whatever the default's chunk
         for w in (4, 8, 16, 32):
@@ -74,8 +74,9 @@ def main() -> int:
 
         def launch(block, single_pass, warps):
             def run(v):
+                extra = {"HIDDEN": 0 if single_pass else hidden} if fused_add else {}
                 kernel[(num_rows,)](*[v[p] for p in ptrs], *[v[p].stride(0) for p in ptrs if p != "w"], hidden,
-                                    1e-6, BLOCK=block, SINGLE_PASS=single_pass, num_warps=warps)
+                                    1e-6, BLOCK=block, SINGLE_PASS=single_pass, num_warps=warps, **extra)
             return run
         return {name: launch(*c) for name, c in configs.items()}
 

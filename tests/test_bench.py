@@ -307,6 +307,8 @@ def test_rotated_input_sets_are_distinct_aligned_and_exceed_twice_l2(tmp_path):
     assert not torch.equal(sets[0]["x"], sets[1]["x"])
     assert 0.5 < float(sets[1]["weight"].mean()) < 1.5  # init: around_one
     assert bench.rotation_count(one, None) == 1
+    # a call far smaller than the cache rotates over MAX_ROTATED_SETS sets, not tens of thousands
+    assert bench.rotation_count(one, l2_bytes=1 << 30) == bench.MAX_ROTATED_SETS
 
 
 def test_host_timing_on_cpu():
