@@ -405,13 +405,28 @@ def load(path: Path, op: str | None = None) -> Results:
     return res
 
 
+def results_text(data: dict) -> str:
+    """A results file's text: one record per line, so that a diff shows which records a run changed, and
+    compact within it (indented JSON made a plan's results file a third larger)."""
+    def compact(value) -> str:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+    parts = []
+    for key, value in sorted(data.items()):
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            rows = ",\n".join(f"  {json.dumps(k)}: {compact(v)}" for k, v in sorted(value.items()))
+            parts.append(f" {json.dumps(key)}: {{\n{rows}\n }}")
+        else:
+            parts.append(f" {json.dumps(key)}: {compact(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 def write_atomic(path: Path, results: Results) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(results.to_json(), f, indent=1, sort_keys=True)
-            f.write("\n")
+            f.write(results_text(results.to_json()))
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes it private; results are shared files
