@@ -58,7 +58,7 @@ from .calls import kernel_outputs, reference_outputs
 from .device import detect
 from .expressions import evaluate
 from .hardware import Hardware
-from .inputs import TORCH_DTYPES, Example, build_args, poison_value
+from .inputs import TORCH_DTYPES, Example, build_args, poison_value, sizes_fit
 from .matrix import Cell, bench_graph_modes, decide
 from .numerics import Mismatch, Stats
 from .plan import Plan, PlanError, import_object, load_plan
@@ -122,7 +122,8 @@ class BenchSpec:
 
 
 def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
-    """Every benchmark shape of the plan on one SM: phase token counts x sizes x dtype x graph mode."""
+    """Every benchmark shape of the plan on one SM: phase token counts x sizes x dtype x graph mode, leaving out
+    combinations of sizes their constraints rule out (a rotary_dim above head_size)."""
     modes = bench_graph_modes(plan)
     names = list(plan.sizes)
     named = tuple(name for name, _ in plan.benchmark.named)
@@ -130,6 +131,8 @@ def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
     for phase, counts in plan.benchmark.shapes().items():
         for n in counts:
             for values in itertools.product(*(plan.sizes[s] for s in names)):
+                if not sizes_fit(plan, dict(zip(names, values))):
+                    continue
                 for dtype in plan.matrix["dtype"]:
                     for mode in modes:
                         specs.append(BenchSpec(phase, dtype, mode, sm, n, tuple(zip(names, values)), named))

@@ -117,6 +117,11 @@ def _fits(v: int, spec: SizeSpec, drawn: dict) -> bool:
             and (spec.at_most not in drawn or v <= drawn[spec.at_most]))
 
 
+def sizes_fit(plan: Plan, sizes: dict[str, int]) -> bool:
+    """Whether one combination of sizes meets the constraints between them (divides, at_most)."""
+    return all(_fits(v, plan.size_specs[sym], sizes) for sym, v in sizes.items())
+
+
 @st.composite
 def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
     """Every size symbol, in an order where each constraint's other symbol comes first (divides, at_most)."""

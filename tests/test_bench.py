@@ -13,6 +13,7 @@ from harness.hardware import Hardware
 from harness.plan import PlanError, load_plan
 from harness.results import ImplFigures, to_json
 from harness.vllm_kernels import vllm_missing
+
 from tests.plans import rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -392,3 +393,12 @@ def test_a_baselines_wrong_result_recorded_as_an_error_is_read_as_differing():
     assert rec.impls["compiled"].differs.endswith("2% one step off") and rec.impls["compiled"].error is None
     assert rec.impls["kernel"].error and not rec.impls["kernel"].differs
     assert rec.impls["native"].error == "RuntimeError: boom"  # untimed: still an error
+
+
+def test_bench_shapes_leave_out_sizes_their_constraints_rule_out():
+    """kernels/plans/rotary_embedding.yaml: rotary_dim at_most head_size, num_kv_heads divides num_heads."""
+    plan = load_plan(ROOT / "kernels" / "plans" / "rotary_embedding.yaml")
+    specs = bench.bench_specs(plan, "sm90")
+    sizes = [s.sizes_dict for s in specs]
+    assert sizes and all(s["rotary_dim"] <= s["head_size"] and s["num_heads"] % s["num_kv_heads"] == 0 for s in sizes)
+    assert any(s["rotary_dim"] < s["head_size"] for s in sizes)  # partial rotary dims are still benchmarked
