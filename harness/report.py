@@ -1307,7 +1307,7 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
     copy = sorted({fmt(r.copy_bw_gbps, 6) for r in recs})
     timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
-            + (f"; timer: {', '.join(timers)}" if timers else ""))
+            + (f"; timer: {', '.join(timers)}" if timers else "") + _l2_note(recs))
     headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in baselines)]
     return [note, "", table(rows, headers)]
 
@@ -1315,6 +1315,17 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
 # Eager figures are back-to-back device time; where an isolated, launch-inclusive call differs by more than
 # this fraction, both are shown.
 LAUNCH_GAP = 0.03
+
+
+def _l2_note(recs: list[BenchRecord]) -> str:
+    """Whether the timed calls started with their data out of L2: their rotated input sets together exceed twice
+    the L2 size, or (decode-sized calls, whose sets the harness caps) fit in it."""
+    known = [r for r in recs if r.l2_bytes and r.working_set_bytes and r.rotated_sets]
+    warm = [r for r in known if r.working_set_bytes * r.rotated_sets <= 2 * r.l2_bytes]
+    if not warm:
+        return "; L2 cold" if known else ""
+    return (f"; L2 cold except at {len(warm)} of {len(known)} items, whose rotated input sets fit in twice the L2 "
+            f"size (up to {max(r.num_tokens for r in warm)} tokens): those calls find part of their data in L2")
 
 
 def _impl_cell(impl: ImplFigures | None) -> str:

@@ -850,3 +850,18 @@ def test_the_checker_rejects_a_broken_diagram(tmp_path, mermaid_checker):
     bad.write_text('```mermaid\nflowchart TD\n    graph["a"] --> b\n```\n\n```mermaid\nsequenceDiagram\n    A->>B: x; y\n```\n')
     rc, results = mermaid_checker(bad)
     assert rc == 1 and [r["ok"] for r in results] == [False, False]
+
+
+def test_benchmark_tables_say_where_l2_was_cold():
+    """Decode-sized calls, whose rotated input sets the harness caps, are marked as finding data in L2."""
+    from harness.results import BenchRecord
+
+    def rec(num_tokens: int, working_set: int, sets: int) -> BenchRecord:
+        return BenchRecord("decode", "bf16", "sm90", "eager", num_tokens, {"hidden": 4096}, l2_bytes=60 << 20,
+                           working_set_bytes=working_set, rotated_sets=sets)
+
+    cold = rec(256, 6 << 20, 21)  # 126 MiB rotated: past twice the 60 MiB L2
+    warm = rec(1, 24 << 10, 1024)  # 24 MiB rotated: fits
+    assert report._l2_note([cold]) == "; L2 cold"
+    assert "except at 1 of 2 items" in report._l2_note([cold, warm]) and "up to 1 tokens" in report._l2_note([cold, warm])
+    assert report._l2_note([BenchRecord("decode", "bf16", "cpu", "eager", 1, {})]) == ""  # a CPU machine: no L2 figure
