@@ -11,6 +11,7 @@ import math
 import re
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -282,18 +283,24 @@ def run_cell(plan_path: str, cell_id: str, run: RunSettings, progress=None, repl
     return run_examples(plan, cell, check, run, start=start, progress=progress, replay=replay)
 
 
-def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None) -> Example:
+def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None,
+                   known: Sequence[Example] = ()) -> Example:
     """The smallest example near `ex` that still reproduces a fault, for a fault hypothesis could not shrink
-    (it killed the worker, or poisoned its device). Field by field (the token counts, each size, each
-    input's row padding, the value scale), bisects toward the field's smallest value this cell could draw,
-    keeping a candidate only when `reproduces(candidate)` (a replay in a fresh worker) says it faults too;
-    repeats while a pass gains. `reproduces` answers False once its budget is spent, so this always ends
-    with a reproducing example: `ex` itself when nothing smaller does."""
+    (it killed the worker, or poisoned its device). First the examples earlier cells of this phase shrank
+    their faults to (`known`; no larger than `ex` in tokens): the first that reproduces is where the walk
+    starts, since a kernel that faults in one dtype or graph mode usually faults alike in the next, and the
+    walk from `ex` spent the whole budget on every cell. Then field by field (the token counts, each size,
+    each input's row padding, the value scale), bisects toward the field's smallest value this cell could
+    draw, keeping a candidate only when `reproduces(candidate)` (a replay in a fresh worker) says it faults
+    too; repeats while a pass gains. `reproduces` answers False once its budget is spent, so this always
+    ends with a reproducing example: `ex` itself when nothing smaller does."""
     tp_multiple = tp_multiple or {}
-    best = ex
 
     def faults(candidate: Example) -> bool:  # outside the kernel's contract: never drawn, so never tried
         return within_contract(plan, candidate) and reproduces(candidate)
+
+    best = next((k for k in known if k != ex and k.num_tokens <= ex.num_tokens
+                 and k.decode_tokens <= ex.decode_tokens and faults(k)), ex)
 
     def bisect(values, make) -> bool:
         """`values` ascending, the last one `best`'s: move `best` to the smallest that reproduces."""

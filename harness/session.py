@@ -56,6 +56,8 @@ class Session:
     workers: dict = field(default_factory=dict)  # "kernels" / "vllm" -> Worker; tp size -> WorkerGroup
     memchecks: dict[str, Future] = field(default_factory=dict)  # cell id -> its memcheck run, started early
     memcheck_pool: ThreadPoolExecutor | None = None
+    # (phase, tp) -> the examples earlier cells' faults shrank to: a later cell's fault is often the same one
+    fault_minimals: dict[tuple, list] = field(default_factory=dict)
     report_path: Path | None = None
     report_problems: list = field(default_factory=list)
     verdict: str = ""  # the report's verdict line, and per SM
@@ -230,8 +232,12 @@ class CellItem(PlanItem):
             facts = worker.facts
             # A crash or a device fault killed the worker hypothesis was shrinking in: shrink in fresh ones.
             multiples = tp_multiples(s.plan, self.cell.tp) if self.cell.tp > 1 else None
+            known = s.fault_minimals.setdefault((self.cell.phase, self.cell.tp), [])
             shrunk = shrink_fault(worker, fn, args, s.plan.numerics.timeout_s, value,
-                                  lambda ex, reproduces: shrink_example(s.plan, self.cell, ex, reproduces, multiples))
+                                  lambda ex, reproduces: shrink_example(s.plan, self.cell, ex, reproduces, multiples,
+                                                                        known))
+            if shrunk and shrunk.example not in known:
+                known.append(shrunk.example)
         if isinstance(value, Fault):
             value = Outcome(CellRecord(**self.cell.axes(), status=Status.FAILED, reason=value.reason,
                                        examples=value.examples, facts=value.facts or {}), traceback=value.traceback)

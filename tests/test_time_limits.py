@@ -114,9 +114,14 @@ def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(tmp_p
 
 
 def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(tmp_path):
-    plan = rms_norm_plan(tmp_path, "timed_kernels:crashes_from_5_tokens",
+    plan = rms_norm_plan(tmp_path, "timed_kernels:crashes_from_5_tokens", dtype="[fp32, fp16]",
                          numerics="{examples: 10, max_num_seqs: 32, timeout_s: 60}")
     proc, cells, wall = _run(tmp_path, plan)
+    # The second cell of the phase starts from the example the first shrank to: one replay confirms it.
+    later = cells["decode-fp16-tp1-eager-cpu"]
+    assert later["minimal_example"].startswith("num_tokens=5 hidden=1 "), later
+    first_cost = cells["decode-fp32-tp1-eager-cpu"]["facts"]["shrunk after the fault"]["replays"]
+    assert later["facts"]["shrunk after the fault"]["replays"] < first_cost, (later, first_cost)
     cell = cells["decode-fp32-tp1-eager-cpu"]
     assert proc.returncode == 1 and cell["status"] == "failed", proc.stdout + proc.stderr
     assert "was killed by SIGSEGV" in cell["reason"], cell["reason"]
