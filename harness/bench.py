@@ -69,8 +69,9 @@ from .vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
 
 # Device time spent on timed samples per implementation, and on warm-up. triton.testing.do_bench spends 100 and
-# 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (measured
-# on an H200: docs/performance.md), and a plan's benchmarks then take about a minute rather than three.
+# 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (on an H200
+# the intervals' median width stayed 4.0-4.2%, and plan.yaml's 168 items took 128 s against 200 s:
+# docs/performance.md).
 TARGET_MS, WARMUP_MS = 30.0, 10.0
 EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
 GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of many calls
