@@ -7,7 +7,7 @@ this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GP
 
 - Device time only. `eager`: CUDA events around each plain call; before each batch of calls the GPU
   is parked on a short sleep kernel so the host queues the whole batch ahead of it, so host launch
-  overhead stays out of the figure ("back-to-back"). Eager items also time LAUNCH_SAMPLES isolated calls
+  overhead stays out of the figure ("back-to-back"). Eager items also time isolated calls (LAUNCH_SAMPLES)
   on an idle GPU, from an event to the call's end, the host's launch cost included ("launch-inclusive":
   what a host-bound eager decode step sees); the report shows both where they differ by over 3%.
   `cuda_graph`: K calls captured in one graph, replays timed with events, each sample is replay time / K
@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
+import os
 import re
 import tempfile
 import time
@@ -78,7 +80,9 @@ GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of ma
 # Input sets a call rotates over at most. A CUDA graph holds one call per set; 10 000 sets of a one-token
 # RMSNorm made each decode item capture and replay 60 000 nodes per baseline, several seconds an item.
 MAX_ROTATED_SETS = 1024
-LAUNCH_SAMPLES = 50  # isolated eager calls, launch cost included (ImplFigures.launch_us)
+# Isolated eager calls, launch cost included (ImplFigures.launch_us): about LAUNCH_MS of device time, within
+# (fewest, most). Where a call's device time dwarfs its launch cost the two figures agree within a few samples.
+LAUNCH_MS, LAUNCH_SAMPLES = 5.0, (10, 50)
 # A captured graph holds at least this much work (and every rotated set), so replay launch costs amortise.
 GRAPH_REPLAY_MS = 2.0
 # Calls queued behind one sleep kernel; well under CUDA's launch queue (about 1000 entries).
@@ -117,6 +121,11 @@ class BenchSpec:
     @property
     def sizes_dict(self) -> dict[str, int]:
         return dict(self.sizes)
+
+    @property
+    def shape(self) -> tuple:
+        """What the compiled reference specialises on: the shape's eager and CUDA-graph items share it."""
+        return self.dtype, self.num_tokens, self.sizes
 
     def cell(self) -> Cell:
         return Cell(self.phase, self.dtype, 1, self.graph_mode, self.sm)
@@ -353,7 +362,8 @@ def _time_eager(call, sets) -> Timing:
     for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 10_000))):
         run()
     samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, EAGER_SAMPLES), host_s)
-    return Timing(samples, "cuda_events", launch_samples_us=_isolated_calls(run, LAUNCH_SAMPLES))
+    launches = _isolated_calls(run, _clamp(LAUNCH_MS / estimate_ms, LAUNCH_SAMPLES))
+    return Timing(samples, "cuda_events", launch_samples_us=launches)
 
 
 def _isolated_calls(run: Callable[[], object], count: int) -> list[float]:
@@ -511,8 +521,7 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
         elif name == "native":
             impls[name] = reference_call(plan, reference)
         elif name == "compiled":
-            shape = (spec.dtype, spec.num_tokens, spec.sizes) if spec else None
-            impls[name] = reference_call(plan, compiled_reference(reference, shape))
+            impls[name] = reference_call(plan, compiled_reference(reference, spec.shape if spec else None))
         else:
             fn = vllm_kernel(plan)
             impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
@@ -536,6 +545,66 @@ def compiled_reference(reference: Callable, shape: tuple) -> Callable:
         _compiled.clear()
         _compiled[key] = torch.compile(reference, fullgraph=True, dynamic=False)
     return _compiled[key]
+
+
+# Processes that compile the benchmark shapes side by side before the first item is timed (precompile).
+PRECOMPILE_PROCESSES = 8
+PRECOMPILE_TIMEOUT_S = 300.0
+
+
+def _precompile_shape(plan_path: str, spec: BenchSpec, device: str) -> None:
+    """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
+    plan = load_plan(plan_path)
+    values = input_sets(plan, spec, device)[0]
+    if "compiled" in plan.benchmark.baselines:
+        reference_call(plan, compiled_reference(plan.load_reference(), spec.shape))(values)
+    if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
+        kernel_call(plan, load_kernel(plan))(values)
+        torch.cuda.synchronize()
+
+
+def precompile(plan_path: str, specs: list[BenchSpec], device: str = "cuda",
+               processes: int = PRECOMPILE_PROCESSES) -> str:
+    """Compile every benchmark shape's reference under Inductor, and the kernel under Triton, in `processes`
+    processes side by side before any item is timed, so that each item's own compilation finds Inductor's and
+    Triton's on-disk caches warm. plan.yaml on an H200: 84 shapes, whose compiles took 51 s of a 123 s run one
+    after another, 8 s from warm caches (docs/performance.md).
+
+    Their autotuning shared the GPU, so the launch configurations Inductor's autotuner picked in them are deleted
+    again: each item's first call still autotunes, alone on the GPU, as it would without this step. A shape that
+    fails or runs past PRECOMPILE_TIMEOUT_S here compiles in its own item, which reports any error. Returns a line
+    for the run's log. Call it from a process that has not initialised CUDA's runtime in a way children inherit:
+    the processes are spawned."""
+    from concurrent.futures import ProcessPoolExecutor, wait
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    shapes = list({spec.shape: spec for spec in specs}.values())
+    if not shapes:
+        return "precompiled: nothing to compile"
+    start = time.time()
+    # Each process compiles one kernel at a time: the parallelism is across shapes, not Inductor's own pool per process.
+    saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    try:  # a spawning executor starts all its processes at the first submit, with this environment
+        pool = ProcessPoolExecutor(min(processes, len(shapes)), mp_context=multiprocessing.get_context("spawn"))
+        futures = [pool.submit(_precompile_shape, plan_path, spec, device) for spec in shapes]
+    finally:
+        if saved is None:
+            del os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
+        else:
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
+    done, late = wait(futures, timeout=PRECOMPILE_TIMEOUT_S)
+    failed = sum(1 for f in done if f.exception() is not None)
+    if late:  # a kernel that hangs: the executor has no public way to end a running task
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+    for path in Path(cache_dir()).rglob("*.best_config"):
+        if path.stat().st_mtime >= start:
+            path.unlink(missing_ok=True)
+    return (f"precompiled {len(shapes) - failed - len(late)} of {len(shapes)} shapes in {time.time() - start:.1f} s"
+            f" ({min(processes, len(shapes))} processes)")
 
 
 def _captured(call: Callable[[dict], dict], values: dict) -> dict:

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import settings
 from tabulate import tabulate
 
-from .bench import BenchOutcome, BenchSpec, Timing, bench_specs, check_models, not_run_record, run_benchmark, \
-    skip_reason
+from .bench import BenchOutcome, BenchSpec, Timing, bench_specs, check_models, not_run_record, precompile, \
+    run_benchmark, skip_reason
 from .device import detect, provenance, use_triton_interpreter
 from .interpreter import make_faithful
 from .memcheck import run_memcheck, sanitizer
@@ -58,6 +58,7 @@ class Session:
     memcheck_pool: ThreadPoolExecutor | None = None
     # (phase, tp) -> the examples earlier cells' faults shrank to: a later cell's fault is often the same one
     fault_minimals: dict[tuple, list] = field(default_factory=dict)
+    precompiled: str = ""  # precompile's line, once the first benchmark item has run it
     report_path: Path | None = None
     report_problems: list = field(default_factory=list)
     verdict: str = ""  # the report's verdict line, and per SM
@@ -338,6 +339,9 @@ class BenchItem(PlanItem):
 
     def runtest(self):
         s = session_of(self.config)
+        if not s.precompiled:  # once, before the first item is timed: every shape compiled side by side
+            specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
+            s.precompiled = precompile(str(s.plan_path), specs) if detect().device == "cuda" else "not on a CPU"
         value = s.worker("kernels").call(run_benchmark, {"plan_path": str(s.plan_path), "spec": self.spec},
                                          s.plan.numerics.timeout_s)
         if isinstance(value, Fault):
@@ -524,6 +528,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for line in cells_summary(s.plan, [(Cell.from_id(r.plan_cell), r.plan_status, r.plan_reason)
                                            for r in reports]):
             terminalreporter.write_line(line)
+    if s.precompiled.startswith("precompiled"):
+        terminalreporter.write_line(f"benchmarks: {s.precompiled}")
     if s.report_path is None:
         return
     for problem in s.report_problems:

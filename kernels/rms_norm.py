@@ -11,8 +11,11 @@ import triton.language as tl
 
 # A row whose block would exceed this many bytes is processed in chunks (tutorial 05's limit).
 MAX_FUSED_BYTES = 65536
-# Activations from this size on are normalised in two passes over chunks of at most CHUNK_BYTES (_launch_config).
-TWO_PASS_BYTES = 128 << 20
+# Activations read from this size on are normalised in two passes over chunks of at most CHUNK_BYTES
+# (_launch_config). Between the sizes measured on an H200: one pass wins at 128-160 MiB, two at 256 MiB.
+TWO_PASS_BYTES = 192 << 20
+# Batches from this many rows on are prefill-sized: a narrow row gets fewer warps (_launch_config).
+PREFILL_ROWS = 1024
 CHUNK_BYTES = 8192
 
 
@@ -35,8 +38,9 @@ def _rms_norm_kernel(
     if SINGLE_PASS:
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
-        # x is streamed once: evict it first; every program re-reads weight: keep it in L2.
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        # Every program re-reads weight: keep it in L2. No hint on x: evict_first cost 2-9% of copy bandwidth
+        # at prefill sizes on an H200 (8192 x 4096 bf16: 82.5% with it, 90.7% without).
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         # Padded lanes are 0, so they add nothing; divide by the true width, not BLOCK.
         var = tl.sum(x * x, axis=0) / hidden
@@ -71,20 +75,23 @@ def _launch_config(num_tokens: int, hidden: int, elem_size: int, streams: int = 
     """(BLOCK, single_pass, num_warps) for `num_tokens` rows of `hidden` elements of `elem_size` bytes, with
     `streams` activations read per row (1: RMSNorm's x; 2: the fused add's x and residual).
 
-    Measured on an H200 (bf16, scripts/kernel_sweep.py, cold L2) against Inductor's compiled reference:
-    - Up to TWO_PASS_BYTES of activations read, one pass with the row in registers is fastest, at 16
+    Measured on an H200 (bf16, scripts/kernel_sweep.py and scripts/one_pass_variants.py, cold L2) against
+    Inductor's compiled reference:
+    - Below TWO_PASS_BYTES of activations read, one pass with the row in registers is fastest, at 16
       elements per thread of the row's power-of-two floor (hidden 5120: 8 warps, 87.6% of copy bandwidth at
-      8192 tokens against 81.5% with 16).
-    - Beyond it, two passes over chunks win: pass 1 only streams the row in (loads with nothing waiting
+      8192 tokens against 81.5% with 16). Prefill-sized batches of rows up to 2048 wide take 32 per thread
+      (2 warps): 2048 x 2048 RMSNorm 47.2% eager and 66.7% under CUDA graphs against 45.1% and 64.4% with 4
+      (Inductor 44.5% and 63.7%); decode batches keep 16 (64 x 2048 under graphs: 6.0% against 5.7%).
+    - From it on, two passes over chunks win: pass 1 only streams the row in (loads with nothing waiting
       on them), pass 2 re-reads it from L2 and writes. 32768 x 8192 RMSNorm: 100.5% of copy bandwidth
-      against 94.1% in one pass (Inductor 100.4%); the fused add at 8192 x 4096 (128 MiB read): 92.3%
-      against 87.1% in one pass (Inductor 93.9%). Chunks of half the row suit RMSNorm, of the whole row
+      against 94.1% in one pass (Inductor 100.4%). Chunks of half the row suit RMSNorm, of the whole row
       (up to CHUNK_BYTES) the fused add, which streams two tensors; 8 elements (16 bytes of bf16) per thread.
     """
     block = triton.next_power_of_2(hidden)
     fits = block * elem_size <= MAX_FUSED_BYTES
     if fits and streams * num_tokens * hidden * elem_size < TWO_PASS_BYTES:
-        return block, True, min(max(_pow2_floor(hidden) // 512, 1), 16)
+        per_thread = 32 if num_tokens >= PREFILL_ROWS and hidden <= 2048 else 16
+        return block, True, min(max(_pow2_floor(hidden) // (32 * per_thread), 1), 16)
     chunk = _pow2_floor(hidden) if streams > 1 else max(_pow2_floor(hidden) // 2, 1)
     chunk = min(chunk, CHUNK_BYTES // elem_size)
     return chunk, False, min(max(chunk * elem_size // 512, 1), 16)

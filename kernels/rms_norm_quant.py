@@ -55,9 +55,10 @@ def _rms_norm_fp8_quant_kernel(
     if SINGLE_PASS:
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
-        s = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        # No hint on the activations, as in kernels.rms_norm's one pass (evict_first cost bandwidth there).
+        s = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         if HAS_RESIDUAL:
-            r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            r = tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
             s = (s + r).to(act)
             tl.store(res_row + cols, s, mask=mask)
             s = s.to(tl.float32)

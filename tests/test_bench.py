@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -402,3 +405,22 @@ def test_bench_shapes_leave_out_sizes_their_constraints_rule_out():
     sizes = [s.sizes_dict for s in specs]
     assert sizes and all(s["rotary_dim"] <= s["head_size"] and s["num_heads"] % s["num_kv_heads"] == 0 for s in sizes)
     assert any(s["rotary_dim"] < s["head_size"] for s in sizes)  # partial rotary dims are still benchmarked
+
+
+def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made(tmp_path, monkeypatch):
+    """The shapes are compiled in other processes; launch configurations chosen there (files newer than the
+    step's start) are deleted, so each item's own first call autotunes alone on the GPU; older ones stay."""
+    cache = tmp_path / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    (cache / "aa").mkdir(parents=True)
+    old, new = cache / "aa" / "old.best_config", cache / "aa" / "new.best_config"
+    for path, when in ((old, 0), (new, time.time() + 3600)):  # before the step / written during it
+        path.write_text("{}")
+        os.utime(path, (when, when))
+    # Without the compiled baseline: Inductor's C++ compile on a CPU machine would cost the suite 15 s.
+    plan = rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native]}\n")
+    spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
+    line = bench.precompile(str(plan), [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
+    assert line.startswith("precompiled 1 of 1 shapes"), line  # one shape: its two graph modes share the compile
+    assert old.exists() and not new.exists()
+

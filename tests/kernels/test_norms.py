@@ -73,6 +73,13 @@ def test_fused_add_rms_norm_paths(num_tokens: int, hidden: int, two_pass_bytes: 
 
 def test_two_pass_threshold_counts_every_activation_read() -> None:
     """The fused add reads x and residual: it takes two passes at half the activation size RMSNorm does."""
-    num_tokens = rn.TWO_PASS_BYTES // (4096 * 2) // 2  # a 64 MiB bf16 activation
+    num_tokens = rn.TWO_PASS_BYTES // (4096 * 2) // 2  # a bf16 activation of half the threshold
     assert rn._launch_config(num_tokens, 4096, 2)[1] is True
     assert rn._launch_config(num_tokens, 4096, 2, streams=2)[1] is False
+
+
+def test_prefill_batches_of_narrow_rows_get_fewer_warps() -> None:
+    """32 elements per thread from PREFILL_ROWS rows on (rows up to 2048 wide), 16 for decode batches."""
+    assert rn._launch_config(rn.PREFILL_ROWS, 2048, 2) == (2048, True, 2)
+    assert rn._launch_config(rn.PREFILL_ROWS - 1, 2048, 2) == (2048, True, 4)
+    assert rn._launch_config(rn.PREFILL_ROWS, 4096, 2) == (4096, True, 8)
