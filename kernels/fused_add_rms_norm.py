@@ -14,6 +14,10 @@ import triton.language as tl
 # Same row layout as RMSNorm: one program per row, chunked past kernels.rms_norm.MAX_FUSED_BYTES.
 from kernels.rms_norm import _launch_config
 
+# Two passes from this much of x and residual read on, earlier than RMSNorm: at 8192 x 4096 bf16 (128 MiB read)
+# on an H200, one pass reached 89.0% of copy bandwidth eager and two passes 92.4% (Inductor 93.5%).
+FUSED_ADD_TWO_PASS_BYTES = 128 << 20
+
 
 @triton.jit
 def _fused_add_rms_norm_kernel(
@@ -82,7 +86,8 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return
-    block, single_pass, num_warps = _launch_config(num_tokens, hidden, x.element_size(), streams=2)
+    block, single_pass, num_warps = _launch_config(num_tokens, hidden, x.element_size(), streams=2,
+                                                   two_pass_bytes=FUSED_ADD_TWO_PASS_BYTES)
     # Row strides are passed so strided views (last dim contiguous) need no copy.
     _fused_add_rms_norm_kernel[(num_tokens,)](
         x,
