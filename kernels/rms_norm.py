@@ -12,7 +12,8 @@ import triton.language as tl
 # A row whose block would exceed this many bytes is processed in chunks (tutorial 05's limit).
 MAX_FUSED_BYTES = 65536
 # Activations read from this size on are normalised in two passes over chunks of at most CHUNK_BYTES
-# (_launch_config). Between the sizes measured on an H200: one pass wins at 128-160 MiB, two at 256 MiB.
+# (_launch_config). Between the sizes measured on an H200: one pass won at 128 MiB (RMSNorm 8192 x 8192, and
+# the fp8 quantizers that share this rule), two at 256 MiB. The fused add has its own threshold.
 TWO_PASS_BYTES = 192 << 20
 # Batches from this many rows on are prefill-sized: a narrow row gets fewer warps (_launch_config).
 PREFILL_ROWS = 1024
@@ -71,9 +72,10 @@ def _pow2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-def _launch_config(num_tokens: int, hidden: int, elem_size: int, streams: int = 1):
+def _launch_config(num_tokens: int, hidden: int, elem_size: int, streams: int = 1, two_pass_bytes: int | None = None):
     """(BLOCK, single_pass, num_warps) for `num_tokens` rows of `hidden` elements of `elem_size` bytes, with
-    `streams` activations read per row (1: RMSNorm's x; 2: the fused add's x and residual).
+    `streams` activations read per row (1: RMSNorm's x; 2: the fused add's x and residual), two passes from
+    `two_pass_bytes` of them read on (default TWO_PASS_BYTES).
 
     Measured on an H200 (bf16, scripts/kernel_sweep.py and scripts/one_pass_variants.py, cold L2) against
     Inductor's compiled reference:
@@ -82,14 +84,16 @@ def _launch_config(num_tokens: int, hidden: int, elem_size: int, streams: int = 
       8192 tokens against 81.5% with 16). Prefill-sized batches of rows up to 2048 wide take 32 per thread
       (2 warps): 2048 x 2048 RMSNorm 47.2% eager and 66.7% under CUDA graphs against 45.1% and 64.4% with 4
       (Inductor 44.5% and 63.7%); decode batches keep 16 (64 x 2048 under graphs: 6.0% against 5.7%).
-    - From it on, two passes over chunks win: pass 1 only streams the row in (loads with nothing waiting
-      on them), pass 2 re-reads it from L2 and writes. 32768 x 8192 RMSNorm: 100.5% of copy bandwidth
-      against 94.1% in one pass (Inductor 100.4%). Chunks of half the row suit RMSNorm, of the whole row
-      (up to CHUNK_BYTES) the fused add, which streams two tensors; 8 elements (16 bytes of bf16) per thread.
+    - From that size on (the fused add: from FUSED_ADD_TWO_PASS_BYTES), two passes over chunks win: pass 1
+      only streams the row in (loads with nothing waiting on them), pass 2 re-reads it from L2 and writes.
+      32768 x 8192 RMSNorm: 100.5% of copy bandwidth against 94.1% in one pass (Inductor 100.4%). Chunks of
+      half the row suit RMSNorm, of the whole row (up to CHUNK_BYTES) the fused add, which streams two
+      tensors; 8 elements (16 bytes of bf16) per thread.
     """
     block = triton.next_power_of_2(hidden)
     fits = block * elem_size <= MAX_FUSED_BYTES
-    if fits and streams * num_tokens * hidden * elem_size < TWO_PASS_BYTES:
+    two_pass_bytes = TWO_PASS_BYTES if two_pass_bytes is None else two_pass_bytes
+    if fits and streams * num_tokens * hidden * elem_size < two_pass_bytes:
         per_thread = 32 if num_tokens >= PREFILL_ROWS and hidden <= 2048 else 16
         return block, True, min(max(_pow2_floor(hidden) // (32 * per_thread), 1), 16)
     chunk = _pow2_floor(hidden) if streams > 1 else max(_pow2_floor(hidden) // 2, 1)

@@ -14,6 +14,7 @@ import torch
 if not torch.cuda.is_available():  # as in test_fp8_fusions: set before any kernel is defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from kernels import fused_add_rms_norm as fa
 from kernels import rms_norm as rn
 from kernels.fused_add_rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref
 from kernels.rms_norm import rms_norm, rms_norm_ref
@@ -58,8 +59,8 @@ def test_rms_norm_paths(num_tokens: int, hidden: int, two_pass_bytes: int, dtype
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fused_add_rms_norm_paths(num_tokens: int, hidden: int, two_pass_bytes: int, dtype: torch.dtype,
                                   monkeypatch) -> None:
-    monkeypatch.setattr(rn, "TWO_PASS_BYTES", two_pass_bytes)
-    single_pass = rn._launch_config(num_tokens, hidden, dtype.itemsize, streams=2)[1]
+    monkeypatch.setattr(fa, "FUSED_ADD_TWO_PASS_BYTES", two_pass_bytes)
+    single_pass = rn._launch_config(num_tokens, hidden, dtype.itemsize, streams=2, two_pass_bytes=two_pass_bytes)[1]
     assert single_pass == (two_pass_bytes > 1 and hidden < 40_001)  # each shape takes the path it is named for
     gen = torch.Generator(device=DEVICE).manual_seed(1)
     x = torch.randn(num_tokens, hidden, generator=gen, device=DEVICE).to(dtype)
@@ -71,11 +72,10 @@ def test_fused_add_rms_norm_paths(num_tokens: int, hidden: int, two_pass_bytes: 
     torch.testing.assert_close(x, expected, **tolerance(dtype))
 
 
-def test_two_pass_threshold_counts_every_activation_read() -> None:
-    """The fused add reads x and residual: it takes two passes at half the activation size RMSNorm does."""
-    num_tokens = rn.TWO_PASS_BYTES // (4096 * 2) // 2  # a bf16 activation of half the threshold
-    assert rn._launch_config(num_tokens, 4096, 2)[1] is True
-    assert rn._launch_config(num_tokens, 4096, 2, streams=2)[1] is False
+def test_the_fused_adds_two_pass_threshold_counts_both_tensors_it_reads() -> None:
+    num_tokens = fa.FUSED_ADD_TWO_PASS_BYTES * 3 // 4 // (4096 * 2)  # each bf16 activation 3/4 of the threshold
+    assert rn._launch_config(num_tokens, 4096, 2, streams=2, two_pass_bytes=fa.FUSED_ADD_TWO_PASS_BYTES)[1] is False
+    assert rn._launch_config(num_tokens, 4096, 2)[1] is True  # RMSNorm reads one tensor: one pass
 
 
 def test_prefill_batches_of_narrow_rows_get_fewer_warps() -> None:
