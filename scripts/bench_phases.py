@@ -1,0 +1,122 @@
+"""Where one plan's benchmark items spend their wall time, by phase: compiles, each implementation's timing, the
+checks after timing, input sets. The items run one after another in this process (no pytest, no precompile step),
+with harness.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads from it.
+
+    python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...]
+
+NAME=VALUE overrides a harness.bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
+what a timing budget costs and what it does to the intervals: the median relative width of the speedups against
+each baseline is printed, and RECORDS.json gets every item's speedups.
+"""
+
+import ast
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import harness.bench as hb  # noqa: E402
+from harness.plan import load_plan  # noqa: E402
+
+spent: dict[str, float] = collections.defaultdict(float)
+count: collections.Counter = collections.Counter()
+impl_of: dict[int, str] = {}  # id of an implementation's call -> its name
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def clocked(fn, label):
+    """`fn` with its wall time (device work included) added to spent[label(*args)]."""
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _sync()
+            name = label(*args, **kwargs)
+            spent[name] += time.perf_counter() - start
+            count[name] += 1
+    return wrapper
+
+
+def _timing_label(call, sets, device, graph=False) -> str:
+    return f"time {impl_of.get(id(call), 'copy-bandwidth probe')} {'graph' if graph else 'eager'}"
+
+
+def instrument() -> None:
+    implementations, compiled_reference = hb.implementations, hb.compiled_reference
+
+    def named_implementations(plan, device, spec=None):
+        impls = implementations(plan, device, spec)
+        impl_of.update({id(call): name for name, call in impls.items() if callable(call)})
+        return impls
+
+    def first_call_clocked(reference, shape):
+        """The compiled reference, its first call (Dynamo, Inductor, Triton, autotuning) clocked as the compile."""
+        fn = compiled_reference(reference, shape)
+        if getattr(fn, "clocked", False):
+            return fn
+        state = {"first": True}
+
+        def call(*args, **kwargs):
+            if not state["first"]:
+                return fn(*args, **kwargs)
+            state["first"] = False
+            return clocked(fn, lambda *a, **k: "compile (first call)")(*args, **kwargs)
+        call.clocked = True
+        hb._compiled[(reference, shape)] = call  # later items of the shape get this one
+        return call
+
+    hb.implementations, hb.compiled_reference = named_implementations, first_call_clocked
+    hb.time_calls = clocked(hb.time_calls, _timing_label)
+    for name in ("check", "count_launches", "input_sets"):
+        setattr(hb, name, clocked(getattr(hb, name), lambda *a, name=name, **k: name))
+    hb.CheckInputs.build = classmethod(clocked(hb.CheckInputs.build.__func__, lambda *a, **k: "CheckInputs.build"))
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if "=" not in a]
+    for assignment in (a for a in sys.argv[1:] if "=" in a):
+        name, value = assignment.split("=", 1)
+        setattr(hb, name, ast.literal_eval(value))
+        print("set", name, "=", getattr(hb, name))
+    instrument()
+    plan_path = args[0]
+    specs = hb.bench_specs(load_plan(plan_path), hb.detect().sm)[: int(args[1]) if len(args) > 1 else None]
+    records, per_item = {}, []
+    start = time.perf_counter()
+    for spec in specs:
+        t = time.perf_counter()
+        out = hb.run_benchmark(plan_path, spec)
+        records[spec.id] = {k: [v.value, v.low, v.high] for k, v in out.record.speedup.items() if v.value}
+        per_item.append((time.perf_counter() - t, spec.id))
+    print(f"total {time.perf_counter() - start:.1f} s for {len(specs)} items")
+    for name in sorted(spent, key=spent.get, reverse=True):
+        print(f"{name:32s} {spent[name]:8.2f} s  n={count[name]}")
+    for base in ("compiled", "native", "vllm"):
+        widths = [(high - low) / value for r in records.values() for k, (value, low, high) in r.items() if k == base]
+        if widths:
+            print(f"width vs {base}: median {100 * statistics.median(widths):.2f}% "
+                  f"mean {100 * statistics.mean(widths):.2f}% n={len(widths)}")
+    if len(args) > 2:
+        Path(args[2]).write_text(json.dumps(records))
+    print("slowest items:")
+    for seconds, item in sorted(per_item, reverse=True)[:15]:
+        print(f"  {seconds:6.2f} {item}")
+    from torch._dynamo.utils import compile_times
+
+    print(compile_times(repr="str", aggregate=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
