@@ -340,8 +340,13 @@ class BenchItem(PlanItem):
     def runtest(self):
         s = session_of(self.config)
         if not s.precompiled:  # once, before the first item is timed: every shape compiled side by side
-            specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
-            s.precompiled = precompile(str(s.plan_path), specs) if detect().device == "cuda" else "not on a CPU"
+            if _xdist_worker(self.config):  # each worker would compile every shape; they share the compiles anyway
+                s.precompiled = "not under xdist"
+            elif detect().device != "cuda":
+                s.precompiled = "not on a CPU"
+            else:
+                specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
+                s.precompiled = precompile(str(s.plan_path), specs)
         value = s.worker("kernels").call(run_benchmark, {"plan_path": str(s.plan_path), "spec": self.spec},
                                          s.plan.numerics.timeout_s)
         if isinstance(value, Fault):
