@@ -345,6 +345,7 @@ class BenchItem(PlanItem):
             elif detect().device != "cuda":
                 s.precompiled = "not on a CPU"
             else:
+                s.worker("kernels").start()  # the timing process imports torch meanwhile
                 specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
                 s.precompiled = precompile(str(s.plan_path), specs)
         value = s.worker("kernels").call(run_benchmark, {"plan_path": str(s.plan_path), "spec": self.spec},

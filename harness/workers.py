@@ -253,12 +253,17 @@ class Worker:
         self.conn = None
         self.starts = 0
         self.progress: CallProgress | None = None  # of the last call
+        self.ready = False  # the running process has said it is ready
 
     @property
     def facts(self) -> dict:
         return {}
 
-    def _start(self) -> Fault | None:
+    def start(self) -> None:
+        """Start the process without waiting for it (its imports then overlap the caller's work); the first call
+        waits until it is ready."""
+        if self.proc is not None and self.proc.is_alive():
+            return
         ctx = mp.get_context("spawn")  # fork after CUDA init is unsafe; spawn gives a clean device context
         parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, _inherited_env()), daemon=True,
@@ -267,6 +272,13 @@ class Worker:
         child.close()
         self.conn = parent
         self.starts += 1
+        self.ready = False
+
+    def _start(self) -> Fault | None:
+        self.start()
+        if self.ready:
+            return None
+        parent = self.conn
         try:
             if not parent.poll(GROUP_START_TIMEOUT_S):
                 self.stop(kill=True)
@@ -275,11 +287,12 @@ class Worker:
             parent.recv()  # "ready"; a worker that died starting shows up as a crash of the first call
         except EOFError:
             pass
+        self.ready = True
         return None
 
     def call(self, fn: Callable, kwargs: dict, timeout_s: float) -> Any:
         """`fn(**kwargs)` in the worker: its value, or a Fault. Timed per example when `fn` reports progress."""
-        if self.proc is None or not self.proc.is_alive():
+        if self.proc is None or not self.proc.is_alive() or not self.ready:
             fault = self._start()  # outside the call's time limit
             if fault:
                 return fault

@@ -27,6 +27,7 @@ from harness.plan import load_plan  # noqa: E402
 spent: dict[str, float] = collections.defaultdict(float)
 count: collections.Counter = collections.Counter()
 impl_of: dict[int, str] = {}  # id of an implementation's call -> its name
+context: list[str] = []  # the timing in progress, which its steps are filed under
 
 
 def _sync() -> None:
@@ -77,8 +78,33 @@ def instrument() -> None:
         return call
 
     hb.implementations, hb.compiled_reference = named_implementations, first_call_clocked
-    hb.time_calls = clocked(hb.time_calls, _timing_label)
-    for name in ("check", "count_launches", "input_sets"):
+    time_calls = hb.time_calls
+
+    def time_calls_by_step(call, sets, device, graph=False):
+        """One timing, and inside it the steps of that timing: estimates, capture, samples, launch samples."""
+        context.append(_timing_label(call, sets, device, graph))
+        try:
+            return time_calls(call, sets, device, graph)
+        finally:
+            context.pop()
+    hb.time_calls = clocked(time_calls_by_step, _timing_label)
+    for name in ("_estimate", "_events_host_ahead", "_isolated_calls"):
+        setattr(hb, name, clocked(getattr(hb, name), lambda *a, name=name, **k: f"  {context[-1]}: {name}"))
+    graph = torch.cuda.graph
+
+    class captured(graph):  # torch.cuda.graph is a class; its capture ends in __exit__
+        def __enter__(self):
+            self.clock = time.perf_counter()
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            out = super().__exit__(*exc)
+            where = f"  {context[-1]}: capture" if context else "capture (checks, launch counts)"
+            spent[where] += time.perf_counter() - self.clock
+            count[where] += 1
+            return out
+    torch.cuda.graph = captured
+    for name in ("check", "count_launches", "input_sets", "load_plan"):
         setattr(hb, name, clocked(getattr(hb, name), lambda *a, name=name, **k: name))
     hb.CheckInputs.build = classmethod(clocked(hb.CheckInputs.build.__func__, lambda *a, **k: "CheckInputs.build"))
 
@@ -99,7 +125,10 @@ def main() -> int:
         out = hb.run_benchmark(plan_path, spec)
         records[spec.id] = {k: [v.value, v.low, v.high] for k, v in out.record.speedup.items() if v.value}
         per_item.append((time.perf_counter() - t, spec.id))
-    print(f"total {time.perf_counter() - start:.1f} s for {len(specs)} items")
+    total = time.perf_counter() - start
+    print(f"total {total:.1f} s for {len(specs)} items")
+    top = sum(v for k, v in spent.items() if not k.startswith(" "))
+    print(f"{'outside the clocked phases':32s} {total - top:8.2f} s")
     for name in sorted(spent, key=spent.get, reverse=True):
         print(f"{name:32s} {spent[name]:8.2f} s  n={count[name]}")
     for base in ("compiled", "native", "vllm"):

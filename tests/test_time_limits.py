@@ -232,3 +232,17 @@ def test_the_deadline_restarts_with_each_example_under_a_total_cap():
     whole = CallProgress(2.0, reports=False)  # a function that reports no progress: one limit for the call
     assert whole.deadline() == whole.started + 2.0
     assert whole.expired().reason.startswith("timed out after 2 s (numerics.timeout_s)")
+
+
+def test_a_worker_started_ahead_keeps_its_start_outside_the_first_calls_limit():
+    """Benchmarks start their worker before compiling the shapes; importing torch there must not eat the first
+    item's time limit."""
+    from harness.workers import Worker
+
+    worker = Worker()
+    worker.start()
+    try:
+        assert worker.call(os.getpid, {}, timeout_s=0.5) == worker.proc.pid  # importing torch takes longer
+        assert worker.starts == 1
+    finally:
+        worker.stop()
