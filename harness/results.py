@@ -374,10 +374,19 @@ class Results:
         prov = self.provenance(rec)
         return prov is not None and prov.sm == rec.sm
 
-    def to_json(self) -> dict:
+    def to_json(self, rendered: dict | None = None) -> dict:
+        """The file's JSON data. With `rendered` (id -> (record, text), kept between calls), each record is
+        converted once and kept as its compact text (results_text writes it as it is)."""
+        def record(rec):
+            if rendered is None:
+                return to_json(rec)
+            hit = rendered.get(id(rec))
+            if hit is None or hit[0] is not rec:
+                hit = rendered[id(rec)] = (rec, Rendered(_compact(to_json(rec))))
+            return hit[1]
         return {"format": FORMAT, "version": VERSION, "op": self.op,
                 "runs": {k: to_json(v) for k, v in self.runs.items()},
-                **{name: {k: to_json(v) for k, v in self.section(name).items()} for name in SECTIONS}}
+                **{name: {k: record(v) for k, v in self.section(name).items()} for name in SECTIONS}}
 
 
 def load(path: Path, op: str | None = None) -> Results:
@@ -405,28 +414,33 @@ def load(path: Path, op: str | None = None) -> Results:
     return res
 
 
+class Rendered(str):
+    """A record's JSON text, already compact (Results.to_json with `rendered`)."""
+
+
+def _compact(value) -> str:
+    return value if isinstance(value, Rendered) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def results_text(data: dict) -> str:
     """A results file's text: one record per line, so that a diff shows which records a run changed, and
     compact within it (indented JSON made a plan's results file a third larger)."""
-    def compact(value) -> str:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
     parts = []
     for key, value in sorted(data.items()):
-        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
-            rows = ",\n".join(f"  {json.dumps(k)}: {compact(v)}" for k, v in sorted(value.items()))
+        if isinstance(value, dict) and value and all(isinstance(v, (dict, Rendered)) for v in value.values()):
+            rows = ",\n".join(f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(value.items()))
             parts.append(f" {json.dumps(key)}: {{\n{rows}\n }}")
         else:
-            parts.append(f" {json.dumps(key)}: {compact(value)}")
+            parts.append(f" {json.dumps(key)}: {_compact(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
-def write_atomic(path: Path, results: Results) -> None:
+def write_atomic(path: Path, results: Results, rendered: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(results_text(results.to_json()))
+            f.write(results_text(results.to_json(rendered)))
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes it private; results are shared files
@@ -476,6 +490,9 @@ class Recorder:
         self.run_id = run_id
         self.results.runs[run_id] = provenance
         self.unwritten = False  # records kept in memory only (record's `defer`)
+        # Each record's text, made once: converting every record for every rewrite cost about 30 ms per item
+        # (plan.yaml's results file holds some 900 records), 5 s of a 168-item benchmark run.
+        self.rendered: dict[int, tuple[Record, Rendered]] = {}
 
     def describe_run(self, **fields) -> None:
         """Set fields of this run's provenance (written with the next record)."""
@@ -487,14 +504,18 @@ class Recorder:
         the hundreds of those in a plan cost about 20 ms apiece."""
         rec.run = self.run_id
         self.results.section(section)[key] = rec
+        self.rendered.pop(id(rec), None)  # a record recorded again may have changed
         self.unwritten = defer
         if not defer:
-            write_atomic(self.path, self.results)
+            self._write()
+
+    def _write(self) -> None:
+        write_atomic(self.path, self.results, self.rendered)
 
     def flush(self) -> None:
         """Write deferred records."""
         if self.unwritten:
-            write_atomic(self.path, self.results)
+            self._write()
             self.unwritten = False
 
     def fold_worker_files(self) -> None:
@@ -504,6 +525,6 @@ class Recorder:
                 fold(self.results, load(path, self.results.op))
             except ResultsError:
                 continue  # reported by the report step, which reads every file
-            write_atomic(self.path, self.results)
+            self._write()
             path.unlink()
-        write_atomic(self.path, self.results)
+        self._write()

@@ -22,7 +22,7 @@ from hypothesis import settings
 from tabulate import tabulate
 
 from .bench import BenchOutcome, BenchSpec, Timing, bench_specs, check_models, not_run_record, precompile, \
-    run_benchmark, skip_reason
+    prepare_benchmarks, run_benchmark, skip_reason
 from .device import detect, provenance, use_triton_interpreter
 from .interpreter import make_faithful
 from .memcheck import run_memcheck, sanitizer
@@ -345,7 +345,6 @@ class BenchItem(PlanItem):
             elif detect().device != "cuda":
                 s.precompiled = "not on a CPU"
             else:
-                s.worker("kernels").start()  # the timing process imports torch meanwhile
                 specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
                 s.precompiled = precompile(str(s.plan_path), specs)
         value = s.worker("kernels").call(run_benchmark, {"plan_path": str(s.plan_path), "spec": self.spec},
@@ -431,6 +430,9 @@ def pytest_sessionstart(session):
     prov = provenance(session.config.rootpath)
     run_id = f"{prov.date}-{socket.gethostname()}-{os.getpid()}"
     s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=_xdist_worker(session.config))
+    if session.config.getoption("--bench") and not session.config.option.collectonly:
+        # The benchmark process imports torch, makes its CUDA context and loads vLLM's library meanwhile.
+        s.worker("kernels").start(prepare=(prepare_benchmarks, {"plan_path": str(s.plan_path)}))
 
 
 def pytest_collection_finish(session):
@@ -534,7 +536,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for line in cells_summary(s.plan, [(Cell.from_id(r.plan_cell), r.plan_status, r.plan_reason)
                                            for r in reports]):
             terminalreporter.write_line(line)
-    if s.precompiled.startswith("precompiled"):
+    if s.precompiled.startswith("precompile"):
         terminalreporter.write_line(f"benchmarks: {s.precompiled}")
     if s.report_path is None:
         return

@@ -127,11 +127,16 @@ def _warm_up() -> None:
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 
-def _worker_main(conn, env: dict) -> None:
+def _worker_main(conn, env: dict, prepare: tuple[Callable, dict] | None = None) -> None:
     os.environ.update(env)  # TRITON_INTERPRET among them, before any kernel imports triton
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.interpreter)
     _warm_up()
+    if prepare:
+        try:
+            prepare[0](**prepare[1])
+        except Exception:  # the first call meets the same error, and reports it where it belongs
+            pass
     conn.send("ready")  # a call's time limit starts after this, so a slow start never times a call out
     while True:
         try:
@@ -259,14 +264,15 @@ class Worker:
     def facts(self) -> dict:
         return {}
 
-    def start(self) -> None:
-        """Start the process without waiting for it (its imports then overlap the caller's work); the first call
-        waits until it is ready."""
+    def start(self, prepare: tuple[Callable, dict] | None = None) -> None:
+        """Start the process without waiting for it, so that its imports, and `prepare` (fn, kwargs: loading what
+        its calls will need), overlap the caller's work; the first call waits until it is ready. A process that
+        dies is restarted without `prepare`."""
         if self.proc is not None and self.proc.is_alive():
             return
         ctx = mp.get_context("spawn")  # fork after CUDA init is unsafe; spawn gives a clean device context
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, _inherited_env()), daemon=True,
+        self.proc = ctx.Process(target=_worker_main, args=(child, _inherited_env(), prepare), daemon=True,
                                 name="harness-worker")
         self.proc.start()
         child.close()

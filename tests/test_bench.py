@@ -454,4 +454,8 @@ def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made
     line = bench.precompile(str(plan), [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
     assert line.startswith("precompiled 1 of 1 shapes"), line  # one shape: its two graph modes share the compile
     assert old.exists() and not new.exists()
+    again = bench.precompile(str(plan), [spec], "cpu", processes=1)
+    assert again.startswith("precompile skipped: an earlier run compiled these 1 shapes"), again
+    other = bench.precompile(str(plan), [dataclasses.replace(spec, num_tokens=8)], "cpu", processes=1)
+    assert other.startswith("precompiled 1 of 1 shapes"), other  # another shape is not in the cache yet
 

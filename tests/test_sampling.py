@@ -16,7 +16,7 @@ from harness.hardware import Hardware
 from harness.matrix import RUN, XFAIL, Cell, decide, expand, pairwise_sample
 from harness.plan import AXES, load_plan
 from harness.report import write_report
-from harness.results import CellRecord, Provenance, Recorder, Status
+from harness.results import CellRecord, Provenance, Recorder, Status, write_atomic
 from harness.runner import RunSettings, run_cell
 from harness.session import cells_summary
 from tests.plans import read_results, rms_norm_plan
@@ -110,6 +110,20 @@ def test_records_of_cells_not_run_here_wait_for_the_next_write(tmp_path):
     recorder.record("cells", "decode-fp16-tp1-eager-sm90", skipped, defer=True)
     recorder.flush()  # the end of the run
     assert "decode-fp16-tp1-eager-sm90" in read_results(recorder.path)["cells"]
+
+
+def test_a_rewrite_converts_only_new_records_and_writes_what_a_full_conversion_writes(tmp_path):
+    recorder = Recorder(tmp_path, "rms_norm", Provenance("cpu", "cpu", "x86_64", 0, 2), "run")
+    for n in range(3):
+        recorder.record("cells", f"decode-fp32-tp1-eager-cpu-{n}", CellRecord("decode", "fp32", 1, "eager", "cpu",
+                                                                               Status.PASSED))
+    again = CellRecord("decode", "fp16", 1, "eager", "cpu", Status.PASSED)
+    recorder.record("cells", "decode-fp16-tp1-eager-cpu", again)
+    again.status, again.reason = Status.FAILED, "output 'out': max abs error 1"  # changed, then recorded again
+    recorder.record("cells", "decode-fp16-tp1-eager-cpu", again)
+    assert read_results(recorder.path)["cells"]["decode-fp16-tp1-eager-cpu"]["status"] == "failed"
+    write_atomic(tmp_path / "whole.json", recorder.results)  # every record converted afresh
+    assert recorder.path.read_text() == (tmp_path / "whole.json").read_text()
 
 
 # ---------------------------------------------------------------- the report
