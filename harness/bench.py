@@ -73,11 +73,11 @@ from .vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
 
-# Device time spent on timed samples per implementation, and on warm-up. triton.testing.do_bench spends 100 and
-# 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (on an H200
-# the intervals' median width stayed 4.0-4.2%, and plan.yaml's 168 items took 128 s against 200 s:
-# docs/performance.md).
-TARGET_MS, WARMUP_MS = 30.0, 10.0
+# Device time spent on timed samples per implementation, and on warm-up after the first call (which compiles).
+# triton.testing.do_bench spends 100 and 25 ms; the intervals come from the q20/q80 spread, which 100+ samples
+# estimate as well as 1000 do (on an H200 the intervals' median width stayed 4.0-4.2%, and plan.yaml's 168 items
+# took 128 s against 200 s), and 3 ms of warm-up left them as 10 ms did (docs/performance.md).
+TARGET_MS, WARMUP_MS = 30.0, 3.0
 EAGER_SAMPLES = (100, 400)  # (fewest unless settled, most) timed calls
 GRAPH_SAMPLES = (5, 100)  # (fewest unless settled, most) timed replays; each is the mean of many calls
 # A timing stops before its budget once, from SETTLED_SAMPLES samples on (eager calls, graph replays), its q20 and

@@ -117,6 +117,11 @@ def pytest_configure(config):
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
                                      str(config.rootpath / ".hypothesis" / "examples"), cells=cells)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not _xdist_worker(config)
+    if config.getoption("--bench") and not config.option.collectonly and not xdist_controller:
+        # The benchmark process imports torch, makes its CUDA context and loads vLLM's library (seconds) while
+        # this one starts the session and collects.
+        session_of(config).worker("kernels").start(prepare=(prepare_benchmarks, {"plan_path": str(plan_path)}))
 
 
 def _hypothesis_profile() -> str | None:
@@ -430,9 +435,6 @@ def pytest_sessionstart(session):
     prov = provenance(session.config.rootpath)
     run_id = f"{prov.date}-{socket.gethostname()}-{os.getpid()}"
     s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=_xdist_worker(session.config))
-    if session.config.getoption("--bench") and not session.config.option.collectonly:
-        # The benchmark process imports torch, makes its CUDA context and loads vLLM's library meanwhile.
-        s.worker("kernels").start(prepare=(prepare_benchmarks, {"plan_path": str(s.plan_path)}))
 
 
 def pytest_collection_finish(session):
