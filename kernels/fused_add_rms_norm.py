@@ -14,9 +14,10 @@ import triton.language as tl
 # Same row layout as RMSNorm: one program per row, chunked past kernels.rms_norm.MAX_FUSED_BYTES.
 from kernels.rms_norm import _launch_config
 
-# Two passes from this much of x and residual read on, earlier than RMSNorm: at 8192 x 4096 bf16 (128 MiB read)
-# on an H200, one pass reached 89.0% of copy bandwidth eager and two passes 92.4% (Inductor 93.5%).
-FUSED_ADD_TWO_PASS_BYTES = 128 << 20
+# Two passes from this much of x and residual read on, earlier than RMSNorm. 8192 x 4096 bf16 (128 MiB read) on an
+# H200 is below it: the one pass as a [1, BLOCK] tile beat two passes there (above; two passes 92.5% / 96.9%).
+# 8192 x 5120 (160 MiB) and up keep two passes: the tile was not measured against them there.
+FUSED_ADD_TWO_PASS_BYTES = 160 << 20
 
 
 @triton.jit
@@ -37,7 +38,10 @@ def _fused_add_rms_norm_kernel(
     x_row = x_ptr + row * x_row_stride
     res_row = res_ptr + row * res_row_stride
     if SINGLE_PASS:
-        cols = tl.arange(0, BLOCK)
+        # The row as a [1, BLOCK] tile, not a 1-D block: on an H200 (scripts/one_pass_variants.py, `r1`)
+        # 8192 x 4096 bf16 reached 96.6% of copy bandwidth eager and 100.1% under CUDA graphs this way, against
+        # 92.5% / 96.9% for two passes and 93.2% / 98.1% for Inductor.
+        cols = tl.arange(0, BLOCK)[None, :]
         mask = cols < hidden
         # Weight is shared by all rows: keep it. No hint on x and residual: evict_first cost 2-4% of copy
         # bandwidth at prefill sizes on an H200 (8192 x 4096 bf16: 94.8% with it, 96.2% without).
@@ -47,7 +51,7 @@ def _fused_add_rms_norm_kernel(
         s = x + r
         tl.store(res_row + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
         # Padded lanes are 0, so they add nothing; divide by the true width, not BLOCK.
-        var = tl.sum(s * s, axis=0) / hidden
+        var = tl.sum(s * s, axis=1)[:, None] / hidden
         rstd = tl.rsqrt(var + eps)
         # vLLM rounds the normalised row to the activation dtype before the weight multiply.
         y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w

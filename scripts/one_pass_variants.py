@@ -2,7 +2,8 @@
 `evict_first` hint on the activation loads (`-ef`), beside the shipped launch and Inductor.
 kernels/rms_norm.py's launch rule and docs/performance.md read from it.
 
-    python scripts/one_pass_variants.py [TOKENS] [HIDDEN] [INDUCTOR_CODE_FILE]   (default 2048,8192 2048,4096,5120,8192)
+    python scripts/one_pass_variants.py [TOKENS] [HIDDEN] [INDUCTOR_CODE_FILE] [OPS]
+    (defaults 2048,8192 2048,4096,5120,8192 - rms_norm,fused_add_rms_norm; "-": no code file)
 
 Every variant is checked against the shipped kernel before it is timed; timings as the harness takes them
 (harness.bench.time_calls, both graph modes, input sets rotated past twice the L2 size), in % of the copy
@@ -73,8 +74,8 @@ def main():
     bw = copy_bandwidth_gbps("cuda")
     l2 = l2_cache_bytes("cuda")
     rows_out, summary = [], []
-    code_out = open(sys.argv[3], "w") if len(sys.argv) > 3 else None
-    for op in ("rms_norm", "fused_add_rms_norm"):
+    code_out = open(sys.argv[3], "w") if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    for op in (sys.argv[4] if len(sys.argv) > 4 else "rms_norm,fused_add_rms_norm").split(","):
         for n in tokens:
             for h in hiddens:
                 mk = lambda: {"x": torch.randn(n, h, dtype=dtype, device="cuda"),
