@@ -11,72 +11,74 @@ import torch
 import triton
 import triton.language as tl
 
-# Same launch rule as RMSNorm: one program per row, chunked past kernels.rms_norm.MAX_FUSED_BYTES.
+# Same row layout as RMSNorm: one program per row, chunked past kernels.rms_norm.MAX_FUSED_BYTES.
 from kernels.rms_norm import _launch_config
 
-# Two passes from this much of x and residual read on, as RMSNorm. On an H200 (bf16) the one pass (_one_pass_kernel)
-# beat two passes at 8192 x 4096 (128 MiB read: 96.2% / 100.3% of copy bandwidth eager / under graphs in
-# scripts/one_pass_variants.py, two passes 92.6% / 96.7% in the plan's benchmarks) and at 8192 x 5120 (160 MiB:
-# 95.7% / 99.3% against 94.5% / 97.8%, both in the script).
-FUSED_ADD_TWO_PASS_BYTES = 192 << 20
+# Two passes from this much of x and residual read on, earlier than RMSNorm: at 8192 x 4096 bf16 (128 MiB read)
+# on an H200, one pass reached 89.0% of copy bandwidth eager and two passes 92.4% (Inductor 93.5%).
+FUSED_ADD_TWO_PASS_BYTES = 128 << 20
 
 
 @triton.jit
-def _one_pass_kernel(x_ptr, res_ptr, w_ptr, x_row_stride, res_row_stride, num_rows, hidden, eps,
-                     BLOCK: tl.constexpr):
-    """One row per program, in registers. Written as a [1, BLOCK] tile with its row index a bounds-checked
-    tensor: in that form (scripts/one_pass_variants.py's `r1` variants) 8192 x 4096 bf16 on an H200 reached 96.2%
-    of copy bandwidth eager and 100.3% under CUDA graphs, while the same tile addressed from a scalar row pointer
-    reached 89.0% / 98.0% (Inductor 93.7% / 97.8%)."""
-    rows = (tl.program_id(0) + tl.arange(0, 1)).to(tl.int64)[:, None]  # int64: row * stride overflows int32
-    cols = tl.arange(0, BLOCK)[None, :]
-    mask = (cols < hidden) & (rows < num_rows)
-    # Weight is shared by all rows: keep it. No hint on x and residual: evict_first cost 2-4% of copy
-    # bandwidth at prefill sizes on an H200 (8192 x 4096 bf16: 94.8% with it, 96.2% without).
-    x = tl.load(x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(res_ptr + rows * res_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    s = x + r
-    tl.store(res_ptr + rows * res_row_stride + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
-    # Padded lanes are 0, so they add nothing; divide by the true width, not BLOCK.
-    var = tl.sum(s * s, axis=1)[:, None] / hidden
-    rstd = tl.rsqrt(var + eps)
-    # vLLM rounds the normalised row to the activation dtype before the weight multiply.
-    y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(x_ptr + rows * x_row_stride + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _two_pass_kernel(x_ptr, res_ptr, w_ptr, x_row_stride, res_row_stride, eps,
-                     BLOCK: tl.constexpr, HIDDEN: tl.constexpr):
-    """Wide rows: pass 1 only reads (the fp32 sum cannot be stored anywhere), pass 2 re-reads x and residual
-    (mostly from L2), recomputes s and writes both outputs. Each chunk is loaded before it is overwritten, so the
-    in-place update is safe. The loops are unrolled over the constant width: every chunk's loads are issued
-    before the sums wait on them, and only the last chunk is masked (32768 x 5120 bf16 on an H200: 99.9% of
-    copy bandwidth against 94.7% with a loop over the runtime width)."""
-    row = tl.program_id(0).to(tl.int64)  # int64: row * stride overflows int32 on large (or strided) activations
+def _fused_add_rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    x_row_stride,
+    res_row_stride,
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+    HIDDEN: tl.constexpr,  # the width again, as a constant, for the two-pass loops (0 in one pass)
+):
+    # int64 row index: row * stride overflows int32 on large (or strided) activations.
+    row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     res_row = res_ptr + row * res_row_stride
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for off in tl.static_range(0, HIDDEN, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        mask = cols < HIDDEN
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-        s = x + r
-        acc += s * s
-    var = tl.sum(acc, axis=0) / HIDDEN
-    rstd = tl.rsqrt(var + eps)
-    for off in tl.static_range(0, HIDDEN, BLOCK):
-        cols = off + tl.arange(0, BLOCK)
-        mask = cols < HIDDEN
-        x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    if SINGLE_PASS:
+        cols = tl.arange(0, BLOCK)
+        mask = cols < hidden
+        # Weight is shared by all rows: keep it. No hint on x and residual: evict_first cost 2-4% of copy
+        # bandwidth at prefill sizes on an H200 (8192 x 4096 bf16: 94.8% with it, 96.2% without).
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(res_row + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
         s = x + r
         tl.store(res_row + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
+        # Padded lanes are 0, so they add nothing; divide by the true width, not BLOCK.
+        var = tl.sum(s * s, axis=0) / hidden
+        rstd = tl.rsqrt(var + eps)
+        # vLLM rounds the normalised row to the activation dtype before the weight multiply.
         y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
         tl.store(x_row + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
+    else:
+        # Wide rows: pass 1 only reads (the fp32 sum cannot be stored anywhere), pass 2
+        # re-reads x and residual (mostly from L2), recomputes s and writes both outputs.
+        # Each chunk is loaded before it is overwritten, so the in-place update is safe.
+        # The loops are unrolled over the constant width: every chunk's loads are issued before the sums
+        # wait on them, and only the last chunk is masked (32768 x 5120 bf16 on an H200: 99.9% of copy
+        # bandwidth against 94.7% with a loop over the runtime width).
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for off in tl.static_range(0, HIDDEN, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < HIDDEN
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            s = x + r
+            acc += s * s
+        var = tl.sum(acc, axis=0) / HIDDEN
+        rstd = tl.rsqrt(var + eps)
+        for off in tl.static_range(0, HIDDEN, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            mask = cols < HIDDEN
+            x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            r = tl.load(res_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            s = x + r
+            tl.store(res_row + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
+            y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+            tl.store(x_row + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
@@ -87,12 +89,19 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     block, single_pass, num_warps = _launch_config(num_tokens, hidden, x.element_size(), streams=2,
                                                    two_pass_bytes=FUSED_ADD_TWO_PASS_BYTES)
     # Row strides are passed so strided views (last dim contiguous) need no copy.
-    if single_pass:  # compiles once for every width of one power-of-two block
-        _one_pass_kernel[(num_tokens,)](x, residual, weight, x.stride(0), residual.stride(0), num_tokens, hidden, eps,
-                                        BLOCK=block, num_warps=num_warps)
-    else:
-        _two_pass_kernel[(num_tokens,)](x, residual, weight, x.stride(0), residual.stride(0), eps,
-                                        BLOCK=block, HIDDEN=hidden, num_warps=num_warps)
+    _fused_add_rms_norm_kernel[(num_tokens,)](
+        x,
+        residual,
+        weight,
+        x.stride(0),
+        residual.stride(0),
+        hidden,
+        eps,
+        BLOCK=block,
+        SINGLE_PASS=single_pass,
+        HIDDEN=0 if single_pass else hidden,  # one pass compiles once for every width
+        num_warps=num_warps,
+    )
 
 
 def fused_add_rms_norm_ref(

@@ -61,7 +61,7 @@ def main() -> int:
 
     def norm_variants(kernel, num_rows, hidden, ptrs):
         """The shipped launch, one-pass launches with other warp counts, two-pass launches over chunks."""
-        fused_add = kernel is fa  # the fused add's two kernels, one per path
+        fused_add = kernel is fa._fused_add_rms_norm_kernel
         block, single_pass, warps = rn._launch_config(num_rows, hidden, dtype.itemsize, streams=2 if fused_add else 1)
         configs = {"default": (block, single_pass, warps)}
         row_block = triton_next_power_of_2(hidden)  # one pass holds the whole row, whatever the default's chunk
@@ -74,13 +74,9 @@ def main() -> int:
 
         def launch(block, single_pass, warps):
             def run(v):
-                tensors = [v[p] for p in ptrs] + [v[p].stride(0) for p in ptrs if p != "w"]
-                if not fused_add:
-                    kernel[(num_rows,)](*tensors, hidden, 1e-6, BLOCK=block, SINGLE_PASS=single_pass, num_warps=warps)
-                elif single_pass:
-                    fa._one_pass_kernel[(num_rows,)](*tensors, num_rows, hidden, 1e-6, BLOCK=block, num_warps=warps)
-                else:
-                    fa._two_pass_kernel[(num_rows,)](*tensors, 1e-6, BLOCK=block, HIDDEN=hidden, num_warps=warps)
+                extra = {"HIDDEN": 0 if single_pass else hidden} if fused_add else {}
+                kernel[(num_rows,)](*[v[p] for p in ptrs], *[v[p].stride(0) for p in ptrs if p != "w"], hidden,
+                                    1e-6, BLOCK=block, SINGLE_PASS=single_pass, num_warps=warps, **extra)
             return run
         return {name: launch(*c) for name, c in configs.items()}
 
@@ -96,7 +92,7 @@ def main() -> int:
                     impls["inductor"] = lambda v, ref=ref: ref(v["x"], v["w"], 1e-6)
                 elif op == "fused_add_rms_norm":
                     nbytes = 4 * num_rows * hidden * dtype.itemsize + hidden * dtype.itemsize
-                    impls = norm_variants(fa, num_rows, hidden, ["x", "r", "w"])
+                    impls = norm_variants(fa._fused_add_rms_norm_kernel, num_rows, hidden, ["x", "r", "w"])
                     torch._dynamo.reset()
                     ref = torch.compile(fa.fused_add_rms_norm_ref, fullgraph=True, dynamic=False)
                     impls["inductor"] = lambda v, ref=ref: ref(v["x"], v["r"], v["w"], 1e-6)

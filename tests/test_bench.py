@@ -8,11 +8,8 @@ import os
 import time
 from pathlib import Path
 
-import numpy
 import pytest
 import torch
-from hypothesis import assume, given
-from hypothesis import strategies as st
 
 from harness import bench, report
 from harness.hardware import Hardware
@@ -123,34 +120,6 @@ def test_noise_floor_widens_tight_intervals():
     assert bench.speedup(timing(tight, tight, tight), timing(1.0, 1.0, 1.0)).verdict == "no difference"
     clear = 1 + 3 * bench.NOISE_FLOOR
     assert bench.speedup(timing(clear, clear, clear), timing(1.0, 1.0, 1.0)).verdict == "faster"
-
-
-def _figures(samples: list[float]) -> ImplFigures:
-    q20, q50, q80 = numpy.quantile(samples, (0.2, 0.5, 0.8))
-    return timing(float(q50), float(q20), float(q80))
-
-
-relative_spreads = st.lists(st.floats(-0.6, 0.6), min_size=5, max_size=60)  # in units of SETTLED_SPREAD
-
-
-@given(relative_spreads, relative_spreads, st.floats(0.5, 2.0))
-def test_two_settled_timings_give_the_noise_floors_interval(base_offsets, kernel_offsets, ratio):
-    """Stopping a timing once it has settled loses nothing: more samples could not narrow its interval."""
-    s = bench.SETTLED_SPREAD
-    base = [ratio * (1 + s * x) for x in base_offsets]
-    kernel = [1 + s * x for x in kernel_offsets]
-    assume(bench.settled(base) and bench.settled(kernel))
-    base_figures, kernel_figures = _figures(base), _figures(kernel)
-    got = bench.speedup(base_figures, kernel_figures)
-    no_spread = bench.speedup(*(timing(f.median_us, f.median_us, f.median_us) for f in (base_figures, kernel_figures)))
-    assert (got.low, got.high) == (no_spread.low, no_spread.high)
-
-
-def test_a_timing_spread_beyond_the_floor_has_not_settled():
-    spread = [0.97, 0.97, 1.0, 1.03, 1.03] * 8  # q20 and q80 3% from the median
-    assert not bench.settled(spread)
-    wide = bench.speedup(_figures(spread), _figures([1.0] * 5))
-    assert wide.high - wide.low > bench.speedup(_figures([1.0] * 5), _figures([1.0] * 5)).high - 1 / 1.02
 
 
 # ---------------------------------------------------------------- items, ids, skip reasons
