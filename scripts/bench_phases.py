@@ -1,6 +1,8 @@
-"""Where one plan's benchmark items spend their wall time, by phase: compiles, each implementation's timing, the
-checks after timing, input sets. The items run one after another in this process (no pytest, no precompile step),
-with harness.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads from it.
+"""Where one plan's benchmark items spend their wall time, by phase: compiles, each implementation's timing (and,
+indented, the steps inside it: estimates, graph capture, the timed samples, the launch-inclusive samples), the
+checks after timing, input sets, plan parsing. The items run one after another in this process (no pytest, no
+precompile step), with harness.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads
+from it.
 
     python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...]
 
