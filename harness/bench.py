@@ -64,7 +64,7 @@ from .expressions import evaluate
 from .hardware import Hardware
 from .inputs import TORCH_DTYPES, Example, build_args, poison_value, sizes_fit
 from .matrix import Cell, bench_graph_modes, decide
-from .numerics import Mismatch, Stats
+from .numerics import Mismatch
 from .plan import Plan, PlanError, import_object, load_plan
 from .results import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
 from .runner import compare_judged, device_poisoned
@@ -669,7 +669,7 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: Che
     actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
     try:
         for name in plan.outputs:
-            compare_judged(plan, plan.load_reference(), spec.dtype, Stats(), name, actual[name],
+            compare_judged(plan, plan.load_reference(), spec.dtype, None, name, actual[name],
                            inputs.expected[name], values, False)
     except Mismatch as exc:
         return f"{WRONG_AFTER_TIMING}: {exc}"

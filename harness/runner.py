@@ -150,7 +150,7 @@ class CellCheck:
             self._call(build_args(plan, self.cell, replace(ex, seed=ex.seed + 1), self.device), ex)
             for name in plan.returned_outputs:
                 try:
-                    compare(name, actual[name], expected[name], self.tol, Stats())
+                    compare(name, actual[name], expected[name], self.tol, None)
                 except Mismatch as exc:
                     raise Mismatch(f"output '{name}' changed when the op was called again: it returns a buffer "
                                    f"it reuses across calls ({exc})") from None
@@ -181,7 +181,7 @@ def not_run(cell: Cell, reason: str) -> Outcome:
     return Outcome(CellRecord(**cell.axes(), status=Status.NOT_RUN, reason=reason))
 
 
-def compare_judged(plan: Plan, reference, dtype: str, stats: Stats, name: str, actual, expected, values: dict,
+def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name: str, actual, expected, values: dict,
                    returned: bool) -> None:
     """Compare one output (Mismatch if it fails) with its own tolerance: quantized outputs in their quantized
     domain, the rest by value, a borderline failure judged against the fp64 reference (run on `values`, the
@@ -196,7 +196,7 @@ def compare_judged(plan: Plan, reference, dtype: str, stats: Stats, name: str, a
         if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.dtype != expected.dtype:
             raise
         exact = exact_outputs(plan, reference, values)[name]
-        compare(name, actual, expected, tol, Stats(), exact64=exact, check_strides=returned)
+        compare(name, actual, expected, tol, None, exact64=exact, check_strides=returned)
 
 
 def _no_progress(event: str, **details) -> None:
