@@ -327,10 +327,12 @@ def _sleep_cycles_per_second() -> float:
 def _events_host_ahead(run: Callable[[], object], count: int, host_s_per_run: float) -> list[float]:
     """Device µs of `count` runs, each between two events; the GPU sleeps while the host queues each batch."""
     samples = []
+    # One batch's events, recorded again in every batch (each batch ends in a synchronize).
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(min(HOST_AHEAD_BATCH, count))]
     while len(samples) < count:
-        n = min(HOST_AHEAD_BATCH, count - len(samples))
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        sleep_s = min(1.5 * n * host_s_per_run + 20e-6, 0.5)
+        events = pairs[: count - len(samples)]
+        sleep_s = min(1.5 * len(events) * host_s_per_run + 20e-6, 0.5)
         torch.cuda._sleep(int(sleep_s * _sleep_cycles_per_second()))
         for start, end in events:
             start.record()
