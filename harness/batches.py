@@ -22,43 +22,32 @@ class Batch:
     q_lens: tuple[int, ...]  # new tokens per sequence (1 for decode)
     context_lens: tuple[int, ...]  # tokens of each sequence after this step (its seq_len)
     block_size: int
-    tables_rng: tuple  # random.Random state the block ids are shuffled from (block_tables)
+    num_blocks: int  # every sequence's blocks, and one spare: the id unused table entries point at
+    max_blocks_per_seq: int
+    tables_seed: int  # what the block ids are shuffled from (block_tables)
 
     @property
     def num_seqs(self) -> int:
         return len(self.q_lens)
 
-    @property
-    def blocks_needed(self) -> list[int]:
-        return [-(-c // self.block_size) for c in self.context_lens]
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(self.blocks_needed) + 1  # one spare block: the id unused table entries point at
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return max(self.blocks_needed, default=1)
+    def symbols(self) -> dict[str, int]:
+        return {"num_seqs": self.num_seqs, "num_blocks": self.num_blocks,
+                "max_blocks_per_seq": self.max_blocks_per_seq}
 
     @cached_property
     def block_tables(self) -> tuple[tuple[int, ...], ...]:
         """Per sequence, distinct block ids padded to max_blocks_per_seq with the spare id. Drawn when first asked
-        for: shuffling the ids of a long decode batch's blocks is most of the cost of drawing it, and most ops read
+        for: shuffling the block ids of a long decode batch is most of the cost of drawing it, and most ops read
         no block table."""
-        rng = random.Random()
-        rng.setstate(self.tables_rng)
         ids = list(range(self.num_blocks))
-        rng.shuffle(ids)
+        random.Random(self.tables_seed).shuffle(ids)
         spare, width = ids.pop(), self.max_blocks_per_seq
         tables, at = [], 0
-        for n in self.blocks_needed:
+        for c in self.context_lens:
+            n = -(-c // self.block_size)
             tables.append(tuple(ids[at:at + n]) + (spare,) * (width - n))
             at += n
         return tuple(tables)
-
-    def symbols(self) -> dict[str, int]:
-        return {"num_seqs": self.num_seqs, "num_blocks": self.num_blocks,
-                "max_blocks_per_seq": self.max_blocks_per_seq}
 
     def positions(self) -> list[int]:
         """Each new token's position: the last q_len positions of its sequence."""
@@ -105,4 +94,6 @@ def draw_batch(phase: str, num_tokens: int, decode_tokens: int, seed: int, max_l
         q_lens = [1] * decode_tokens + chunks
         contexts = ([rng.randint(1, max_len) for _ in range(decode_tokens)] + chunks[:-1]
                     + [rng.randint(chunks[-1], max_len)])
-    return Batch(tuple(q_lens), tuple(contexts), block_size, rng.getstate())
+    needed = [-(-c // block_size) for c in contexts]
+    return Batch(tuple(q_lens), tuple(contexts), block_size, sum(needed) + 1, max(needed, default=1),
+                 rng.getrandbits(64))
