@@ -4,11 +4,12 @@ checks after timing, input sets, plan parsing. The items run one after another i
 precompile step), with harness.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads
 from it.
 
-    python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...]
+    python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...] [field=value ...]
 
 NAME=VALUE overrides a harness.bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
 what a timing budget costs and what it does to the intervals: the median relative width of the speedups against
-each baseline is printed, and RECORDS.json gets every item's speedups.
+each baseline is printed, and RECORDS.json gets every item's speedups. A lower-case field=value keeps the items
+whose BenchSpec field has that value (graph_mode=cuda_graph, dtype=bf16, phase=decode).
 """
 
 import ast
@@ -113,13 +114,19 @@ def instrument() -> None:
 
 def main() -> int:
     args = [a for a in sys.argv[1:] if "=" not in a]
+    keep = {}
     for assignment in (a for a in sys.argv[1:] if "=" in a):
         name, value = assignment.split("=", 1)
+        if name.islower():
+            keep[name] = value
+            continue
         setattr(hb, name, ast.literal_eval(value))
         print("set", name, "=", getattr(hb, name))
     instrument()
     plan_path = args[0]
-    specs = hb.bench_specs(load_plan(plan_path), hb.detect().sm)[: int(args[1]) if len(args) > 1 else None]
+    specs = [s for s in hb.bench_specs(load_plan(plan_path), hb.detect().sm)
+             if all(str(getattr(s, name)) == value for name, value in keep.items())]
+    specs = specs[: int(args[1]) if len(args) > 1 else None]
     records, per_item = {}, []
     start = time.perf_counter()
     for spec in specs:
