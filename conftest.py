@@ -5,8 +5,8 @@ The harness's own tests call kernels directly too, so on a machine without CUDA 
 is switched on (and made faithful) here, before any test module imports triton.
 """
 
-from harness.device import use_triton_interpreter
-from harness.interpreter import make_faithful
+from harness.runtime.device import use_triton_interpreter
+from harness.runtime.interpreter import make_faithful
 
 use_triton_interpreter()
 make_faithful()

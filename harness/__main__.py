@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from .matrix import expand
-from .overview import write_overview
-from .plan import PlanError, load_plan
-from .plots import draw_plots
-from .report import write_report
+from harness.spec.matrix import expand
+from harness.rendering.overview import write_overview
+from harness.spec.plan import PlanError, load_plan
+from harness.rendering.plots import draw_plots
+from harness.rendering.report import write_report
 
 
 def main(argv=None) -> int:

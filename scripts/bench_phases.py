@@ -1,12 +1,12 @@
 """Where one plan's benchmark items spend their wall time, by phase: compiles, each implementation's timing (and,
 indented, the steps inside it: estimates, graph capture, the timed samples, the launch-inclusive samples), the
 checks after timing, input sets, plan parsing. The items run one after another in this process (no pytest, no
-precompile step), with harness.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads
+precompile step), with harness.runtime.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads
 from it.
 
     python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...] [field=value ...]
 
-NAME=VALUE overrides a harness.bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
+NAME=VALUE overrides a harness.runtime.bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
 what a timing budget costs and what it does to the intervals: the median relative width of the speedups against
 each baseline is printed, and RECORDS.json gets every item's speedups. A lower-case field=value keeps the items
 whose BenchSpec field has that value (graph_mode=cuda_graph, dtype=bf16, phase=decode).
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import harness.bench as hb  # noqa: E402
-from harness.plan import load_plan  # noqa: E402
+import harness.runtime.bench as hb  # noqa: E402
+from harness.spec.plan import load_plan  # noqa: E402
 
 spent: dict[str, float] = collections.defaultdict(float)
 count: collections.Counter = collections.Counter()

@@ -44,11 +44,11 @@ def main() -> int:
     import triton.testing
     from tabulate import tabulate
 
-    from harness.bench import (BenchSpec, bytes_moved, copy_bandwidth_gbps, count_launches, input_sets,
+    from harness.runtime.bench import (BenchSpec, bytes_moved, copy_bandwidth_gbps, count_launches, input_sets,
                                kernel_call, l2_cache_bytes, reference_call, rotation_count, time_calls,
                                working_set_bytes)
-    from harness.device import detect
-    from harness.plan import load_plan
+    from harness.runtime.device import detect
+    from harness.spec.plan import load_plan
 
     plan = load_plan(ROOT / "plan.yaml")
     kernel, sm = plan.load_kernel(), detect().sm

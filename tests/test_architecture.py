@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.overview import render_overview
-from harness.plan import load_plan
-from harness.report import render
+from harness.rendering.overview import render_overview
+from harness.spec.plan import load_plan
+from harness.rendering.report import render
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "harness"

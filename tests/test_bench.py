@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench, report
-from harness.hardware import Hardware
-from harness.plan import PlanError, load_plan
-from harness.results import ImplFigures, to_json
-from harness.vllm_kernels import vllm_missing
+from harness.runtime import bench
+
+from harness.rendering import report
+from harness.spec.hardware import Hardware
+from harness.spec.plan import PlanError, load_plan
+from harness.results.store import ImplFigures, to_json
+from harness.runtime.vllm_kernels import vllm_missing
 
 from tests.plans import rms_norm_plan
 
@@ -390,7 +392,7 @@ def test_a_baselines_wrong_result_recorded_as_an_error_is_read_as_differing():
                       "compiled": {"median_us": 2.0, "q20_us": 1.9, "q80_us": 2.1,
                                    "error": "wrong result after timing: 2% one step off"},
                       "native": {"error": "RuntimeError: boom"}}}
-    from harness.results import BenchRecord, from_json
+    from harness.results.store import BenchRecord, from_json
 
     rec = from_json(BenchRecord, data, "test")
     assert rec.impls["compiled"].differs.endswith("2% one step off") and rec.impls["compiled"].error is None

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.results import to_json
-from harness.runner import RunSettings, run_cell
+from harness.results.store import to_json
+from harness.runtime.runner import RunSettings, run_cell
 from tests.plans import rms_norm_plan
 
 BUGS = "tests.broken.rms_norm_bugs"

@@ -11,15 +11,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from harness import bench, report
-from harness.hardware import Hardware
-from harness.inputs import build_args, examples, within_contract
-from harness.matrix import EXCLUDED, RUN, Cell, decide
-from harness.plan import PlanError, load_plan
-from harness.results import to_json
-from harness.runner import RunSettings, run_cell, shrink_example
-from harness.vllm_kernels import vllm_missing
-from harness.vllm_ops import render_plugin
+from harness.runtime import bench
+
+from harness.rendering import report
+from harness.spec.hardware import Hardware
+from harness.runtime.inputs import build_args, examples, within_contract
+from harness.spec.matrix import EXCLUDED, RUN, Cell, decide
+from harness.spec.plan import PlanError, load_plan
+from harness.results.store import to_json
+from harness.runtime.runner import RunSettings, run_cell, shrink_example
+from harness.runtime.vllm_kernels import vllm_missing
+from harness.spec.vllm_ops import render_plugin
 from tests.plans import rms_norm_plan
 from tests.test_vllm_ops import _ruff
 

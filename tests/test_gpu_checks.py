@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.memcheck import sanitizer
+from harness.runtime.memcheck import sanitizer
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu_checks_plan.yaml"

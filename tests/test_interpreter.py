@@ -1,4 +1,4 @@
-"""harness.interpreter: the probe finds what Triton's CPU interpreter gets wrong in low precision,
+"""harness.runtime.interpreter: the probe finds what Triton's CPU interpreter gets wrong in low precision,
 make_faithful() fixes it, and kernels that compute in low precision on purpose keep their results."""
 
 import json
@@ -20,7 +20,7 @@ import triton  # noqa: E402  (after the check: TRITON_INTERPRET must be set befo
 import triton.language as tl  # noqa: E402
 import triton.runtime.interpreter as triton_interpreter  # noqa: E402
 
-from harness import interpreter  # noqa: E402
+from harness.runtime import interpreter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from harness.batches import draw_batch
-from harness.inputs import build_args, examples
-from harness.matrix import Cell
-from harness.plan import PlanError, load_plan
-from harness.results import Status
-from harness.runner import RunSettings, run_cell
+from harness.runtime.batches import draw_batch
+from harness.runtime.inputs import build_args, examples
+from harness.spec.matrix import Cell
+from harness.spec.plan import PlanError, load_plan
+from harness.results.store import Status
+from harness.runtime.runner import RunSettings, run_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -199,7 +199,7 @@ def test_broken_kernel_is_caught(tmp_path, plan, kernel, words):
 
 
 def test_quantized_comparison_allows_a_bounded_fraction_one_step_off():
-    from harness.numerics import Mismatch, Stats, compare_quantized
+    from harness.runtime.numerics import Mismatch, Stats, compare_quantized
 
     ref = torch.linspace(-400, 400, 1000).to(torch.float8_e4m3fn)
     bits = ref.view(torch.uint8).clone()
@@ -218,8 +218,8 @@ def test_quantized_comparison_allows_a_bounded_fraction_one_step_off():
 def test_a_comparison_without_stats_measures_errors_only_to_explain_a_mismatch(monkeypatch):
     """A benchmark's check after timing keeps no statistics: the fp64 error passes (90% of a comparison's time on
     a CPU machine at 4096 x 4096) run only when the outputs differ, and the message is the same."""
-    from harness import numerics
-    from harness.plan import Tolerance
+    from harness.runtime import numerics
+    from harness.spec.plan import Tolerance
 
     expected = torch.linspace(-2, 2, 4096).to(torch.bfloat16)
     close = (expected.float() * 1.001).to(torch.bfloat16)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import PlanError, load_plan
+from harness.spec.plan import PlanError, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 

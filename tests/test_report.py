@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
+from harness.rendering import report
 from harness.__main__ import main
-from harness.matrix import Cell
-from harness.overview import render_overview, write_overview
-from harness.plan import load_plan
-from harness.plots import draw_plots
-from harness.report import write_report
-from harness.results import FORMAT, VERSION
-from harness.vllm_ops import profile_setting
+from harness.spec.matrix import Cell
+from harness.rendering.overview import render_overview, write_overview
+from harness.spec.plan import load_plan
+from harness.rendering.plots import draw_plots
+from harness.rendering.report import write_report
+from harness.results.store import FORMAT, VERSION
+from harness.spec.vllm_ops import profile_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS = load_plan(ROOT / "plan.yaml")
@@ -54,7 +54,7 @@ def cell(cell_id: str, status: str, finished: str = "2026-11-29T10:05:00Z", reas
 
 def bench(phase: str, tokens: int, kernel: float, native: float, compiled: float, vllm: float | None = None,
           spread: float = 0.01, sm: str = "sm90", finished: str = "2026-11-29T10:06:00Z") -> dict:
-    """A benchmark record as harness/bench.py writes it (speedups: baseline time over kernel time)."""
+    """A benchmark record as harness/runtime/bench.py writes it (speedups: baseline time over kernel time)."""
     nbytes = tokens * 4096 * 2 * 2
     impls = {}
     for name, us in (("kernel", kernel), ("native", native), ("compiled", compiled), ("vllm", vllm)):
@@ -854,7 +854,7 @@ def test_the_checker_rejects_a_broken_diagram(tmp_path, mermaid_checker):
 
 def test_benchmark_tables_say_where_l2_was_cold():
     """Decode-sized calls, whose rotated input sets the harness caps, are marked as finding data in L2."""
-    from harness.results import BenchRecord
+    from harness.results.store import BenchRecord
 
     def rec(num_tokens: int, working_set: int, sets: int) -> BenchRecord:
         return BenchRecord("decode", "bf16", "sm90", "eager", num_tokens, {"hidden": 4096}, l2_bytes=60 << 20,

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.hardware import Hardware
-from harness.matrix import RUN, XFAIL, Cell, decide, expand, pairwise_sample
-from harness.plan import AXES, load_plan
-from harness.report import write_report
-from harness.results import CellRecord, Provenance, Recorder, Status, write_atomic
-from harness.runner import RunSettings, run_cell
-from harness.session import cells_summary
+from harness.spec.hardware import Hardware
+from harness.spec.matrix import RUN, XFAIL, Cell, decide, expand, pairwise_sample
+from harness.spec.plan import AXES, load_plan
+from harness.rendering.report import write_report
+from harness.results.store import CellRecord, Provenance, Recorder, Status, write_atomic
+from harness.runtime.runner import RunSettings, run_cell
+from harness.plugin.session import cells_summary
 from tests.plans import read_results, rms_norm_plan
 from tests.test_report import cell, machine, write_results
 

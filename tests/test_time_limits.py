@@ -182,10 +182,10 @@ def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
 
 
 def test_shrink_example_bisects_each_field_to_the_smallest_reproducing_value(tmp_path):
-    from harness.inputs import Example
-    from harness.matrix import Cell
-    from harness.plan import load_plan
-    from harness.runner import shrink_example
+    from harness.runtime.inputs import Example
+    from harness.spec.matrix import Cell
+    from harness.spec.plan import load_plan
+    from harness.runtime.runner import shrink_example
 
     plan = load_plan(rms_norm_plan(tmp_path, phase="[decode, chunked_prefill]", numerics="{max_num_seqs: 64}"))
     drawn = Example(num_tokens=40, sizes={"hidden": 97}, layouts={"x": ("strided", 15)}, scale="tiny", seed=3)
@@ -207,8 +207,8 @@ def test_shrink_example_bisects_each_field_to_the_smallest_reproducing_value(tmp
 
 
 def test_the_deadline_restarts_with_each_example_under_a_total_cap():
-    from harness.inputs import Example
-    from harness.workers import SETUP_TIMEOUT_S, TOTAL_TIMEOUT_FACTOR, CallProgress
+    from harness.runtime.inputs import Example
+    from harness.runtime.workers import SETUP_TIMEOUT_S, TOTAL_TIMEOUT_FACTOR, CallProgress
 
     watch = CallProgress(2.0, reports=True)
     assert watch.deadline() == watch.started + SETUP_TIMEOUT_S  # before the first example: set-up, not the limit
@@ -237,7 +237,7 @@ def test_the_deadline_restarts_with_each_example_under_a_total_cap():
 def test_a_worker_started_ahead_keeps_its_start_outside_the_first_calls_limit():
     """Benchmarks start their worker before compiling the shapes; importing torch there must not eat the first
     item's time limit."""
-    from harness.workers import Worker
+    from harness.runtime.workers import Worker
 
     worker = Worker()
     worker.start()

@@ -16,11 +16,11 @@ import torch
 
 import kernels.silu_and_mul  # noqa: F401  triton first imported here, not inside an in-process pytester run:
 # pytester unloads the modules a run imported, and importing triton a second time aborts the process
-from harness import tp
-from harness.inputs import Example, build_args
-from harness.matrix import Cell
-from harness.numerics import Mismatch
-from harness.plan import PlanError, load_plan
+from harness.runtime import tp
+from harness.runtime.inputs import Example, build_args
+from harness.spec.matrix import Cell
+from harness.runtime.numerics import Mismatch
+from harness.spec.plan import PlanError, load_plan
 from tests.plans import rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -336,9 +336,9 @@ def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytes
 
 
 def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monkeypatch):
-    from harness.runner import RunSettings
-    from harness.tp import run_cell_on_rank
-    from harness.workers import Fault, WorkerGroup
+    from harness.runtime.runner import RunSettings
+    from harness.runtime.tp import run_cell_on_rank
+    from harness.runtime.workers import Fault, WorkerGroup
 
     (tmp_path / "tp_faults.py").write_text(FAULTS)
     monkeypatch.syspath_prepend(str(tmp_path))  # spawned ranks inherit sys.path

@@ -15,17 +15,17 @@ import pytest
 import torch
 
 import kernels.rms_norm  # noqa: F401  triton imported here first, not inside a pytester run
-from harness import integration
-from harness.calls import reference_outputs
-from harness.inputs import Example, build_args
-from harness.plan import Tolerance
-from harness.report import plugin_markdown
-from harness.results import IntegrationRecord, Status, to_json
-from harness.tolerances import tolerance_for
-from harness.vllm_kernels import vllm_kernel, vllm_missing
-from harness.vllm_ops import plugin_entry_point, plugin_module_name, provider_name, render_plugin
-from harness.matrix import Cell
-from harness.plan import PlanError, load_plan
+from harness.integration import routes as integration
+from harness.runtime.calls import reference_outputs
+from harness.runtime.inputs import Example, build_args
+from harness.spec.plan import Tolerance
+from harness.rendering.report import plugin_markdown
+from harness.results.store import IntegrationRecord, Status, to_json
+from harness.spec.tolerances import tolerance_for
+from harness.runtime.vllm_kernels import vllm_kernel, vllm_missing
+from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provider_name, render_plugin
+from harness.spec.matrix import Cell
+from harness.spec.plan import PlanError, load_plan
 from tests.plans import rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import vllm_kernels
-from harness.device import package_version
-from harness.inputs import Example
-from harness.overview import render_overview
-from harness.plan import PlanError, load_plan
-from harness.report import render
-from harness.results import CellRecord, Failure, InputsSeen, Provenance, Results, Status, from_json, to_json, \
+from harness.runtime import vllm_kernels
+from harness.runtime.device import package_version
+from harness.runtime.inputs import Example
+from harness.rendering.overview import render_overview
+from harness.spec.plan import PlanError, load_plan
+from harness.rendering.report import render
+from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, Results, Status, from_json, to_json, \
     write_atomic
-from harness.runner import RunSettings, example_layouts, run_cell
-from harness.vllm_kernels import compiled_op, schema_problem, vllm_kernel
-from harness.vllm_ops import baseline_unsupported, unsupported, vllm_kernel_for
-from harness.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
+from harness.runtime.runner import RunSettings, example_layouts, run_cell
+from harness.runtime.vllm_kernels import compiled_op, schema_problem, vllm_kernel
+from harness.spec.vllm_ops import baseline_unsupported, unsupported, vllm_kernel_for
+from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -162,7 +162,7 @@ def test_a_vllm_kernel_plan_loads_without_vllm(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     plan = load_plan(vllm_plan(tmp_path))
     assert plan.vllm_kernel == "rms_norm" and plan.op_qualname == "vllm_c::vllm_rms_norm"
-    with pytest.raises(ValueError, match="harness.vllm_kernels.load_kernel loads it"):
+    with pytest.raises(ValueError, match="harness.runtime.vllm_kernels.load_kernel loads it"):
         plan.load_kernel()
 
 
@@ -227,7 +227,7 @@ def test_cells_are_not_run_where_vllms_kernels_cannot_be_loaded(pytester, monkey
 def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
     """vLLM's kernel stood in for by one that refuses hidden sizes off 16 and reads strided rows as contiguous:
     the cell records both failures, each shrunk, and the inputs of the examples that passed."""
-    from harness import runner
+    from harness.runtime import runner
 
     def stand_in(plan):
         def kernel(out, x, weight, eps):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import load_plan
-from harness.vllm_kernels import vllm_missing
-from harness.vllm_ops import IR_DEFAULT_TOLERANCE, VLLM_OPS, enable_setting, provider_name, render_plugin, vllm_op
+from harness.spec.plan import load_plan
+from harness.runtime.vllm_kernels import vllm_missing
+from harness.spec.vllm_ops import IR_DEFAULT_TOLERANCE, VLLM_OPS, enable_setting, provider_name, render_plugin, vllm_op
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
@@ -56,8 +56,8 @@ import json, sys
 import torch
 from vllm import ir
 from vllm.model_executor.custom_op import op_registry
-from harness.plan import import_object
-from harness.vllm_ops import VLLM_OPS, IR_DEFAULT_TOLERANCE
+from harness.spec.plan import import_object
+from harness.spec.vllm_ops import VLLM_OPS, IR_DEFAULT_TOLERANCE
 dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 out = {}
 for name, op in VLLM_OPS.items():
@@ -92,7 +92,7 @@ def test_descriptions_match_vllms_own_registries():
 @needs_vllm
 @pytest.mark.parametrize("op", sorted(VLLM_OPS))
 def test_template_imports_and_registers_with_vllm(op):
-    code = (f"import harness.vllm_plugins.{op} as m\nm.register()\nm.register()\n"
+    code = (f"import harness.integration.plugins.{op} as m\nm.register()\nm.register()\n"
             "import torch\nname = m.OP.split('::')\nassert hasattr(getattr(torch.ops, name[0]), name[1])\nprint('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

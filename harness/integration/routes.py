@@ -1,0 +1,385 @@
+"""vLLM in the loop: the kernel registered the way its plugin registers it, and vLLM's own layer reaching it.
+
+Integration items (`vllm-ir[decode-bf16-cpu]`, `vllm-custom_op[...]`, `vllm-plugin[...]`): the kernel
+is registered as an IR provider, as an out-of-tree CustomOp, or through the generated
+`vllm.general_plugins` plugin loaded by vLLM's own loader; vLLM's layer is then called on drawn
+inputs and must call the kernel (counted) and match the reference. A registration that leaves
+vLLM on its own path fails with the reason vLLM took it.
+
+vLLM is optional: it is imported here only when an item runs (`vllm_missing()` says whether it can
+be). The op descriptions and every name a deployment types come from harness.spec.vllm_ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from hypothesis import given
+
+from harness.runtime.calls import kernel_args, reference_outputs
+from harness.runtime.device import detect, package_version
+from harness.runtime.inputs import build_args, examples as example_strategy
+from harness.spec.matrix import Cell
+from harness.runtime.numerics import Mismatch, Stats, compare
+from harness.spec.plan import Plan, import_object, load_plan
+from harness.results.store import IntegrationRecord, Status, Tol
+from harness.runtime.runner import RunSettings, hypothesis_settings
+from harness.spec.tolerances import tolerance_for
+from harness.runtime.vllm_kernels import vllm_missing
+from harness.spec.vllm_ops import VllmOp, plugin_module_name, plugin_route, provider_name, render_plugin, unsupported, vllm_op
+
+ROUTES = ("ir", "custom_op", "plugin")
+# The layers take floating-point activations; quantized dtypes belong to other vLLM ops.
+LAYER_DTYPES = ("fp32", "fp16", "bf16")
+# Drawn examples per integration item: each proves dispatch and compares, the numerics cells do the rest.
+MAX_EXAMPLES = 3
+
+
+def vllm_version() -> str | None:
+    return package_version("vllm")
+
+
+# ---------------------------------------------------------------- layers, references and tolerances
+
+_default_config = None
+
+
+def vllm_config(custom_ops: list[str] | None = None):
+    """A VllmConfig (the default one is built once: it takes about 2 s)."""
+    global _default_config
+    from vllm.config import CompilationConfig, VllmConfig
+
+    if custom_ops is not None:
+        return VllmConfig(compilation_config=CompilationConfig(custom_ops=list(custom_ops)))
+    if _default_config is None:
+        _default_config = VllmConfig()
+    return _default_config
+
+
+def build_layer(op: VllmOp, args: list, config):
+    """vLLM's layer for one call, built as vLLM builds it (inside a config context), holding the call's tensors."""
+    from vllm.config import set_current_vllm_config
+
+    kwargs, tensors, forward_args = op.layer_call(*args)
+    with set_current_vllm_config(config):
+        layer = import_object(op.layer)(**kwargs)
+    for name, tensor in tensors.items():
+        setattr(layer, name, torch.nn.Parameter(tensor, requires_grad=False))
+    return layer, forward_args
+
+
+@contextlib.contextmanager
+def plugin_on_path(plan: Plan, text: str | None = None):
+    """The plugin written to a temporary folder as an installed distribution (module + entry point) on sys.path."""
+    name = plugin_module_name(plan)
+    with tempfile.TemporaryDirectory(prefix="vllm-plugin-") as tmp:
+        root = Path(tmp)
+        (root / f"{name}.py").write_text(text if text is not None else render_plugin(plan))
+        dist = root / f"{name}-0.0.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
+        (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{plan.name} = {name}:register\n")
+        sys.path.insert(0, tmp)
+        importlib.invalidate_caches()
+        sys.modules.pop(name, None)
+        try:
+            yield root
+        finally:
+            sys.path.remove(tmp)
+            sys.modules.pop(name, None)
+            importlib.invalidate_caches()
+
+
+def load_with_vllm_loader(plan: Plan):
+    """Load the plugin on sys.path the way vLLM loads general plugins; returns its module."""
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    old = os.environ.get("VLLM_PLUGINS")
+    os.environ["VLLM_PLUGINS"] = plan.name  # only this plugin, not others installed here
+    try:
+        plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_PLUGINS")
+        else:
+            os.environ["VLLM_PLUGINS"] = old
+    if plan.name not in plugins:
+        try:  # vLLM logs the failure and carries on: surface the cause
+            importlib.import_module(plugin_module_name(plan))
+        except Exception as exc:
+            raise Failure(f"vLLM's plugin loader could not load the plugin: {type(exc).__name__}: {exc}") from None
+        raise Failure(f"vLLM's plugin loader did not find the vllm.general_plugins entry point '{plan.name}'")
+    plugins[plan.name]()
+    plugins[plan.name]()  # vLLM may call a general plugin more than once per process: it must not fail
+    return sys.modules[plugin_module_name(plan)]
+
+
+# ---------------------------------------------------------------- proving vLLM reaches the kernel
+
+
+class Failure(AssertionError):
+    """An integration check that failed, with the cause in words."""
+
+
+class CallCounter:
+    """Stands in for the plugin's `kernel`: counts the calls vLLM's layer makes into it."""
+
+    def __init__(self, fn: Callable):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _describe(args) -> str:
+    parts = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            dt = str(a.dtype).removeprefix("torch.")
+            parts.append(f"{dt}{list(a.shape)}" + ("" if a.is_contiguous() else f" strides {a.stride()}"))
+        else:
+            parts.append(repr(a))
+    return ", ".join(parts)
+
+
+class Route:
+    """The kernel registered through one route, and vLLM's layer driven through it; undone on close."""
+
+    def __init__(self, plan: Plan, route: str, module, priority: list[str] | None = None,
+                 custom_ops: list[str] | None = None):
+        self.plan, self.route, self.module, self.op = plan, route, module, vllm_op(plan)
+        self.kind = plugin_route(plan) if route == "plugin" else route
+        self.counter = CallCounter(module.kernel)
+        module.kernel = self.counter  # the plugin's functions look `kernel` up when called
+        self.priority = self.custom_ops = None
+        self.seen_dispatch: list = []  # (chosen provider, args) per IR dispatch
+        self.stack = contextlib.ExitStack()
+        try:
+            self._select(priority, custom_ops)
+        except BaseException:
+            self.stack.close()
+            raise
+
+    def _select(self, priority, custom_ops):
+        """Make vLLM select the registered kernel, as a deployment would (IR priority or custom_ops)."""
+        plan = self.plan
+        if self.kind == "ir":
+            from vllm import ir
+
+            self.ir_op = getattr(ir.ops, self.op.ir_op)
+            self.priority = list(priority) if priority is not None else [provider_name(plan), "native"]
+            registered = sorted(self.ir_op.impls)
+            missing = [p for p in self.priority if p not in self.ir_op.impls]
+            if missing:
+                raise Failure(f"the IR priority list {self.priority} names '{missing[0]}', which is not registered "
+                              f"for vllm.ir.ops.{self.op.ir_op} (registered: {', '.join(registered)})")
+            self.stack.enter_context(self.ir_op.set_priority(self.priority))
+            self._watch_dispatch()
+            self.config = vllm_config()
+        else:
+            self.custom_ops = list(custom_ops) if custom_ops is not None else ["none", f"+{self.op.layer_class}"]
+            self.config = vllm_config(self.custom_ops)
+
+    def _watch_dispatch(self):
+        ir_op, original = self.ir_op, self.ir_op.dispatch
+
+        def dispatch(*args, **kwargs):
+            impl = original(*args, **kwargs)
+            self.seen_dispatch.append((impl.provider, args))
+            return impl
+
+        ir_op.dispatch = dispatch  # vLLM calls self.dispatch on the op object
+        self.stack.callback(lambda: ir_op.__dict__.pop("dispatch", None))
+
+    def close(self):
+        self.stack.close()
+
+    def call(self, values: dict) -> tuple:
+        """vLLM's layer on one call's inputs, outputs in plan.outputs order; Failure if it did not call the kernel."""
+        layer, forward_args = build_layer(self.op, kernel_args(self.plan, values), self.config)
+        before, self.seen_dispatch[:] = self.counter.calls, []
+        out = layer(*forward_args)
+        if self.counter.calls == before:
+            raise Failure(self.why_not_called(layer, forward_args))
+        return out if isinstance(out, tuple) else (out,)
+
+    def why_not_called(self, layer, forward_args) -> str:
+        name = self.op.layer_class
+        head = f"vLLM's {name} did not call the kernel"
+        method = _bound_method(layer)
+        plugin_class = getattr(self.module, f"Plugin{name}", None)
+        if self.kind == "custom_op":
+            if plugin_class is not None and type(layer) is not plugin_class:
+                from vllm.model_executor.custom_op import op_registry_oot
+
+                return (f"{head}: vLLM built its own {name}, not the plugin's class (out-of-tree classes "
+                        f"registered: {sorted(op_registry_oot) or 'none'}; vLLM looks up '{name}')")
+            if method == "forward_native":
+                return (f"{head}: it dispatched to forward_native (compilation_config.custom_ops="
+                        f"{self.config.compilation_config.custom_ops} does not enable the out-of-tree op, which "
+                        f"vLLM renamed to '{name}': enable '+{name}')")
+            rejected = _describe(forward_args)
+            return (f"{head}: it dispatched to {method}, which fell back to forward_native (the plugin's "
+                    f"supports_args rejected {rejected})")
+        provider = provider_name(self.plan)
+        ir_name = f"vllm.ir.ops.{self.op.ir_op}"
+        if not self.seen_dispatch:
+            return f"{head}: it dispatched to {method}, which does not go through {ir_name}"
+        chosen, args = self.seen_dispatch[-1]
+        where = f"{head}: it dispatched to {method} and {ir_name} chose '{chosen}'"
+        effective = self.ir_op.get_priority()
+        impl = self.ir_op.impls[provider] if provider in self.ir_op.impls else None
+        if impl is None:
+            return f"{where}: no provider '{provider}' is registered"
+        if provider not in self.priority:
+            return f"{where}: the provider '{provider}' is not in the priority list {self.priority}"
+        if provider not in effective:
+            return f"{where}: the provider '{provider}' is registered with supported=False, so vLLM dropped it"
+        if effective.index(chosen) < effective.index(provider):
+            return f"{where}, which comes before '{provider}' in the priority list {effective}"
+        return (f"{where}: the provider's supports_args returned False for ({_describe(args)}), so vLLM "
+                f"fell back to '{chosen}'")
+
+
+def _bound_method(layer) -> str:
+    """Which forward_* vLLM's CustomOp bound at construction (forward_native, or the platform's)."""
+    from vllm.platforms import current_platform
+
+    # CustomOp.dispatch_forward's order: rocm, cpu, tpu, xpu, out-of-tree, else cuda
+    platforms = (("rocm", "hip"), ("cpu", "cpu"), ("tpu", "tpu"), ("xpu", "xpu"), ("out_of_tree", "oot"))
+    platform = next((f"forward_{suffix}" for name, suffix in platforms if getattr(current_platform, f"is_{name}")()),
+                    "forward_cuda")
+    for name in ("forward_native", platform):
+        if layer._forward_method == getattr(layer, name, None):
+            return name
+    return getattr(layer._forward_method, "__name__", str(layer._forward_method))
+
+
+def _unregister(plan: Plan) -> None:
+    """Undo whatever the plugin module registered (IR providers, out-of-tree classes, its torch.library op)."""
+    from vllm.ir.op import IrOp
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    module = plugin_module_name(plan)
+    loaded = sys.modules.get(module)
+    for value in vars(loaded).values() if loaded else ():
+        if isinstance(value, torch._library.custom_ops.CustomOpDef):
+            value._lib._destroy()  # the next load defines it again (torch has no public undo)
+    for ir_op in IrOp.registry.values():
+        for provider in [p for p, impl in ir_op.impls.items() if getattr(impl.impl_fn, "__module__", "") == module]:
+            del ir_op.impls[provider]
+    for name in [n for n, cls in op_registry_oot.items() if cls.__module__ == module]:
+        del op_registry_oot[name]
+
+
+def open_route(plan: Plan, route: str, stack: contextlib.ExitStack, plugin_text: str | None = None,
+               priority: list[str] | None = None, custom_ops: list[str] | None = None) -> Route:
+    """Register the plan's kernel through `route` ("ir", "custom_op" or "plugin"); undone when `stack` closes."""
+    stack.enter_context(plugin_on_path(plan, plugin_text))
+    stack.callback(_unregister, plan)
+    if route == "plugin":
+        module = load_with_vllm_loader(plan)
+    else:
+        module = importlib.import_module(plugin_module_name(plan))
+        getattr(module, f"register_{route}")()
+    r = Route(plan, route, module, priority, custom_ops)
+    stack.callback(r.close)
+    return r
+
+
+def why_not_runnable(plan: Plan, route: str) -> str:
+    """Why this route cannot be checked here ("" when it can). Imports vLLM when it is installed."""
+    why = vllm_missing() or unsupported(plan)
+    if why:
+        return why
+    op = vllm_op(plan)
+    if route == "ir":
+        if op.ir_op is None:
+            return f"vLLM {vllm_version()} has no IR op for {plan.name} (vllm.ir.ops: {_ir_ops()}): CustomOp route only"
+        if plan.vllm.ir_op and plan.vllm.ir_op != op.ir_op:
+            return f"vllm.ir_op names {plan.vllm.ir_op}; the harness drives vllm.ir.ops.{op.ir_op} for this op"
+        from vllm import ir
+
+        if not hasattr(ir.ops, op.ir_op):
+            return f"vLLM {vllm_version()} has no vllm.ir.ops.{op.ir_op} (vllm.ir.ops: {_ir_ops()})"
+    return ""
+
+
+def _ir_ops() -> str:
+    from vllm.ir.op import IrOp
+
+    return ", ".join(sorted(IrOp.registry))
+
+
+@dataclass
+class IntegrationOutcome:
+    record: IntegrationRecord
+    fatal: bool = False  # never set: integration items run on the host's default path; kept for the worker protocol
+
+
+def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES, profile: str = "ci",
+                database: str | None = None, plugin_text: str | None = None, priority: list[str] | None = None,
+                custom_ops: list[str] | None = None) -> IntegrationRecord:
+    """One integration item: register through `route`, call vLLM's layer on drawn inputs, count kernel calls, compare."""
+    start = time.monotonic()
+    device = detect().device
+    tol = tolerance_for(plan, cell.dtype)
+    reference = plan.load_reference()
+    stats, count = Stats(), 0
+    rec = IntegrationRecord(route=route, **cell.axes(), status=Status.PASSED)
+    with contextlib.ExitStack() as stack:
+        try:
+            r = open_route(plan, route, stack, plugin_text, priority, custom_ops)
+        except Failure as exc:
+            r, rec.status, rec.reason = None, Status.FAILED, str(exc)
+        except Exception as exc:  # a plugin that raises while loading or registering
+            r, rec.status = None, Status.FAILED
+            rec.reason = f"registering through the {route} route raised {type(exc).__name__}: {exc}"
+        if r is not None:
+            rec.registered_as = ({"ir_op": r.op.ir_op, "provider": provider_name(plan), "priority": r.priority}
+                                 if r.kind == "ir" else {"layer": r.op.layer_class, "custom_ops": r.custom_ops})
+
+            def test(ex):
+                nonlocal count
+                count += 1
+                values = build_args(plan, cell, ex, device)
+                expected = reference_outputs(plan, reference, values)
+                got = r.call(values)
+                for name, actual in zip(plan.outputs, got):
+                    compare(name, actual, expected[name], tol, stats)
+
+            test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__vllm_{route}_{cell.id}")
+            run = RunSettings(examples=examples, profile=profile, database=database)
+            test = hypothesis_settings(run)(given(example_strategy(plan, cell, device))(test))
+            try:
+                test()
+            except (Failure, Mismatch) as exc:
+                rec.status, rec.reason = Status.FAILED, str(exc)
+            except Exception as exc:
+                rec.status = Status.FAILED
+                rec.reason = f"vLLM's {r.op.layer_class} raised {type(exc).__name__}: {str(exc).strip()[:500]}"
+            rec.kernel_calls = r.counter.calls
+    rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
+    rec.tolerance, rec.error, rec.vllm = Tol(tol.atol, tol.rtol), stats.record(), vllm_version()
+    return rec
+
+
+def run_integration_item(plan_path: str, cell_id: str, route: str, examples: int, profile: str,
+                         database: str | None) -> IntegrationOutcome:
+    """An integration item as a worker runs it: not-runnable routes come back as NOT_RUN records."""
+    plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
+    why = why_not_runnable(plan, route)
+    if why:
+        return IntegrationOutcome(IntegrationRecord(route=route, **cell.axes(), status=Status.NOT_RUN, reason=why))
+    return IntegrationOutcome(check_route(plan, cell, route, examples, profile, database))

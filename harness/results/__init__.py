@@ -1,0 +1,1 @@
+"""Result records, the results file and merging results from several machines. Plain Python."""

@@ -1,0 +1,515 @@
+"""Result records and the results file: what every item ended in, and where and with what it ran.
+
+The records are dataclasses, written to and read from JSON here and nowhere else. One file per
+machine kind under `reports/<op>/results/` (`cpu.json`, `sm90-nvidia-h200.json`, ...). A run
+folds its records into that file after every item, through a temporary file that atomically
+replaces the old one, so an interrupted run (Ctrl-C, SIGTERM, SIGKILL) leaves a valid file holding
+every finished item. xdist workers write files of their own, folded in at the end of the run (or
+by the next run or `python -m harness report`). Merging across files: per record, the latest wins,
+except that another SM's "not run here" never replaces a real result.
+
+Plain Python: no torch, so the report can read results anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import enum
+import json
+import os
+import re
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.spec.status import RAN, Status
+
+FORMAT = "harness-results"
+VERSION = 2
+# Version 1 files have the same layout (records were untyped dicts); they are read as they are. Optional fields
+# added since (CellRecord.passing, CellRecord.more_failures) keep the version: a harness without them skips them
+# (from_json).
+READABLE_VERSIONS = (1, 2)
+
+
+class ResultsError(Exception):
+    """A results file that cannot be merged: named, with why."""
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where and with what a run happened."""
+
+    sm: str
+    device: str
+    gpu: str
+    device_count: int
+    cpu_count: int
+    host: str = "?"
+    torch: str | None = None
+    triton: str | None = None
+    vllm: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+    triton_interpreter: bool = False
+    commit: str | None = None
+    date: str = "?"
+    cells: str | None = None  # which runnable cells the run ran: "a pairwise sample of 9 of 54 runnable cells"
+
+    @property
+    def machine_key(self) -> str:
+        """The results file's name: `cpu`, or the SM and the GPU's name (`sm90-nvidia-h200`)."""
+        if self.sm == "cpu":
+            return "cpu"
+        return f"{self.sm}-" + re.sub(r"[^a-z0-9]+", "-", self.gpu.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Worst errors over an item's examples; non-finite values are kept as their text ("nan", "inf")."""
+
+    max_abs: float | str | None = 0.0
+    max_rel: float | str | None = 0.0
+    max_ulp: int | None = None
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class Tol:
+    atol: float
+    rtol: float
+
+
+ALIGNMENTS = (16, 8, 4, 2, 1)
+
+
+def alignment(n: int) -> int:
+    """A size's alignment class: the largest of ALIGNMENTS dividing it."""
+    return next(a for a in ALIGNMENTS if n % a == 0)
+
+
+@dataclass
+class InputsSeen:
+    """The inputs of a cell's examples that passed, in brief: what the kernel was seen to accept."""
+
+    examples: int = 0
+    num_tokens: list[int] | None = None  # [lowest, highest]
+    sizes: dict[str, list[int]] = field(default_factory=dict)  # size symbol -> [lowest, highest]
+    alignments: dict[str, list[int]] = field(default_factory=dict)  # size symbol -> the alignment classes seen
+    layouts: dict[str, list[str]] = field(default_factory=dict)  # tensor input -> contiguous and/or strided
+    row_strides: dict[str, list[int]] = field(default_factory=dict)  # strided input -> its row strides' alignments
+
+    def add(self, num_tokens: int, sizes: dict[str, int], layouts: dict[str, tuple[str, int | None]]) -> None:
+        """One passing example: its token count, size symbols, and per tensor input (layout, row stride or None)."""
+        self.examples += 1
+        low, high = self.num_tokens or (num_tokens, num_tokens)
+        self.num_tokens = [min(low, num_tokens), max(high, num_tokens)]
+        for sym, v in sizes.items():
+            low, high = self.sizes.get(sym, (v, v))
+            self.sizes[sym] = [min(low, v), max(high, v)]
+            self.alignments[sym] = sorted({*self.alignments.get(sym, ()), alignment(v)})
+        for name, (layout, stride) in layouts.items():
+            self.layouts[name] = sorted({*self.layouts.get(name, ()), layout})
+            if stride is not None:
+                self.row_strides[name] = sorted({*self.row_strides.get(name, ()), alignment(stride)})
+
+    def merge(self, other: "InputsSeen") -> "InputsSeen":
+        """Both records' inputs in one (for a summary over cells)."""
+        out = InputsSeen(self.examples + other.examples)
+        ranges = [r for r in (self.num_tokens, other.num_tokens) if r]
+        out.num_tokens = [min(r[0] for r in ranges), max(r[1] for r in ranges)] if ranges else None
+        for sym in {*self.sizes, *other.sizes}:
+            both = [r for r in (self.sizes.get(sym), other.sizes.get(sym)) if r]
+            out.sizes[sym] = [min(r[0] for r in both), max(r[1] for r in both)]
+        for name in ("alignments", "layouts", "row_strides"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(out, name, {k: sorted({*mine.get(k, ()), *theirs.get(k, ())}) for k in {*mine, *theirs}})
+        return out
+
+
+@dataclass
+class Failure:
+    """One distinct failure of a cell: why, and the smallest input found for it."""
+
+    reason: str
+    minimal_example: str | None = None
+
+
+@dataclass
+class CellRecord:
+    """One numerics cell: its axes, status and reason, and what the run measured."""
+
+    phase: str
+    dtype: str
+    tp: int
+    graph_mode: str
+    sm: str
+    status: Status
+    reason: str = ""
+    examples: int | None = None
+    duration_s: float | None = None
+    tolerance: Tol | None = None
+    error: ErrorStats | None = None
+    facts: dict = field(default_factory=dict)
+    minimal_example: str | None = None
+    passing: InputsSeen | None = None  # the inputs of the examples that passed
+    more_failures: list[Failure] | None = None  # distinct failures besides `reason` (plans of vLLM's own kernels)
+    repro: str | None = None
+    expectation: str | None = None
+    finished: str = ""
+    run: str = ""
+
+
+@dataclass
+class ImplFigures:
+    """One implementation's timing in a benchmark item, or why it has none."""
+
+    median_us: float | None = None
+    q20_us: float | None = None
+    q80_us: float | None = None
+    gbps: float | None = None
+    pct_copy_bw: float | None = None
+    tflops: float | None = None
+    launches: int | None = None
+    samples: int | None = None
+    # Eager timings are back-to-back device time (calls queued behind each other); launch_us is the median of
+    # isolated calls on an idle GPU, the host's launch cost included (what a host-bound decode step sees).
+    launch_us: float | None = None
+    error: str | None = None  # raised, or (the kernel) a wrong result after timing
+    differs: str | None = None  # a baseline whose outputs differ from the reference after timing (timing kept)
+    not_run: str | None = None
+
+    @property
+    def timed(self) -> bool:
+        return _finite(self.median_us)
+
+
+WRONG_AFTER_TIMING = "wrong result after timing"  # how a check after timing starts its message (harness.runtime.bench)
+
+# Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise. The
+# benchmarks widen every speedup interval by it, and the report widens the intervals it derives the same way.
+NOISE_FLOOR = 0.02
+
+
+@dataclass
+class Speedup:
+    """Baseline time over kernel time (> 1: the kernel is faster), with its interval."""
+
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    verdict: str | None = None  # faster | slower | no difference
+    not_run: str | None = None
+
+
+@dataclass
+class BenchRecord:
+    phase: str
+    dtype: str
+    sm: str
+    graph_mode: str
+    num_tokens: int
+    sizes: dict = field(default_factory=dict)
+    copy_bw_gbps: float | None = None
+    l2_bytes: int | None = None
+    working_set_bytes: int | None = None
+    rotated_sets: int | None = None
+    timer: str | None = None
+    impls: dict[str, ImplFigures] = field(default_factory=dict)
+    speedup: dict[str, Speedup] = field(default_factory=dict)
+    finished: str = ""
+    run: str = ""
+
+    def __post_init__(self):
+        # Records written before `differs` existed kept a baseline's wrong result after timing in `error`: the same
+        # fact, read as it is meant now (the baseline's timing stands).
+        for name, impl in self.impls.items():
+            if (name != "kernel" and impl.error and impl.error.startswith(WRONG_AFTER_TIMING) and impl.timed
+                    and not impl.differs):
+                impl.differs, impl.error = impl.error, None
+
+
+@dataclass
+class IntegrationRecord:
+    """One vLLM integration item: vLLM's own layer reaching the kernel through one route."""
+
+    route: str
+    phase: str
+    dtype: str
+    tp: int
+    graph_mode: str
+    sm: str
+    status: Status
+    reason: str = ""
+    examples: int | None = None
+    kernel_calls: int | None = None
+    registered_as: dict | None = None
+    tolerance: Tol | None = None
+    error: ErrorStats | None = None
+    vllm: str | None = None
+    duration_s: float | None = None
+    finished: str = ""
+    run: str = ""
+
+
+SECTIONS = {"cells": CellRecord, "benchmarks": BenchRecord, "integration": IntegrationRecord}
+Record = CellRecord | BenchRecord | IntegrationRecord
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+# ---------------------------------------------------------------- JSON <-> records
+
+
+def to_json(obj: Any) -> Any:
+    """A record as JSON data: dataclasses as objects, statuses as their names, None fields left out."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if getattr(obj, f.name) is not None}
+    if isinstance(obj, Status):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    if isinstance(obj, float) and not _finite(obj):
+        return str(obj)
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type) -> tuple[dict, frozenset]:
+    """A record class's field types and names, resolved once (get_type_hints evaluates every annotation anew)."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def from_json(cls: type, data: Any, where: str) -> Any:
+    """A record of `cls` from JSON data; ResultsError names the place when the data does not fit."""
+    if not isinstance(data, dict):
+        raise ResultsError(f"{where}: expected an object, found {type(data).__name__}")
+    hints, names = _fields(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            continue  # a field an older or newer harness wrote and this one does not use
+        kwargs[key] = _convert(hints[key], value, f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ResultsError(f"{where}: {exc}") from None
+
+
+def _convert(hint, value, where: str):
+    if value is None:
+        return None
+    target = hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: convert as X
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        target = args[0] if len(args) == 1 else hint
+    if target is Status:
+        try:
+            return Status(value)
+        except ValueError:
+            raise ResultsError(f"{where}: unknown status {value!r}") from None
+    if dataclasses.is_dataclass(target):
+        return from_json(target, value, where)
+    if typing.get_origin(target) is list and dataclasses.is_dataclass(typing.get_args(target)[0]):
+        if not isinstance(value, list):
+            raise ResultsError(f"{where}: expected a list")
+        return [from_json(typing.get_args(target)[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if typing.get_origin(target) is dict:
+        inner = typing.get_args(target)[1]
+        if dataclasses.is_dataclass(inner):
+            if not isinstance(value, dict):
+                raise ResultsError(f"{where}: expected an object")
+            return {k: from_json(inner, v, f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+# ---------------------------------------------------------------- the file
+
+
+@dataclass
+class Results:
+    """One results file, or several merged: the runs' provenance and every record, by section and key."""
+
+    op: str
+    runs: dict[str, Provenance] = field(default_factory=dict)
+    cells: dict[str, CellRecord] = field(default_factory=dict)
+    benchmarks: dict[str, BenchRecord] = field(default_factory=dict)
+    integration: dict[str, IntegrationRecord] = field(default_factory=dict)
+
+    def section(self, name: str) -> dict:
+        return getattr(self, name)
+
+    def provenance(self, rec: Record) -> Provenance | None:
+        return self.runs.get(rec.run)
+
+    def on_own_sm(self, rec: Record) -> bool:
+        """Whether a record was made on a machine of its own SM (not another machine's 'not run here')."""
+        prov = self.provenance(rec)
+        return prov is not None and prov.sm == rec.sm
+
+    def to_json(self, rendered: dict | None = None) -> dict:
+        """The file's JSON data. With `rendered` (id -> (record, text), kept between calls), each record is
+        converted once and kept as its compact text (results_text writes it as it is)."""
+        def record(rec):
+            if rendered is None:
+                return to_json(rec)
+            hit = rendered.get(id(rec))
+            if hit is None or hit[0] is not rec:
+                hit = rendered[id(rec)] = (rec, Rendered(_compact(to_json(rec))))
+            return hit[1]
+        return {"format": FORMAT, "version": VERSION, "op": self.op,
+                "runs": {k: to_json(v) for k, v in self.runs.items()},
+                **{name: {k: record(v) for k, v in self.section(name).items()} for name in SECTIONS}}
+
+
+def load(path: Path, op: str | None = None) -> Results:
+    """Read and check one results file; ResultsError names the file and what is wrong with it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}: not valid JSON (truncated or corrupt?): {exc}") from None
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot be read: {exc.strerror}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise ResultsError(f"{path}: not a harness results file (format {found!r})")
+    if data.get("version") not in READABLE_VERSIONS:
+        raise ResultsError(f"{path}: results format version {data.get('version')!r}; this harness reads versions "
+                           f"{', '.join(map(str, READABLE_VERSIONS))} (a newer harness wrote it: update this one)")
+    if op is not None and data.get("op") != op:
+        raise ResultsError(f"{path}: results for op {data.get('op')!r}, not {op!r}")
+    for key in ("runs", *SECTIONS):
+        if not isinstance(data.get(key, {}), dict):
+            raise ResultsError(f"{path}: missing or malformed '{key}'")
+    res = Results(data["op"], {k: from_json(Provenance, v, f"{path}: runs.{k}") for k, v in data["runs"].items()})
+    for name, cls in SECTIONS.items():
+        res.section(name).update({k: from_json(cls, v, f"{path}: {name}.{k}") for k, v in data.get(name, {}).items()})
+    return res
+
+
+class Rendered(str):
+    """A record's JSON text, already compact (Results.to_json with `rendered`)."""
+
+
+def _compact(value) -> str:
+    return value if isinstance(value, Rendered) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def results_text(data: dict) -> str:
+    """A results file's text: one record per line, so that a diff shows which records a run changed, and
+    compact within it (indented JSON made a plan's results file a third larger)."""
+    parts = []
+    for key, value in sorted(data.items()):
+        if isinstance(value, dict) and value and all(isinstance(v, (dict, Rendered)) for v in value.values()):
+            rows = ",\n".join(f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(value.items()))
+            parts.append(f" {json.dumps(key)}: {{\n{rows}\n }}")
+        else:
+            parts.append(f" {json.dumps(key)}: {_compact(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def write_atomic(path: Path, results: Results, rendered: dict | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(results_text(results.to_json(rendered)))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are shared files
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def fold(into: Results, other: Results) -> Results:
+    """Merge `other` into `into`: runs are unioned; per record the latest result wins, except that a machine
+    of another SM saying "not run here" never replaces a real result."""
+    into.runs.update(other.runs)
+    for name in SECTIONS:
+        ours = into.section(name)
+        for key, rec in other.section(name).items():
+            old = ours.get(key)
+            if old is None or (into.on_own_sm(rec), rec.finished) >= (into.on_own_sm(old), old.finished):
+                ours[key] = rec
+    return into
+
+
+def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:
+    """Every results file of an op merged; problems with single files are returned, not swallowed."""
+    merged, problems = Results(op), []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            fold(merged, load(path, op))
+        except ResultsError as exc:
+            problems.append(str(exc))
+    return merged, problems
+
+
+class Recorder:
+    """The running pytest process's results file, rewritten atomically after every item that ran."""
+
+    def __init__(self, directory: Path, op: str, provenance: Provenance, run_id: str, worker: str | None = None):
+        key = provenance.machine_key
+        self.path = Path(directory) / (f"{key}.{worker}.json" if worker else f"{key}.json")
+        self.results = Results(op)
+        if self.path.exists():
+            try:
+                self.results = load(self.path, op)
+            except ResultsError:
+                # Never overwrite what we cannot read: keep it beside, and start afresh.
+                self.path.replace(self.path.with_suffix(".unreadable"))
+        self.run_id = run_id
+        self.results.runs[run_id] = provenance
+        self.unwritten = False  # records kept in memory only (record's `defer`)
+        # Each record's text, made once: converting every record for every rewrite cost about 30 ms per item
+        # (plan.yaml's results file holds some 900 records), 5 s of a 168-item benchmark run.
+        self.rendered: dict[int, tuple[Record, Rendered]] = {}
+
+    def describe_run(self, **fields) -> None:
+        """Set fields of this run's provenance (written with the next record)."""
+        self.results.runs[self.run_id] = dataclasses.replace(self.results.runs[self.run_id], **fields)
+
+    def record(self, section: str, key: str, rec: Record, defer: bool = False) -> None:
+        """Add a record and rewrite the file; `defer`: rewrite it with the next record or `flush` instead, for
+        records that cost nothing to make again (a cell this machine cannot run). Rewriting the file for each of
+        the hundreds of those in a plan cost about 20 ms apiece."""
+        rec.run = self.run_id
+        self.results.section(section)[key] = rec
+        self.rendered.pop(id(rec), None)  # a record recorded again may have changed
+        self.unwritten = defer
+        if not defer:
+            self._write()
+
+    def _write(self) -> None:
+        write_atomic(self.path, self.results, self.rendered)
+
+    def flush(self) -> None:
+        """Write deferred records."""
+        if self.unwritten:
+            self._write()
+            self.unwritten = False
+
+    def fold_worker_files(self) -> None:
+        """Fold xdist workers' files (and those an interrupted run left) into this machine's file."""
+        for path in sorted(self.path.parent.glob(f"{self.path.stem}.*.json")):
+            try:
+                fold(self.results, load(path, self.results.op))
+            except ResultsError:
+                continue  # reported by the report step, which reads every file
+            self._write()
+            path.unlink()
+        self._write()

@@ -1,0 +1,824 @@
+"""Benchmarks: per regime and GPU, is the kernel faster than the reference eager ("native"), the reference
+under torch.compile ("compiled", Inductor), vLLM's in-tree kernel ("vllm") and any other kernel the plan names
+as a baseline (`benchmark.baselines: [{liger: liger_wrapper:rms_norm}]`, called like the kernel)?
+
+One item per benchmark shape (the plan's benchmark token counts x its sizes) x dtype x graph mode on
+this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GPU is timed:
+
+- Device time only. `eager`: CUDA events around each plain call; before each batch of calls the GPU
+  is parked on a short sleep kernel so the host queues the whole batch ahead of it, so host launch
+  overhead stays out of the figure ("back-to-back"). Eager items also time isolated calls (LAUNCH_SAMPLES)
+  on an idle GPU, from an event to the call's end, the host's launch cost included ("launch-inclusive":
+  what a host-bound eager decode step sees); the report shows both where they differ by over 3%.
+  `cuda_graph`: K calls captured in one graph, replays timed with events, each sample is replay time / K
+  (how vLLM runs decode batches).
+- Warm-up before timing (compilation, autotuning, graph upload), then a median and q20/q80 over
+  samples worth about TARGET_MS of device time (GRAPH_TARGET_MS of graph replays).
+- Cold L2: when one call's tensors are smaller than twice the L2 cache, enough input sets are built
+  that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results), up to
+  MAX_ROTATED_SETS: a call smaller than 2x L2 / MAX_ROTATED_SETS (about 120 KB on an H200: decode sizes)
+  finds part of its data in L2, as in a decode step, whose input the previous op has just written.
+- Each implementation's outputs are checked against the reference after its timing loop: a wrong kernel
+  fails the item; a baseline that differs keeps its timing and is reported as differing (`differs`). A
+  baseline that raises (a reference that syncs the host cannot be captured in a CUDA graph) is not run
+  there, with its error, and the item still times the others; the kernel raising fails the item.
+- A named baseline whose package is not installed on this machine is recorded as not run, with why; so is one
+  on a shape or dtype outside its contract (`{name: {path: ..., contract: {...}}}`). A shape outside the
+  kernel's own contract (op.contract) is not timed at all.
+- Launches per call: the device operations (kernels, memsets, copies) in a CUDA graph capturing one call.
+- A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
+  is "no difference".
+
+On a CPU machine the kernel runs in Triton's interpreter, whose speed says nothing: the kernel is not
+timed there (the item is skipped with that reason), while native versus compiled is still timed with
+the host clock (`timer: host`).
+
+pytest-benchmark stores every timed implementation (`--benchmark-save`, `--benchmark-compare`,
+`--benchmark-compare-fail`): each item hands it the device samples through its `timer=` hook (a clock
+that advances by one measured sample per round), so its statistics are device time, not host time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import math
+import multiprocessing
+import os
+import re
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy
+import torch
+
+from harness.runtime.calls import kernel_outputs, reference_outputs
+from harness.runtime.device import detect, package_version
+from harness.spec.expressions import evaluate
+from harness.spec.hardware import Hardware
+from harness.runtime.inputs import TORCH_DTYPES, Example, build_args, poison_value, sizes_fit
+from harness.spec.matrix import Cell, bench_graph_modes, decide
+from harness.runtime.numerics import Mismatch
+from harness.spec.plan import Plan, PlanError, import_object, load_plan
+from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
+from harness.runtime.runner import compare_judged, device_poisoned
+from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
+
+IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
+
+# Device time spent on timed samples per implementation, and on warm-up. triton.testing.do_bench spends 100 and
+# 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (on an H200
+# the intervals' median width stayed 4.0-4.2%, and plan.yaml's 168 items took 128 s against 200 s:
+# docs/performance.md). Fewer moved the figures of large calls, not only the widths: 3 ms of warm-up, or eager
+# timings stopped after 20 calls once their spread was inside the noise floor, put the kernel's eager time at
+# 32768 x 8192 about 11% above what this budget measures (docs/performance.md, "Tried and not adopted").
+TARGET_MS, WARMUP_MS = 30.0, 10.0
+EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
+GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of many calls
+# Replays get half the eager budget: each is the mean of at least GRAPH_REPLAY_MS of calls, so their q20/q80
+# spread sat inside the noise floor at every one of plan.yaml's 252 CUDA-graph speedups on an H200, where the
+# floor, not the sample count, sets an interval's width.
+GRAPH_TARGET_MS = TARGET_MS / 2
+# Input sets a call rotates over at most. A CUDA graph holds one call per set; 10 000 sets of a one-token
+# RMSNorm made each decode item capture and replay 60 000 nodes per baseline, several seconds an item.
+MAX_ROTATED_SETS = 1024
+# Isolated eager calls, launch cost included (ImplFigures.launch_us): about LAUNCH_MS of device time, within
+# (fewest, most). Where a call's device time dwarfs its launch cost the two figures agree within a few samples.
+LAUNCH_MS, LAUNCH_SAMPLES = 5.0, (10, 50)
+# A captured graph holds at least this much work (and every rotated set), so replay launch costs amortise.
+GRAPH_REPLAY_MS = 2.0
+# Calls queued behind one sleep kernel; well under CUDA's launch queue (about 1000 entries).
+HOST_AHEAD_BATCH = 64
+# On a CPU machine (host clock, native vs compiled only).
+CPU_TARGET_MS, CPU_SAMPLES = 300.0, (5, 200)
+CHECK_SEED = 20_251_101
+
+CPU_KERNEL_REASON = ("not timed on a CPU machine: the kernel runs in Triton's interpreter there, whose speed says "
+                     "nothing about a GPU")
+
+
+# ---------------------------------------------------------------- what is benchmarked
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    phase: str
+    dtype: str
+    graph_mode: str
+    sm: str
+    num_tokens: int
+    sizes: tuple[tuple[str, int], ...] = ()
+    named: tuple[str, ...] = ()  # the plan's named baselines (not part of the id)
+
+    @property
+    def impls(self) -> tuple[str, ...]:
+        """Every implementation a record of this shape holds: the kernel, the built-in baselines, the named ones."""
+        return IMPLS + self.named
+
+    @property
+    def id(self) -> str:
+        dims = "".join(f"-{name}{value}" for name, value in self.sizes)
+        return f"{self.phase}-{self.dtype}-{self.graph_mode}-{self.sm}-t{self.num_tokens}{dims}"
+
+    @property
+    def sizes_dict(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    @property
+    def shape(self) -> tuple:
+        """What the compiled reference specialises on: the shape's eager and CUDA-graph items share it."""
+        return self.dtype, self.num_tokens, self.sizes
+
+    def cell(self) -> Cell:
+        return Cell(self.phase, self.dtype, 1, self.graph_mode, self.sm)
+
+
+def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
+    """Every benchmark shape of the plan on one SM: phase token counts x sizes x dtype x graph mode, leaving out
+    combinations of sizes their constraints rule out (a rotary_dim above head_size)."""
+    modes = bench_graph_modes(plan)
+    names = list(plan.sizes)
+    named = tuple(name for name, _ in plan.benchmark.named)
+    specs = []
+    for phase, counts in plan.benchmark.shapes().items():
+        for n in counts:
+            for values in itertools.product(*(plan.sizes[s] for s in names)):
+                if not sizes_fit(plan, dict(zip(names, values))):
+                    continue
+                for dtype in plan.matrix["dtype"]:
+                    for mode in modes:
+                        specs.append(BenchSpec(phase, dtype, mode, sm, n, tuple(zip(names, values)), named))
+    return specs
+
+
+# ---------------------------------------------------------------- byte and flop models
+
+def _plan_line(plan: Plan, text: str) -> int | None:
+    return next((i + 1 for i, line in enumerate(plan.raw_text.splitlines()) if text in line), None)
+
+
+def model_names(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int]) -> dict[str, float]:
+    """Names a byte or flop expression may use: the plan's sizes, num_tokens, act_bytes (activation element size)."""
+    return {**sizes, "num_tokens": num_tokens, "act_bytes": _itemsize(dtype)}
+
+
+def _model(plan: Plan, field_name: str, expr: str, names: dict) -> float:
+    try:
+        return float(evaluate(expr, names))
+    except ValueError as exc:
+        raise PlanError(str(plan.path), _plan_line(plan, expr), field_name,
+                        f"an arithmetic expression over {', '.join(sorted(names))} ({exc})", expr) from None
+
+
+def _itemsize(dtype: str) -> int:
+    return TORCH_DTYPES[dtype].itemsize
+
+
+def bytes_moved(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int], returned_bytes: int = 0,
+                values: dict | None = None) -> int:
+    """Fewest bytes one call must move: the plan's benchmark.bytes, else every tensor argument of the call
+    (`values`, as built) read once, outputs written once, mutated arguments read and written; `returned_bytes`
+    for outputs the op returns."""
+    if plan.benchmark.bytes:
+        names = model_names(plan, dtype, num_tokens, sizes)
+        return int(_model(plan, "benchmark.bytes", plan.benchmark.bytes, names))
+    total = 0
+    for arg in plan.tensor_args:
+        t = (values or {}).get(arg.name)
+        if t is None:
+            continue
+        nbytes = t.numel() * t.element_size()
+        total += 2 * nbytes if arg.name in plan.mutates else nbytes
+    return total + returned_bytes
+
+
+def flops_done(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int]) -> float | None:
+    if not plan.benchmark.flops:
+        return None
+    return _model(plan, "benchmark.flops", plan.benchmark.flops, model_names(plan, dtype, num_tokens, sizes))
+
+
+def check_models(plan: Plan) -> None:
+    """Raise PlanError now if the plan's byte or flop expression cannot be evaluated on its sizes."""
+    sizes = {name: values[0] for name, values in plan.sizes.items()}
+    for dtype in plan.matrix["dtype"]:
+        if plan.benchmark.bytes:
+            bytes_moved(plan, dtype, 1, sizes)
+        flops_done(plan, dtype, 1, sizes)
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def input_sets(plan: Plan, spec: BenchSpec, device: str, count: int = 1, seed: int = 0) -> list[dict]:
+    """`count` independent argument sets for one call (contiguous, normal-scale values, outputs poisoned).
+
+    With several sets each tensor is a slice of one buffer, every slice starting 256-byte aligned so each
+    set gets the same compiled code (Triton and Inductor specialise on pointer alignment).
+    """
+    first = build_args(plan, spec.cell(), Example(num_tokens=spec.num_tokens, sizes=spec.sizes_dict, seed=seed),
+                       device)
+    if count == 1:
+        return [first]
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    slices = {}
+    for arg in plan.tensor_args:
+        t = first[arg.name]
+        align = max(1, 256 // t.element_size())
+        slot = -(-t.numel() // align) * align
+        base = torch.empty(count, slot, dtype=t.dtype, device=device)
+        if arg.role == "output":
+            base.fill_(poison_value(t.dtype))
+        elif not t.dtype.is_floating_point or arg.init == "zeros":
+            base[:, : t.numel()] = t.reshape(1, -1)  # integers (indices, positions) stay valid as drawn
+        else:
+            if arg.init == "uniform":
+                values = torch.rand(count, slot, generator=gen, device=device)
+            else:
+                values = torch.randn(count, slot, generator=gen, device=device)
+                if arg.init == "around_one":  # norm weights sit near 1
+                    values = values.mul_(0.1).add_(1.0)
+            base.copy_(values)
+            del values
+        slices[arg.name] = [base[i, : t.numel()].view(t.shape) for i in range(count)]
+    return [{k: slices[k][i] if k in slices else v for k, v in first.items()} for i in range(count)]
+
+
+def working_set_bytes(values: dict) -> int:
+    return sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
+
+
+def rotation_count(working_set: int, l2_bytes: int | None) -> int:
+    """Input sets whose total exceeds 2x L2, so every timed call starts with its data out of the cache."""
+    if not l2_bytes:
+        return 1
+    return min(2 * l2_bytes // max(working_set, 1) + 1, MAX_ROTATED_SETS)
+
+
+def l2_cache_bytes(device: str) -> int | None:
+    return torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else None
+
+
+# ---------------------------------------------------------------- timing
+
+
+@dataclass
+class Timing:
+    samples_us: list[float]
+    timer: str  # cuda_events | cuda_graph_replay | host
+    calls_per_sample: int = 1
+    launch_samples_us: list[float] = field(default_factory=list)  # eager only: isolated, launch-inclusive calls
+
+    def quantile(self, q: float) -> float:
+        return float(numpy.quantile(self.samples_us, q))
+
+    @property
+    def median_us(self) -> float:
+        return self.quantile(0.5)
+
+    @property
+    def q20_us(self) -> float:
+        return self.quantile(0.2)
+
+    @property
+    def q80_us(self) -> float:
+        return self.quantile(0.8)
+
+
+def _clamp(x: float, bounds: tuple[int, int]) -> int:
+    return int(min(max(x, bounds[0]), bounds[1]))
+
+
+def time_calls(call: Callable[[dict], object], sets: list[dict], device: str, graph: bool = False) -> Timing:
+    """Time `call(values)`, rotating over `sets`: CUDA events, CUDA-graph replay, or the host clock on a CPU."""
+    if device != "cuda":
+        return _time_host(call, sets)
+    return _time_graph(call, sets) if graph else _time_eager(call, sets)
+
+
+def _time_host(call, sets) -> Timing:
+    rotation = itertools.cycle(sets)
+    call(next(rotation))  # compilation, first-touch allocation
+    start = time.perf_counter()
+    call(next(rotation))
+    estimate_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
+    samples = []
+    for _ in range(_clamp(CPU_TARGET_MS / estimate_ms, CPU_SAMPLES)):
+        values = next(rotation)
+        start = time.perf_counter()
+        call(values)
+        samples.append((time.perf_counter() - start) * 1e6)
+    return Timing(samples, "host")
+
+
+@lru_cache(maxsize=1)
+def _sleep_cycles_per_second() -> float:
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / (start.elapsed_time(end) * 1e-3)
+
+
+def _events_host_ahead(run: Callable[[], object], count: int, host_s_per_run: float) -> list[float]:
+    """Device µs of `count` runs, each between two events; the GPU sleeps while the host queues each batch."""
+    samples = []
+    # One batch's events, recorded again in every batch (each batch ends in a synchronize).
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(min(HOST_AHEAD_BATCH, count))]
+    while len(samples) < count:
+        events = pairs[: count - len(samples)]
+        sleep_s = min(1.5 * len(events) * host_s_per_run + 20e-6, 0.5)
+        torch.cuda._sleep(int(sleep_s * _sleep_cycles_per_second()))
+        for start, end in events:
+            start.record()
+            run()
+            end.record()
+        torch.cuda.synchronize()
+        samples += [start.elapsed_time(end) * 1e3 for start, end in events]
+    return samples
+
+
+def _estimate(run: Callable[[], object], n: int) -> tuple[float, float]:
+    """(device ms, host seconds) per run, over n runs."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = time.perf_counter()
+    start.record()
+    for _ in range(n):
+        run()
+    end.record()
+    host = (time.perf_counter() - host) / n
+    end.synchronize()
+    return max(start.elapsed_time(end) / n, 1e-4), host
+
+
+def _time_eager(call, sets) -> Timing:
+    rotation = itertools.cycle(sets)
+
+    def run():
+        call(next(rotation))
+
+    run()  # compilation, autotuning, lazy initialisation
+    torch.cuda.synchronize()
+    estimate_ms, host_s = _estimate(run, 5)
+    for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 10_000))):
+        run()
+    samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, EAGER_SAMPLES), host_s)
+    launches = _isolated_calls(run, _clamp(LAUNCH_MS / estimate_ms, LAUNCH_SAMPLES))
+    return Timing(samples, "cuda_events", launch_samples_us=launches)
+
+
+def _isolated_calls(run: Callable[[], object], count: int) -> list[float]:
+    """Device µs from an event recorded on an idle GPU to the end of one call: the host's launch cost included."""
+    samples = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(count):
+        torch.cuda.synchronize()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return samples
+
+
+def _time_graph(call, sets) -> Timing:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and initialise outside the capture, as torch.cuda.graph asks
+        for values in sets[:3]:
+            call(values)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    rotation = itertools.cycle(sets)
+    eager_ms, _ = _estimate(lambda: call(next(rotation)), 5)
+    # Whole rotations (every set equally often), a power of two of them so that a noisy estimate
+    # rarely changes the graph's length.
+    rotations = 2 ** math.ceil(math.log2(max(1.0, GRAPH_REPLAY_MS / eager_ms / len(sets))))
+    calls = len(sets) * rotations
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(sets[i % len(sets)])
+    graph.replay()  # the first replay uploads the graph
+    torch.cuda.synchronize()
+    estimate_ms, host_s = _estimate(graph.replay, 1)
+    for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 100))):
+        graph.replay()
+    replays = _events_host_ahead(graph.replay, _clamp(GRAPH_TARGET_MS / estimate_ms, GRAPH_SAMPLES), host_s)
+    del graph
+    return Timing([t / calls for t in replays], "cuda_graph_replay", calls)
+
+
+@lru_cache(maxsize=None)
+def copy_bandwidth_gbps(device: str) -> float:
+    """This machine's measured copy bandwidth (bytes read + written) over one large tensor copy, once per run."""
+    nbytes = (1 << 30) if device == "cuda" else (1 << 26)
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    timing = time_calls(lambda v: v["dst"].copy_(v["src"]), [{"src": src, "dst": dst}], device)
+    return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
+
+
+_GRAPH_NODE_TYPE = re.compile(r'label="\{\s*([A-Z_]+)')  # cudaGraphDebugDotPrint: label="{KERNEL | ..."
+DEVICE_NODE_TYPES = ("KERNEL", "MEMSET", "MEMCPY")
+
+
+def graph_launches(dot_text: str) -> int:
+    """Device operations in a CUDA graph printed by cudaGraphDebugDotPrint (CUDAGraph.debug_dump)."""
+    return sum(t in DEVICE_NODE_TYPES for t in _GRAPH_NODE_TYPE.findall(dot_text))
+
+
+def count_launches(call: Callable[[dict], object], values: dict) -> int | None:
+    """Device operations (kernels, memsets, copies) one call enqueues; None when it cannot be told.
+
+    Counted as the nodes of a CUDA graph capturing the call. torch.profiler is the fallback only: in a
+    process that has used CUDA graphs torch leaves CUPTI attached after profiling (TEARDOWN_CUPTI=0).
+    """
+    try:
+        graph = torch.cuda.CUDAGraph(keep_graph=True)  # keeps the captured graph so it can be printed
+    except TypeError:  # torch before keep_graph: debug mode keeps it
+        graph = torch.cuda.CUDAGraph()
+        graph.enable_debug_mode()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch announces debug dumps with warnings
+            with torch.cuda.graph(graph):
+                call(values)
+            with tempfile.TemporaryDirectory() as tmp:
+                dot = Path(tmp) / "call.dot"
+                graph.debug_dump(str(dot))
+                nodes = graph_launches(dot.read_text())
+    except Exception:  # not capturable, or no graph printed
+        nodes = 0
+    return nodes or _profiled_launches(call, values)  # a GPU call does launch something: 0 means not counted
+
+
+def _profiled_launches(call: Callable[[dict], object], values: dict) -> int | None:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        torch.cuda.synchronize()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle": one cycle here
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                call(values)
+                torch.cuda.synchronize()
+            return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    except Exception:
+        return None
+
+
+# ---------------------------------------------------------------- implementations
+
+
+def kernel_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
+    """A call with the plan's arguments that writes outputs into output arguments or returns them."""
+    return lambda values: kernel_outputs(plan, values, fn(**values))
+
+
+def reference_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
+    """A functional reference (its inputs are not copied: timing measures the reference alone)."""
+    return lambda values: reference_outputs(plan, fn, values, copy=False)
+
+
+def named_call(plan: Plan, path: str) -> Callable[[dict], dict] | str:
+    """A named baseline as a kernel-style call, or why it cannot run here (its package missing, a bad path)."""
+    try:
+        fn = import_object(path)
+    except Exception as exc:  # a package installed on another machine only: reported, never a crash
+        return f"{path} cannot be imported here: {type(exc).__name__}: {_first_line(exc)}"
+    if not callable(fn):
+        return f"{path} is not callable ({type(fn).__name__})"
+    return kernel_call(plan, fn)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def outside_contract(plan: Plan, name: str, spec: BenchSpec) -> str:
+    """Why a benchmark shape is outside the contract of the kernel or of a named baseline ("" when it is not):
+    that one is not timed on it."""
+    contract = plan.contract if name == "kernel" else plan.benchmark.contract(name)
+    why = contract.outside(plan.args, spec.sizes_dict, spec.dtype) if contract else ""
+    return f"outside {'the kernel' if name == 'kernel' else name}'s contract: {why}" if why else ""
+
+
+def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> dict[str, Callable | str]:
+    """Each implementation as a call, or the reason it is not run: the kernel, the built-in baselines, then the
+    plan's named baselines in plan order. With `spec`, the kernel and named baselines whose contract that shape is
+    outside are not run (the others are)."""
+    reference = plan.load_reference()
+    try:
+        kernel = kernel_call(plan, load_kernel(plan)) if device == "cuda" else CPU_KERNEL_REASON
+    except KernelUnavailable as exc:  # the plan tests vLLM's own kernel, which cannot be loaded here
+        kernel = str(exc)
+    impls: dict[str, Callable | str] = {"kernel": kernel}
+    for name in ("native", "compiled", "vllm"):
+        if name not in plan.benchmark.baselines:
+            impls[name] = "not in the plan's benchmark.baselines"
+        elif name == "native":
+            impls[name] = reference_call(plan, reference)
+        elif name == "compiled":
+            impls[name] = reference_call(plan, compiled_reference(reference, spec.shape if spec else None))
+        else:
+            fn = vllm_kernel(plan)
+            impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
+    for name, path in plan.benchmark.named:
+        impls[name] = named_call(plan, path)
+    for name in ("kernel", *(n for n, _ in plan.benchmark.named)):
+        impls[name] = (outside_contract(plan, name, spec) if spec else "") or impls[name]
+    return impls
+
+
+_compiled: dict = {}  # the compiled reference of the last shape benchmarked in this process
+
+
+def compiled_reference(reference: Callable, shape: tuple) -> Callable:
+    """The reference under torch.compile, specialised to one shape (Inductor at its best, as vLLM's
+    compile_sizes get it). Items of one shape follow each other (eager, then cuda_graph), so they share one
+    compilation; a new shape starts afresh (dynamo.reset), so dynamo's recompile limit never sends it to eager."""
+    key = (reference, shape)
+    if key not in _compiled:
+        torch._dynamo.reset()
+        _compiled.clear()
+        _compiled[key] = torch.compile(reference, fullgraph=True, dynamic=False)
+    return _compiled[key]
+
+
+# Processes that compile the benchmark shapes side by side before the first item is timed (precompile).
+PRECOMPILE_PROCESSES = 8
+PRECOMPILE_TIMEOUT_S = 300.0
+
+
+def _precompile_shape(plan_path: str, spec: BenchSpec, device: str) -> None:
+    """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
+    plan = load_plan(plan_path)
+    values = input_sets(plan, spec, device)[0]
+    if "compiled" in plan.benchmark.baselines:
+        reference_call(plan, compiled_reference(plan.load_reference(), spec.shape))(values)
+    if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
+        kernel_call(plan, load_kernel(plan))(values)
+        torch.cuda.synchronize()
+
+
+def precompile(plan_path: str, specs: list[BenchSpec], device: str = "cuda",
+               processes: int = PRECOMPILE_PROCESSES) -> str:
+    """Compile every benchmark shape's reference under Inductor, and the kernel under Triton, in `processes`
+    processes side by side before any item is timed, so that each item's own compilation finds Inductor's and
+    Triton's on-disk caches warm. plan.yaml on an H200: its 84 shapes' compiles took 51 s of the items' 123 s one
+    after another (8 s from warm caches); precompiled in 20.8 s, the run took 120 s against 128 s
+    (docs/performance.md).
+
+    Their autotuning shared the GPU, so the launch configurations Inductor's autotuner picked in them are deleted
+    again: each item's first call still autotunes, alone on the GPU, as it would without this step. A shape that
+    fails or runs past PRECOMPILE_TIMEOUT_S here compiles in its own item, which reports any error. The processes
+    are spawned (a CUDA context of their own each). Once every shape compiled, a stamp file in Inductor's cache
+    (named by _compile_key) lets later runs of the same shapes skip the step. Returns a line for the run's log."""
+    from concurrent.futures import ProcessPoolExecutor, wait
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    shapes = list({spec.shape: spec for spec in specs}.values())
+    if not shapes:
+        return "precompiled: nothing to compile"
+    stamp = Path(cache_dir()) / "harness-precompiled" / _compile_key(plan_path, [spec.shape for spec in shapes])
+    if stamp.exists():
+        return f"precompile skipped: an earlier run compiled these {len(shapes)} shapes into Inductor's cache ({stamp})"
+    start = time.time()
+    # Each process compiles one kernel at a time: the parallelism is across shapes, not Inductor's own pool per process.
+    saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    try:  # a spawning executor starts all its processes at the first submit, with this environment
+        pool = ProcessPoolExecutor(min(processes, len(shapes)), mp_context=multiprocessing.get_context("spawn"))
+        futures = [pool.submit(_precompile_shape, plan_path, spec, device) for spec in shapes]
+    finally:
+        if saved is None:
+            del os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
+        else:
+            os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
+    done, late = wait(futures, timeout=PRECOMPILE_TIMEOUT_S)
+    failed = sum(1 for f in done if f.exception() is not None)
+    if late:  # a kernel that hangs: the executor has no public way to end a running task
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+    for path in Path(cache_dir()).rglob("*.best_config"):
+        try:
+            if path.stat().st_mtime >= start:
+                path.unlink()
+        except FileNotFoundError:  # another run sharing the cache removed it first
+            pass
+    if not failed and not late:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(f"{plan_path}: {len(shapes)} shapes\n")
+    return (f"precompiled {len(shapes) - failed - len(late)} of {len(shapes)} shapes in {time.time() - start:.1f} s"
+            f" ({min(processes, len(shapes))} processes)")
+
+
+def _compile_key(plan_path: str, shapes: list[tuple]) -> str:
+    """What the compiled references depend on: the plan, the reference's source file, the shapes, the software, the
+    GPU and Inductor's settings. The kernel is left out: a kernel being edited compiles in its items (seconds), while
+    the unchanged references stay compiled (precompiling warm caches still costs 15-20 s of process starts)."""
+    try:
+        source = Path(inspect.getsourcefile(import_object(load_plan(plan_path).reference)) or "").read_text()
+    except (TypeError, OSError):  # a builtin, or no file
+        source = ""
+    digest = hashlib.sha256()
+    for part in (Path(plan_path).read_text(), source, repr(sorted(shapes)), torch.__version__,
+                 package_version("triton"), detect().sm, detect().gpu,
+                 repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")))):
+        digest.update(f"{part}\0".encode())
+    return digest.hexdigest()[:32]
+
+
+def _captured(call: Callable[[dict], dict], values: dict) -> dict:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = call(values)
+    graph.replay()
+    torch.cuda.synchronize()
+    return outs
+
+
+@dataclass
+class CheckInputs:
+    """One item's fresh inputs (never timed on) and the reference's outputs on them, shared by its implementations."""
+    values: dict
+    expected: dict
+
+    @classmethod
+    def build(cls, plan: Plan, spec: BenchSpec, device: str) -> CheckInputs:
+        values = input_sets(plan, spec, device, 1, seed=CHECK_SEED)[0]
+        return cls(values, reference_outputs(plan, plan.load_reference(), values))
+
+    def fresh(self) -> dict:
+        """A copy of the inputs for one implementation (kernels may write into them)."""
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
+
+
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
+    """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break)."""
+    values = inputs.fresh()
+    actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
+    try:
+        for name in plan.outputs:
+            compare_judged(plan, plan.load_reference(), spec.dtype, None, name, actual[name],
+                           inputs.expected[name], values, False)
+    except Mismatch as exc:
+        return f"{WRONG_AFTER_TIMING}: {exc}"
+    return None
+
+
+# ---------------------------------------------------------------- figures
+
+
+def speedup(baseline: ImplFigures, kernel: ImplFigures, noise_floor: float = NOISE_FLOOR) -> Speedup:
+    """Baseline time over kernel time (> 1: the kernel is faster), with an interval from the q20/q80 spreads.
+
+    The interval is at least +-noise_floor around the value; a speedup whose interval spans 1.0 is
+    "no difference".
+    """
+    value = baseline.median_us / kernel.median_us
+    low = min(baseline.q20_us / kernel.q80_us, value / (1 + noise_floor))
+    high = max(baseline.q80_us / kernel.q20_us, value * (1 + noise_floor))
+    verdict = "faster" if low > 1 else "slower" if high < 1 else "no difference"
+    return Speedup(round(value, 3), round(low, 3), round(high, 3), verdict)
+
+
+def significant(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches) -> ImplFigures:
+    seconds = timing.median_us * 1e-6
+    gbps = nbytes / seconds / 1e9
+    return ImplFigures(
+        median_us=round(timing.median_us, 3), q20_us=round(timing.q20_us, 3), q80_us=round(timing.q80_us, 3),
+        gbps=significant(gbps), pct_copy_bw=significant(100 * gbps / copy_bw) if copy_bw else None,
+        tflops=significant(flops / seconds / 1e12) if flops is not None else None,
+        launches=launches, samples=len(timing.samples_us),
+        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None)
+
+
+def base_record(spec: BenchSpec) -> BenchRecord:
+    return BenchRecord(spec.phase, spec.dtype, spec.sm, spec.graph_mode, spec.num_tokens, spec.sizes_dict)
+
+
+def not_run_record(spec: BenchSpec, reason: str) -> BenchRecord:
+    """The record of an item this machine does not run: every implementation and speedup says why."""
+    rec = base_record(spec)
+    rec.impls = {name: ImplFigures(not_run=reason) for name in spec.impls}
+    rec.speedup = {name: Speedup(not_run=reason) for name in spec.impls[1:]}
+    return rec
+
+
+@dataclass
+class BenchOutcome:
+    record: BenchRecord
+    timings: dict[str, Timing] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    fatal: bool = False  # the device context is unusable: the worker is replaced
+
+
+# Launches per call, per (plan, implementation, shape): the same in both graph modes, so counted once.
+_launches: dict[tuple, int | None] = {}
+
+
+@lru_cache(maxsize=8)
+def _plan_as_of(plan_path: str, mtime_ns: int) -> Plan:
+    return load_plan(plan_path)
+
+
+def prepare_benchmarks(plan_path: str) -> None:
+    """What a benchmark process loads before its first item, while other work goes on (Worker.start): the plan, the
+    CUDA context, the kernel's module, vLLM's ops library (about 7 s on an H200 machine) and torch.compile's."""
+    plan = _plan_as_of(plan_path, os.stat(plan_path).st_mtime_ns)
+    implementations(plan, detect().device)
+
+
+def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
+    """Time every implementation of one benchmark item and check its result; returns the results record."""
+    # Parsed once per process and plan version, not per item (10 ms each, 1.7 s of plan.yaml's 168 items).
+    plan, device = _plan_as_of(plan_path, os.stat(plan_path).st_mtime_ns), detect().device
+    graph = spec.graph_mode == "cuda_graph"
+    sizes = spec.sizes_dict
+    copy_bw = copy_bandwidth_gbps(device)
+    l2 = l2_cache_bytes(device)
+    inputs = CheckInputs.build(plan, spec, device)
+    working_set = working_set_bytes(inputs.values)
+    sets = input_sets(plan, spec, device, rotation_count(working_set, l2))
+    rec = base_record(spec)
+    rec.copy_bw_gbps, rec.l2_bytes, rec.working_set_bytes, rec.rotated_sets = \
+        significant(copy_bw), l2, working_set, len(sets)
+    outcome = BenchOutcome(rec)
+    flops = flops_done(plan, spec.dtype, spec.num_tokens, sizes)
+    for name, call in implementations(plan, device, spec).items():
+        if isinstance(call, str):
+            rec.impls[name] = ImplFigures(not_run=call)
+            continue
+        try:
+            timing = time_calls(call, sets, device, graph)
+            # The reference eager on the check's inputs is what it is checked against: nothing to check there.
+            mismatch = check(plan, spec, call, inputs) if name != "native" or graph else None
+        except Exception as exc:  # one implementation failing must not hide the others' figures
+            message = f"{type(exc).__name__}: {_first_line(exc)}"
+            outcome.fatal = outcome.fatal or device_poisoned(message, device)
+            if name == "kernel" or outcome.fatal:
+                rec.impls[name] = ImplFigures(error=message)
+                outcome.failures[name] = message
+            else:  # a baseline that cannot run in this mode (e.g. a reference that syncs the host under capture)
+                rec.impls[name] = ImplFigures(not_run=f"raised {message}")
+            continue
+        returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
+        nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
+        key = (plan_path, name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
+        if device == "cuda" and key not in _launches:
+            _launches[key] = count_launches(call, sets[0])
+        launches = _launches.get(key)
+        rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches)
+        rec.timer = timing.timer
+        outcome.timings[name] = timing
+        if mismatch and name == "kernel":
+            rec.impls[name].error = mismatch
+            outcome.failures[name] = mismatch
+        elif mismatch:
+            # A baseline is what a deployment runs instead (Inductor fuses away the reference's intermediate
+            # roundings): its timing stands, and the report says where its outputs differ.
+            rec.impls[name].differs = mismatch
+    kernel = rec.impls["kernel"]
+    for name in [n for n in rec.impls if n != "kernel"]:  # every baseline, named ones included
+        base = rec.impls[name]
+        if kernel.timed and base.timed:
+            rec.speedup[name] = speedup(base, kernel)
+        else:
+            why = kernel.not_run or kernel.error or base.not_run or base.error
+            rec.speedup[name] = Speedup(not_run=f"{'kernel' if not kernel.timed else name}: {why}")
+    del sets, inputs
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return outcome
+
+
+def skip_reason(plan: Plan, spec: BenchSpec, hw: Hardware, max_cpu_ranks: int = 4) -> str:
+    """Why this machine does not time this spec ("" if it does)."""
+    if spec.sm not in plan.matrix["sm"]:
+        return f"the plan's matrix.sm does not list {spec.sm}"
+    decision = decide(plan, spec.cell(), hw, max_cpu_ranks)
+    if decision.kind == "xfail":
+        return f"not timed: {decision.reason}"
+    if decision.kind != "run":
+        return decision.reason
+    return outside_contract(plan, "kernel", spec)  # nothing to decide where the kernel cannot run

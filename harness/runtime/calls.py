@@ -1,0 +1,43 @@
+"""The call adapter: one kernel call's outputs, and the reference's, by the names in the plan's `op.outputs`.
+
+A kernel writes outputs into its arguments (output buffers, mutated inputs) or returns them; a
+reference is functional (inputs in, every output returned in `op.outputs` order). Numerics cells,
+TP ranks, benchmarks and vLLM items all go through these three functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from harness.runtime.numerics import Mismatch
+from harness.spec.plan import Plan
+
+
+def kernel_outputs(plan: Plan, values: dict, returned: Any) -> dict:
+    """The op's outputs after a kernel call: returned ones from `returned`, the rest from its arguments."""
+    names = plan.returned_outputs
+    got = returned if isinstance(returned, tuple) else (returned,)
+    return {name: (got[names.index(name)] if names.index(name) < len(got) else None) if name in names
+            else values[name] for name in plan.outputs}
+
+
+def reference_inputs(plan: Plan, values: dict, copy: bool = True) -> dict:
+    """The reference's keyword arguments: every input (output buffers left out), copied unless `copy` is off."""
+    return {a.name: values[a.name].clone() if copy and isinstance(values[a.name], torch.Tensor) else values[a.name]
+            for a in plan.args if a.role != "output"}
+
+
+def reference_outputs(plan: Plan, reference: Callable, values: dict, copy: bool = True) -> dict:
+    """Run the functional reference (on copies of the inputs, so the kernel's inputs stay as drawn)."""
+    ref = reference(**reference_inputs(plan, values, copy))
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    if len(ref) != len(plan.outputs):
+        raise Mismatch(f"the reference returned {len(ref)} values; op.outputs names {len(plan.outputs)}")
+    return dict(zip(plan.outputs, ref))
+
+
+def kernel_args(plan: Plan, values: dict) -> list:
+    """The kernel's arguments in call order."""
+    return [values.get(a.name) for a in plan.args]

@@ -1,0 +1,327 @@
+"""Input generation: hypothesis draws the shape of one call, a seeded torch.Generator fills it.
+
+Hypothesis only ever sees small integers and choices (token counts, sizes, layouts, a value
+scale, a seed), so failures shrink to a small shape and replay from the example database; the
+tensors themselves are built on the device from the drawn seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from hypothesis import strategies as st
+
+from harness.runtime.batches import Batch, draw_batch
+from harness.spec.matrix import Cell
+from harness.spec.expressions import evaluate
+from harness.spec.plan import STRUCTURED_INITS, Arg, Plan, SizeSpec, import_object
+
+TORCH_DTYPES = {
+    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
+    "fp8_e4m3fn": getattr(torch, "float8_e4m3fn", None), "fp8_e4m3fnuz": getattr(torch, "float8_e4m3fnuz", None),
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "float64": torch.float64, "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "float8_e4m3fnuz": torch.float8_e4m3fnuz,
+    # the platform's fp8: ROCm's CDNA GPUs use the fnuz variant
+    "fp8": torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn,
+}
+DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol
+VALUE_SCALES = ("normal", "tiny", "large", "outliers", "zero_rows")
+# Largest magnitude drawn per scale; "large" stays inside fp16's range after squaring in fp32.
+_SCALE = {"normal": 1.0, "tiny": 1e-3, "large": 100.0, "outliers": 1.0, "zero_rows": 1.0}
+
+
+@dataclass(frozen=True)
+class Example:
+    """One drawn call: everything needed to rebuild its tensors exactly."""
+
+    num_tokens: int
+    sizes: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)  # arg name -> (layout, padding)
+    scale: str = "normal"
+    seed: int = 0
+    decode_tokens: int = 0  # chunked prefill: how many of num_tokens are decode tokens
+
+    def layout(self, name: str) -> tuple[str, int]:
+        """(layout, padding) drawn for an argument; contiguous where none was drawn."""
+        return self.layouts.get(name, ("contiguous", 0))
+
+    def shape_key(self) -> tuple:
+        """Everything but the token count, the data and the seed: what a compiled graph may specialise on."""
+        return tuple(sorted(self.sizes.items())), tuple(sorted(self.layouts.items()))
+
+    def describe(self) -> str:
+        parts = [f"num_tokens={self.num_tokens}"]
+        if self.decode_tokens:
+            parts.append(f"(decode {self.decode_tokens} + prefill {self.num_tokens - self.decode_tokens})")
+        parts += [f"{k}={v}" for k, v in sorted(self.sizes.items())]
+        parts += [f"{k}:{lay}" + (f"+{pad}" if pad else "") for k, (lay, pad) in sorted(self.layouts.items())]
+        parts += [f"scale={self.scale}", f"seed={self.seed}"]
+        return " ".join(parts)
+
+
+def token_cap(plan: Plan, sizes: dict, device: str) -> int | None:
+    """On CPU, the most tokens whose activations fit the plan's element budget (None: no cap)."""
+    if device != "cpu":
+        return None
+    per_token = max((_per_token_elements(a, sizes) for a in plan.tensor_args), default=1)
+    return max(1, plan.numerics.cpu_element_budget // max(per_token, 1))
+
+
+def _per_token_elements(arg: Arg, sizes: dict) -> int:
+    """Elements per token of a tensor with a num_tokens dimension (dims of the batch's own symbols excluded)."""
+    if not any(d.symbol == "num_tokens" for d in arg.shape):
+        return 0
+    n = 1
+    for d in arg.shape:
+        if d.symbol != "num_tokens" and d.names <= set(sizes):
+            n *= d.size(sizes)
+    return n
+
+
+def context_cap(plan: Plan, sizes: dict, device: str) -> int:
+    """The longest context a batch may reach: numerics.max_model_len, RoPE's max_position, and on CPU the budget
+    (a paged cache holds every context token of every sequence)."""
+    cap = min(plan.numerics.max_model_len, sizes.get("max_position", plan.numerics.max_model_len))
+    if device == "cpu":
+        block = sizes.get("block_size", DEFAULT_BLOCK_SIZE)
+        per_block = max((math.prod(d.size(sizes) for d in a.shape if d.names <= set(sizes))
+                         for a in plan.tensor_args if any(d.symbol == "num_blocks" for d in a.shape)), default=0)
+        if per_block:
+            cap = min(cap, max(block, plan.numerics.cpu_element_budget * block // per_block // 8))
+    return cap
+
+
+# ---------------------------------------------------------------- strategies
+
+
+@st.composite
+def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_sizes: bool = True, low: int = 1,
+                high: int | None = None) -> int:
+    """A size the plan names, or an awkward one (an odd multiple of `multiple_of`: not a power of two) up to the
+    plan's largest; both within [low, high], a kernel's contract."""
+    bottom = max(0, -(-(low - multiple_of) // (2 * multiple_of)))  # the smallest k with (2k + 1) * m >= low
+    top = max(choices) // (2 * multiple_of)
+    if high is not None:
+        top = min(top, (high // multiple_of - 1) // 2)
+    awkward = st.integers(bottom, top).map(lambda k: (2 * k + 1) * multiple_of)
+    inside = [c for c in choices if c % multiple_of == 0 and c >= low and (high is None or c <= high)]
+    planned = st.sampled_from(inside or [-(-low // multiple_of) * multiple_of])
+    return draw(st.one_of(planned, awkward) if awkward_sizes and bottom <= top else planned)
+
+
+def _fits(v: int, spec: SizeSpec, drawn: dict) -> bool:
+    return ((spec.divides not in drawn or drawn[spec.divides] % v == 0)
+            and (spec.at_most not in drawn or v <= drawn[spec.at_most]))
+
+
+def sizes_fit(plan: Plan, sizes: dict[str, int]) -> bool:
+    """Whether one combination of sizes meets the constraints between them (divides, at_most)."""
+    return all(_fits(v, plan.size_specs[sym], sizes) for sym, v in sizes.items())
+
+
+@st.composite
+def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
+    """Every size symbol, in an order where each constraint's other symbol comes first (divides, at_most)."""
+    drawn: dict[str, int] = {}
+    cpu_sizes = dict(plan.numerics.cpu_sizes) if device == "cpu" else {}
+    pending = list(plan.sizes)
+    while pending:
+        sym = next(s for s in pending if all(o not in pending or o == s for o in
+                                             (plan.size_specs[s].divides, plan.size_specs[s].at_most)))
+        pending.remove(sym)
+        spec = plan.size_specs[sym]
+        # the kernel's contract narrows what is drawn: its multiples (row strides too) and its limits
+        step = math.lcm(spec.multiple_of, 2 if spec.even else 1, tp_multiple.get(sym, 1),
+                        plan.contract.size_step(sym, plan.args))
+        low, high = plan.contract.bounds(sym)
+        awkward = plan.numerics.awkward_sizes if spec.awkward is None else spec.awkward
+        values = cpu_sizes.get(sym, spec.values)
+        v = draw(size_values(values, step, awkward and not spec.divides, low, high), label=sym)
+        if not _fits(v, spec, drawn):  # the largest fitting size of the plan's, else of the step's multiples
+            candidates = [c for c in values if c % step == 0] or list(range(step, max(values) + 1, step))
+            fitting = [c for c in candidates if _fits(c, spec, drawn) and plan.contract.allows_size(sym, c, plan.args)]
+            fitting = fitting or [step]
+            v = max(fitting)
+        drawn[sym] = v
+    return drawn
+
+
+@st.composite
+def token_counts(draw, phase: str, plan: Plan, cap: int | None) -> tuple[int, int]:
+    """(num_tokens, decode_tokens) shaped the way vLLM's scheduler batches this phase."""
+    num = plan.numerics
+    top = num.max_num_batched_tokens if cap is None else min(cap, num.max_num_batched_tokens)
+    if phase == "decode":  # one token per running sequence
+        return draw(st.integers(1, min(num.max_num_seqs, top))), 0
+    if phase == "prefill":  # long chunks; on a capped CPU run, as long as the cap allows
+        low = min(num.prefill_tokens[0], top)
+        return draw(st.integers(low, min(num.prefill_tokens[1], top))), 0
+    # chunked prefill: decode tokens and one prefill chunk, flattened into one batch
+    decode = draw(st.integers(1, max(1, min(num.max_num_seqs, top - 1))))
+    chunk = draw(st.integers(1, max(1, top - decode)))
+    return decode + chunk, decode
+
+
+@st.composite
+def layouts(draw, plan: Plan, sizes: dict) -> dict:
+    """Each input's (layout, row padding), within the kernel's contract: contiguous alone where it says so, and
+    rows a multiple of the contract's row stride apart (a tensor whose width is not one is drawn padded to it)."""
+    contract = plan.contract
+    strides = dict(contract.row_stride_multiple_of)
+    chosen = {}
+    for arg in plan.args:
+        if arg.is_tensor and arg.role == "input" and len(arg.layouts) > 0:
+            allowed = contract.layouts(arg)
+            layout = draw(st.sampled_from(allowed))
+            pad = draw(st.integers(1, 64)) if layout == "strided" else 0
+            if arg.name in strides:
+                width, n = arg.shape[-1].size(sizes), strides[arg.name]
+                if layout == "contiguous" and width % n and "strided" in allowed:
+                    layout = "strided"
+                pad += -(width + pad) % n if layout == "strided" else 0
+            chosen[arg.name] = (layout, pad)
+    return chosen
+
+
+def within_contract(plan: Plan, ex: Example) -> bool:
+    """Whether the kernel's contract lets the harness draw this example (a candidate of a shrink may not be)."""
+    contract = plan.contract
+    if not all(contract.allows_size(sym, v, plan.args) for sym, v in ex.sizes.items()):
+        return False
+    strides = dict(contract.row_stride_multiple_of)
+    for name, (layout, pad) in ex.layouts.items():
+        arg = plan.arg(name)
+        if layout not in contract.layouts(arg):
+            return False
+        if name in strides and (arg.shape[-1].size(ex.sizes) + pad) % strides[name]:
+            return False
+    return True
+
+
+@st.composite
+def examples(draw, plan: Plan, cell: Cell, device: str, tp_multiple: dict | None = None) -> Example:
+    """One call of the op for this cell. `tp_multiple` maps size symbols to the multiple TP sharding needs."""
+    sizes = draw(sizes_for(plan, tp_multiple or {}, device))
+    cap = token_cap(plan, sizes, device)
+    num_tokens, decode_tokens = draw(token_counts(cell.phase, plan, cap), label="tokens")
+    return Example(
+        num_tokens=num_tokens, decode_tokens=decode_tokens, sizes=sizes,
+        layouts=draw(layouts(plan, sizes), label="layouts"),
+        scale=draw(st.sampled_from(VALUE_SCALES), label="scale"),
+        seed=draw(st.integers(0, 2**31 - 1), label="seed"),
+    )
+
+
+# ---------------------------------------------------------------- tensors
+
+
+def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
+    """The op's keyword arguments for one example, outputs poisoned, in the plan's call order."""
+    gen = torch.Generator(device=device).manual_seed(ex.seed)
+    act = TORCH_DTYPES[cell.dtype]
+    batch = batch_of(plan, cell, ex, device)
+    sizes = {**ex.sizes, **batch.symbols(), "num_tokens": ex.num_tokens}
+    values = {}
+    for arg in plan.args:
+        if not arg.is_tensor:
+            values[arg.name] = int(evaluate(arg.value_expr, sizes)) if arg.value_expr else arg.value
+            continue
+        dtype = act if arg.dtype == "act" else TORCH_DTYPES[arg.dtype]
+        shape = [d.size(sizes) for d in arg.shape]
+        if arg.role == "output":
+            values[arg.name] = poisoned(shape, dtype, device)
+            continue
+        data = _structured(arg, batch, device) if arg.init in STRUCTURED_INITS else \
+            _fill(arg, shape, dtype, ex.scale, gen, device, sizes)
+        values[arg.name] = in_layout(data.to(dtype).reshape(shape), *ex.layout(arg.name))
+    if plan.generate:  # the plan's own generator: any input it returns replaces the built one
+        values.update(import_object(plan.generate)(values, plan=plan, cell=cell, example=ex, sizes=sizes,
+                                                   generator=gen, device=device))
+    return values
+
+
+def batch_of(plan: Plan, cell: Cell, ex: Example, device: str) -> Batch:
+    """The sequences behind the example (positions, lengths, block tables all come from it)."""
+    block = ex.sizes.get("block_size", DEFAULT_BLOCK_SIZE)
+    return draw_batch(cell.phase, ex.num_tokens, ex.decode_tokens, ex.seed, context_cap(plan, ex.sizes, device), block)
+
+
+def _structured(arg: Arg, batch: Batch, device) -> torch.Tensor:
+    data = {"positions": batch.positions, "seq_lens": lambda: list(batch.context_lens),
+            "query_start_loc": batch.query_start_loc, "slot_mapping": batch.slot_mapping,
+            "block_tables": lambda: [list(t) for t in batch.block_tables]}[arg.init]()
+    return torch.tensor(data, dtype=torch.int64, device=device)
+
+
+def poison_value(dtype: torch.dtype) -> float | int:
+    """What unwritten memory holds: NaN, or the largest integer (no valid index or count is that large)."""
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """An output buffer whose unwritten elements cannot pass a comparison."""
+    if dtype.is_floating_point and dtype.itemsize == 1:  # fp8: filled through fp32 (fill_ has no fp8 kernel on CPU)
+        return torch.full(shape, float("nan"), device=device).to(dtype)
+    if dtype == torch.bool:
+        return torch.ones(shape, dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device).fill_(poison_value(dtype))
+
+
+def in_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
+    """`t` in a drawn layout. Strided: a copy inside a buffer `pad` elements wider in the last dimension, as a
+    slice of a fused QKV or gate_up output is; the padding is poisoned, so a kernel reading it fails."""
+    if layout != "strided" or t.dim() < 2:
+        return t
+    buf = poisoned(list(t.shape[:-1]) + [t.shape[-1] + pad], t.dtype, t.device)
+    view = buf[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def _fill(arg: Arg, shape, dtype, scale: str, gen, device, sizes: dict) -> torch.Tensor:
+    full = list(shape)
+    if arg.init == "integers":  # [low, high) with bounds from the sizes
+        low, high = (int(evaluate(b, sizes)) for b in arg.init_args)
+        return torch.randint(low, max(high, low + 1), full, generator=gen, device=device)
+    if arg.init == "cos_sin_cache":  # RoPE's table: [max_position, rotary_dim], cos then sin
+        positions, rot = full[0], full[-1]
+        inv_freq = 1.0 / arg.init_args["base"] ** (torch.arange(0, rot, 2, device=device, dtype=torch.float64) / rot)
+        freqs = torch.outer(torch.arange(positions, device=device, dtype=torch.float64), inv_freq)
+        return torch.cat([freqs.cos(), freqs.sin()], dim=-1)[:, :rot].float()
+    if arg.init == "uniform" and arg.init_args:
+        low, high = (float(evaluate(b, sizes)) for b in arg.init_args)
+        return low + (high - low) * torch.rand(full, generator=gen, device=device)
+    if arg.init == "ones":
+        return torch.ones(full, device=device)
+    if dtype == torch.bool:
+        return torch.rand(full, generator=gen, device=device) < 0.5
+    if arg.init == "zeros":
+        data = torch.zeros(full, device=device)
+    elif arg.init == "uniform":
+        data = torch.rand(full, generator=gen, device=device)
+    elif arg.init == "around_one":  # weights of a norm layer sit near 1
+        data = 1.0 + 0.1 * torch.randn(full, generator=gen, device=device)
+    else:
+        data = torch.randn(full, generator=gen, device=device) * _SCALE[scale]
+        if scale == "outliers" and data.numel():
+            idx = torch.randint(0, data.numel(), (max(1, data.numel() // 100),), generator=gen, device=device)
+            data.view(-1)[idx] *= 300.0
+        if scale == "zero_rows" and data.dim() > 1 and data.shape[0]:
+            rows = torch.rand(data.shape[0], generator=gen, device=device) < 0.5
+            data[rows] = 0.0
+    if dtype.is_floating_point:
+        if dtype.itemsize == 1:  # fp8 inputs: saturate as a quantizer does, never overflow to NaN
+            data = data.clamp(torch.finfo(dtype).min, torch.finfo(dtype).max)
+        data = data.to(dtype)
+    else:
+        info = torch.iinfo(dtype)
+        data = data.mul(16).round().clamp(info.min, info.max).to(dtype)
+    return data
+
+
+def clone_args(values: dict) -> dict:
+    """Copies of the tensor arguments (scalars as they are): the reference runs on these."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}

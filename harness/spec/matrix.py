@@ -1,0 +1,141 @@
+"""The matrix: every phase x dtype x tp x graph_mode x sm cell of a plan, and what happens to it here.
+
+Each cell gets exactly one decision before it runs: run it, run it expecting failure, skip it
+because the plan excludes it, or skip it because this machine cannot run it ("not run here").
+A run may then run only a pairwise sample of the cells it can run (pairwise_sample; harness.plugin.session
+decides when).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import Counter
+from dataclasses import dataclass
+
+from harness.spec.hardware import Hardware
+from harness.spec.plan import AXES, Plan
+from harness.spec.status import Status
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    phase: str
+    dtype: str
+    tp: int
+    graph_mode: str
+    sm: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.phase}-{self.dtype}-tp{self.tp}-{self.graph_mode}-{self.sm}"
+
+    def axes(self) -> dict:
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    @classmethod
+    def from_id(cls, cell_id: str) -> "Cell":
+        phase, dtype, tp, graph_mode, sm = cell_id.split("-")
+        return cls(phase, dtype, int(tp.removeprefix("tp")), graph_mode, sm)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """RUN and XFAIL execute; EXCLUDED and NOT_RUN are skipped with their reason."""
+
+    kind: str
+    reason: str = ""
+
+
+RUN, XFAIL, EXCLUDED, NOT_RUN = "run", "xfail", Status.EXCLUDED.value, Status.NOT_RUN.value
+# Graph modes a benchmark times (torch_compile is a numerics mode: its timing is the eager kernel's).
+BENCH_GRAPH_MODES = ("eager", "cuda_graph")
+
+
+def bench_graph_modes(plan: Plan) -> list[str]:
+    """The plan's graph modes that benchmarks time, else eager."""
+    return [m for m in BENCH_GRAPH_MODES if m in plan.matrix["graph_mode"]] or ["eager"]
+
+
+def expand(plan: Plan) -> list[Cell]:
+    m = plan.matrix
+    return [Cell(*values) for values in itertools.product(m["phase"], m["dtype"], m["tp"], m["graph_mode"], m["sm"])]
+
+
+def excluded_by(plan: Plan, cell: Cell) -> str | None:
+    """The plan's reason when an exclude rule matches the cell, or its dtype is not one the kernel's contract
+    supports (on every machine)."""
+    rule = next((r for r in plan.excludes if r.matches(cell.axes())), None)
+    if rule:
+        return f"excluded by the plan (line {rule.line}): {rule.why}"
+    contract = plan.contract
+    if contract.dtypes and cell.dtype not in contract.dtypes:
+        why = f" ({contract.why})" if contract.why else ""
+        return f"outside the kernel's contract (line {contract.line}): dtypes {', '.join(contract.dtypes)}{why}"
+    return None
+
+
+def decide(plan: Plan, cell: Cell, hw: Hardware, max_cpu_ranks: int) -> Decision:
+    excluded = excluded_by(plan, cell)
+    if excluded:
+        return Decision(EXCLUDED, excluded)
+    why_not = not_runnable_here(cell, hw, max_cpu_ranks)
+    if why_not:
+        return Decision(NOT_RUN, why_not)
+    for rule in plan.expects:
+        if rule.matches(cell.axes()):
+            return Decision(XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
+    return Decision(RUN)
+
+
+def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
+    """Why this machine cannot run the cell ("" if it can). These cells are 'not run here', not unsupported."""
+    if cell.sm != hw.sm:
+        return f"needs {cell.sm}; this machine is {hw.sm}" + (f" ({hw.gpu})" if hw.has_cuda else "")
+    if cell.graph_mode in ("cuda_graph", "memcheck") and not hw.has_cuda:
+        return f"{cell.graph_mode} needs a CUDA device; this machine has none"
+    if cell.graph_mode == "memcheck" and cell.tp > 1:
+        return "memcheck runs one process under compute-sanitizer: tp1 only"
+    if cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda and not hw.sm.startswith("gfx"):
+        return f"fp8_e4m3fnuz is the ROCm fp8 format; this machine is {hw.sm}"
+    if cell.tp > 1:
+        if hw.has_cuda and cell.tp > hw.device_count:
+            return f"needs {cell.tp} GPUs; this machine has {hw.device_count}"
+        if not hw.has_cuda and cell.tp > max_cpu_ranks:
+            return f"needs {cell.tp} ranks; CPU runs allow at most {max_cpu_ranks} (--max-cpu-ranks)"
+    return ""
+
+
+def cost(cell: Cell) -> int:
+    """A cell's rough price, for choosing between cells that cover as much: one process per rank, each doing twice
+    the work outside eager mode (compiling, capturing, or running under compute-sanitizer)."""
+    return cell.tp * (1 if cell.graph_mode == "eager" else 2)
+
+
+def pairwise_sample(cells: list[Cell], seed: str, tries: int = 32) -> list[Cell]:
+    """A few of `cells` such that every pair of axis values found together in one of `cells` (decode with bf16,
+    bf16 with tp2, tp2 with torch_compile, ...) is found together in a chosen one; so every axis value is chosen
+    too. Axes with one value among `cells` (this machine's SM) are left out of the pairs, or they would favour cells
+    unlike the ones chosen over an even spread. Greedy: the cell covering the most pairs not covered yet, until none
+    is left; ties go to the cheaper cell (`cost`), then by a hash of `seed` and the cell's id. One greedy run often
+    misses the smallest sample, so `tries` tie orders are tried and the smallest, then cheapest, sample kept (the
+    first such; it stops early at the bound no sample can beat: the count of one axis pair's value pairs). The same
+    cells and seed always give the same sample, in the order of `cells`."""
+    varying = [a for a in AXES if len({getattr(c, a) for c in cells}) > 1]
+    size = min(2, len(varying))  # with one varying axis: each of its values; with none: any one cell
+    covers = {c: set(itertools.combinations([(a, getattr(c, a)) for a in varying], size)) for c in cells}
+    everything = set().union(*covers.values())
+    bound = max(Counter(tuple(a for a, _ in item) for item in everything).values(), default=0)
+    best: list[Cell] | None = None
+    for attempt in range(tries):
+        rank = {c: hashlib.sha256(f"{seed}/{attempt}/{c.id}".encode()).hexdigest() for c in cells}
+        todo, chosen = set(everything), []
+        while todo:
+            pick = max((c for c in cells if c not in chosen), key=lambda c: (len(covers[c] & todo), -cost(c), rank[c]))
+            chosen.append(pick)
+            todo -= covers[pick]
+        if best is None or (len(chosen), sum(map(cost, chosen))) < (len(best), sum(map(cost, best))):
+            best = chosen
+        if len(best) <= bound:
+            break
+    return [c for c in cells if c in (best or ())]

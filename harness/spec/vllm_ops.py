@@ -1,0 +1,335 @@
+"""The vLLM ops the harness knows, as data: one description per op, and every name derived from it.
+
+Each description says where the op lives in vLLM (its layer class and CustomOp registry name, its
+vLLM IR op, its in-tree `torch.ops._C` kernel and that kernel's schema), which tolerances vLLM IR
+checks it with, how one kernel call maps onto a call of vLLM's layer, and which plugin template
+(`harness/integration/plugins/<op>.py`, a real Python module) ships a kernel for it. Adding a vLLM op means
+adding one description here and one template there.
+
+The names a deployment types come from here too, so the report, the generated plugin and the
+integration items cannot disagree:
+- `+<custom_op>` in `compilation_config.custom_ops` turns on vLLM's own kernel for the layer;
+- `+<LayerClass>` turns on an out-of-tree replacement (`CustomOp.register_oot` renames it to the
+  in-tree class name, so `+<custom_op>` no longer reaches it);
+- the IR provider name goes into `--ir-op-priority`.
+
+`profile_setting` gives the setting for each decision the report makes, per vLLM profile: with Inductor
+(vLLM's default: forward_native compiled by Inductor, IR priority `["native"]`, custom_ops `none`) and
+without it (vLLM's default: vLLM's own kernels, IR priority `["vllm_c", "native"]`, custom_ops `all`).
+
+Plain Python: nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from harness.spec.plan import Plan, Tolerance
+from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
+
+TEMPLATES = Path(__file__).parents[1] / "integration" / "plugins"
+
+
+def _rms_norm_layer(out, x, weight, eps):
+    return {"hidden_size": x.shape[-1], "eps": eps, "dtype": weight.dtype}, {"weight": weight}, (x,)
+
+
+def _fused_add_rms_norm_layer(x, residual, weight, eps):
+    return {"hidden_size": x.shape[-1], "eps": eps, "dtype": weight.dtype}, {"weight": weight}, (x, residual)
+
+
+def _silu_and_mul_layer(out, x):
+    return {}, {}, (x,)
+
+
+@dataclass(frozen=True)
+class VllmOp:
+    """One vLLM op whose in-tree kernel follows the calling convention of the plan's kernel."""
+
+    name: str
+    layer: str  # vLLM's layer class that runs it, as an import path
+    custom_op: str  # the layer's in-tree CustomOp registry name
+    ir_op: str | None  # its vllm.ir op, None where vLLM has none
+    in_tree: str  # torch.ops._C.<in_tree>, described in harness.spec.vllm_schemas
+    # kernel args (in call order) -> (layer constructor kwargs, layer tensors, layer.forward args)
+    layer_call: Callable
+    # vLLM IR's tolerance for the op where it differs from the IR defaults (ir_tolerance below)
+    tolerance_overrides: dict[str, Tolerance] = field(default_factory=dict)
+    # per kernel arg (in call order), the template's supports_args parameter vLLM passes it as; None: not passed
+    # (an output the plugin allocates). The contract's checks are written on these (contract_checks).
+    supports_params: tuple[str | None, ...] = ()
+
+    @property
+    def layer_class(self) -> str:
+        return self.layer.rpartition(":")[2]
+
+    @property
+    def in_tree_flag(self) -> str:
+        """The custom_ops entry that turns on vLLM's own kernel for the layer."""
+        return f"+{self.custom_op}"
+
+    @property
+    def oot_flag(self) -> str:
+        """The custom_ops entry that turns on an out-of-tree replacement (renamed to the layer class)."""
+        return f"+{self.layer_class}"
+
+    @property
+    def template(self) -> Path:
+        return TEMPLATES / f"{self.name}.py"
+
+    @property
+    def in_tree_schema(self) -> str:
+        """The in-tree kernel's schema, as vLLM registers it."""
+        return VLLM_KERNELS[self.in_tree].schema
+
+
+# vLLM IR's default tolerances per dtype (vllm/ir/op.py); ops may override some.
+IR_DEFAULT_TOLERANCE = {"fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2)}
+_NORM_FP16 = {"fp16": Tolerance(1e-2, 2e-3)}  # 1 ulp where the weight product rounds
+
+VLLM_OPS = {op.name: op for op in (
+    VllmOp("rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "rms_norm", "rms_norm",
+           _rms_norm_layer, _NORM_FP16, supports_params=(None, "x", "weight", "epsilon")),
+    VllmOp("fused_add_rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "fused_add_rms_norm",
+           "fused_add_rms_norm", _fused_add_rms_norm_layer, _NORM_FP16,
+           supports_params=("x", "x_residual", "weight", "epsilon")),
+    VllmOp("silu_and_mul", "vllm.model_executor.layers.activation:SiluAndMul", "silu_and_mul", None,
+           "silu_and_mul", _silu_and_mul_layer, supports_params=(None, "x")),
+)}
+
+
+def vllm_op(plan: Plan) -> VllmOp | None:
+    """The vLLM op the plan's kernel replaces: by its IR op, its own name, then its CustomOp name."""
+    for key in (plan.vllm.ir_op, plan.name, plan.vllm.custom_op):
+        if key in VLLM_OPS:
+            return VLLM_OPS[key]
+    return None
+
+
+def unsupported(plan: Plan) -> str:
+    """Why the harness cannot put this plan's kernel into vLLM ("" when it can)."""
+    if plan.vllm_kernel:
+        return (f"the kernel is vLLM's own {VLLM_KERNELS[plan.vllm_kernel].call}, already in vLLM: no plugin, no "
+                "integration items")
+    op = vllm_op(plan)
+    if op is None:
+        return (f"the harness drives vLLM's {', '.join(sorted(VLLM_OPS))} only; the plan names none of them "
+                f"(vllm.ir_op, op.name, vllm.custom_op)")
+    if plan.vllm.layer and plan.vllm.layer != op.layer:
+        return f"vllm.layer names {plan.vllm.layer}; the harness drives {op.layer} for this op"
+    return ""
+
+
+def vllm_kernel_for(plan: Plan) -> VllmKernel | None:
+    """vLLM's compiled kernel for the plan's op: the one `op.kernel: vllm:<name>` names, else the one of the op's name
+    (or of the vLLM op it replaces)."""
+    if plan.vllm_kernel:
+        return VLLM_KERNELS[plan.vllm_kernel]
+    op = vllm_op(plan)
+    return next((k for k in VLLM_KERNELS.values() if plan.name in (k.name, k.in_tree)
+                 or op is not None and op.in_tree == k.in_tree), None)
+
+
+def baseline_unsupported(plan: Plan) -> str:
+    """Why vLLM's kernel cannot be the plan's `vllm` baseline ("" when it can): no kernel for the op, or the plan's
+    arguments do not map onto the kernel's schema through its adapter (VllmKernel.args)."""
+    kernel = vllm_kernel_for(plan)
+    if kernel is None:
+        return (f"vLLM has no compiled kernel the harness knows for {plan.name} (harness.spec.vllm_schemas: "
+                f"{', '.join(sorted(k.name for k in VLLM_KERNELS.values()))})")
+    if plan.vllm_kernel:
+        return f"the kernel is vLLM's own {kernel.call}"
+    missing = [n for n in kernel.args if not plan.has_arg(n)]
+    if missing:
+        return (f"{kernel.call} takes ({', '.join(kernel.args)}) from the plan's arguments; the plan has no "
+                f"{', '.join(missing)}")
+    bad = mismatches(kernel, [plan.arg(n) for n in kernel.args], plan.written_args)
+    if bad:
+        index, expected, found = bad[0]
+        where = "its arguments" if index is None else f"'{kernel.args[index]}'"
+        return f"the plan's {where} cannot be {kernel.call}'s: expected {expected}; found {found}"
+    return ""
+
+
+def ir_tolerance(plan: Plan, dtype: str) -> Tolerance | None:
+    """The tolerance vLLM IR checks this op with in `dtype`, or None where vLLM has no IR op for it."""
+    op = vllm_op(plan)
+    if op is None or op.ir_op is None or dtype not in IR_DEFAULT_TOLERANCE:
+        return None
+    return op.tolerance_overrides.get(dtype, IR_DEFAULT_TOLERANCE[dtype])
+
+
+# ---------------------------------------------------------------- the plugin and its names
+
+
+def provider_name(plan: Plan) -> str:
+    """The IR provider name the plugin registers and a deployment lists in --ir-op-priority."""
+    return plan.vllm.provider or re.sub(r"\W", "_", plan.name.lower()) + "_kernel"
+
+
+def plugin_module_name(plan: Plan) -> str:
+    return re.sub(r"\W", "_", plan.name.lower()) + "_vllm_plugin"
+
+
+def plugin_route(plan: Plan) -> str:
+    """The route the plugin registers through: the plan's, except that ops without an IR op take custom_op."""
+    op = vllm_op(plan)
+    return "ir" if plan.vllm.route == "ir" and (op is None or op.ir_op) else "custom_op"
+
+
+def plugin_entry_point(plan: Plan) -> str:
+    """The pyproject.toml lines that make vLLM load the plugin in every process."""
+    return f'[project.entry-points."vllm.general_plugins"]\n{plan.name} = "{plugin_module_name(plan)}:register"\n'
+
+
+# vLLM IR's provider names (vllm/ir/op.py reserves "native"; vllm/kernels/vllm_c.py registers vLLM's own kernels
+# as "vllm_c" for these ops, as of vLLM 0.32).
+NATIVE_PROVIDER, VLLM_C_PROVIDER = "native", "vllm_c"
+VLLM_C_IR_OPS = ("rms_norm", "fused_add_rms_norm")
+# What a deployment runs for the layer: the plan's kernel (through its plugin), vLLM's own kernel, forward_native.
+USES = ("kernel", "vllm", "native")
+VLLM_DEFAULT = "vLLM's default"
+
+
+def _ir_priority(ir_op: str, providers: list[str]) -> str:
+    return f"""--ir-op-priority '{{"{ir_op}": [{", ".join(f'"{p}"' for p in providers)}]}}'"""
+
+
+def _custom_ops(entries: list[str]) -> str:
+    return f"""--compilation-config '{{"custom_ops": [{", ".join(f'"{e}"' for e in entries)}]}}'"""
+
+
+def is_vllm_default(inductor: bool, use: str) -> bool:
+    """Whether vLLM already does this in the profile: native under Inductor, its own kernel without it."""
+    return use == ("native" if inductor else "vllm")
+
+
+def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
+    """The vLLM setting that makes the op's layer run `use` (USES) in a profile with or without Inductor; "" where
+    the harness cannot put the plan's kernel into vLLM (`unsupported`). The `kernel` settings need the plan's
+    plugin installed; the `vllm` and `native` settings assume it is not (its CustomOp would take the layer)."""
+    if use not in USES:
+        raise ValueError(f"use must be one of {', '.join(USES)}; got {use!r}")
+    op = vllm_op(plan)
+    if op is None or unsupported(plan):
+        return ""
+    if plugin_route(plan) == "ir":
+        has_vllm_c = op.ir_op in VLLM_C_IR_OPS
+        if use == "kernel":
+            # without Inductor, calls the kernel rejects (supports_args) fall back to vLLM's kernel, not native
+            fallback = [NATIVE_PROVIDER] if inductor or not has_vllm_c else [VLLM_C_PROVIDER, NATIVE_PROVIDER]
+            return _ir_priority(op.ir_op, [provider_name(plan), *fallback])
+        if use == "vllm":
+            return _ir_priority(op.ir_op, [VLLM_C_PROVIDER, NATIVE_PROVIDER]) if has_vllm_c else VLLM_DEFAULT
+        return _ir_priority(op.ir_op, [NATIVE_PROVIDER])
+    base = "none" if inductor else "all"
+    if use == "kernel":
+        return _custom_ops([base, op.oot_flag])
+    if use == "vllm":
+        return _custom_ops([base, op.in_tree_flag])
+    return _custom_ops([base] if inductor else [base, f"-{op.custom_op}"])
+
+
+def enable_setting(plan: Plan) -> str:
+    """How a deployment selects the kernel once the plugin is loaded (vLLM does not select it by itself)."""
+    op = vllm_op(plan)
+    if plugin_route(plan) == "ir":
+        return f"""--ir-op-priority '{{"{op.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
+    return f"""--compilation-config '{{"custom_ops": ["none", "{op.oot_flag}"]}}'"""
+
+
+# Lines of a template that rendering rewrites, by the marker comment that ends them.
+_MARKED = re.compile(r"^(?P<lhs>.*?)\s*# harness: (?P<what>\w+)$", re.M)
+# Cell dtypes as a plugin names them.
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3fn": "float8_e4m3fn",
+                 "fp8_e4m3fnuz": "float8_e4m3fnuz", "int8": "int8"}
+
+
+def contract_checks(plan: Plan, op: VllmOp) -> str:
+    """The statement that ends the plugin's supports_args: `return True`, or the kernel's contract (op.contract)
+    as checks on what vLLM passes, so that vLLM falls back on a call outside it. The template's own checks come
+    first, so these may assume what those establish (2-D rows, a weight)."""
+    contract = plan.contract
+    if contract.empty:
+        return "return True"
+    tensors = {a.name: a for a in plan.tensor_args}
+    passed = {a.name: p for a, p in zip(plan.args, op.supports_params) if p and a.is_tensor}
+
+    def size_of(sym: str) -> str | None:
+        """`sym` read off the shape of a tensor vLLM passes (None: none has it)."""
+        for name, param in passed.items():
+            shape = tensors[name].shape
+            for i, d in enumerate(shape):
+                if d.symbol == sym:
+                    dim = f"{param}.shape[{i - len(shape)}]"
+                    return dim if d.coeff == 1 else f"({dim} // {d.coeff})"
+        return None
+
+    checks, notes = [], []
+    for name in contract.contiguous:
+        if name in passed:
+            checks.append(f"{passed[name]}.is_contiguous()")
+        else:
+            notes.append(f"{name}: allocated contiguous by this plugin")
+    for name, n in contract.row_stride_multiple_of:
+        width = tensors[name].shape[-1]
+        if name in passed:
+            checks.append(f"{passed[name]}.stride(-2) % {n} == 0")
+        elif width.symbol and size_of(width.symbol):  # allocated contiguous by the plugin: rows are its width apart
+            factor = "" if width.coeff == 1 else f" * {width.coeff}"
+            checks.append(f"{size_of(width.symbol)}{factor} % {n} == 0")
+        elif width.symbol or width.coeff is None:
+            notes.append(f"{name}'s row stride: not checked here (no tensor vLLM passes has its width)")
+    for key, check in (("multiple_of", "{} % {} == 0"), ("at_least", "{} >= {}"), ("at_most", "{} <= {}")):
+        for sym, n in getattr(contract, key):
+            size = size_of(sym)
+            if size:
+                checks.append(check.format(size, n))
+            else:
+                notes.append(f"{sym} {key.replace('_', ' ')} {n}: not checked here (no tensor vLLM passes has it)")
+    if contract.dtypes:
+        act = next((p for name, p in passed.items() if tensors[name].dtype == "act"), None)
+        names = [f"torch.{_TORCH_DTYPES[d]}" for d in contract.dtypes]
+        if act:
+            checks.append(f"{act}.dtype in ({', '.join(names)}{',' if len(names) == 1 else ''})")
+        else:
+            notes.append(f"dtypes {', '.join(contract.dtypes)}: not checked here (no activation vLLM passes)")
+    why = f": {' '.join(contract.why.split())}" if contract.why else ""
+    lines = [f"# op.contract ({plan.path.name} line {contract.line}){why}", *(f"# {note}" for note in notes)]
+    lines.append("return (" + "\n        and ".join(checks) + ")" if checks else "return True")
+    return "\n".join(lines)
+
+
+def render_plugin(plan: Plan) -> str:
+    """The plan's vLLM general plugin: its op's template with the kernel, op name, provider and route filled in."""
+    why = unsupported(plan)
+    if why:
+        raise ValueError(f"{plan.path}: no vLLM plugin for this plan: {why}")
+    op = vllm_op(plan)
+    text = op.template.read_text()
+    module, _, attr = plan.kernel.partition(":")
+    values = {
+        "kernel": (f"from {module} import {attr} as kernel" if "." not in attr
+                   else f"import {module}  # noqa: E402\nkernel = {module}.{attr}"),
+        "op": f'OP = "{plan.op_qualname}"',
+        "provider": f'PROVIDER = "{provider_name(plan)}"',
+        "route": f'ROUTE = "{plugin_route(plan)}"',
+        "contract": contract_checks(plan, op),
+    }
+
+    def fill(m: re.Match) -> str:  # the marked line's own indentation on every line put in its place
+        indent = m["lhs"][: len(m["lhs"]) - len(m["lhs"].lstrip())]
+        return "\n".join(indent + line for line in values[m["what"]].split("\n"))
+
+    text = _MARKED.sub(fill, text)
+    note = "" if plugin_route(plan) == plan.vllm.route else \
+        f"\n(vllm.route is {plan.vllm.route}, but vLLM has no IR op for {plan.name}: the CustomOp route is used.)\n"
+    entry = plugin_entry_point(plan).strip().replace("\n", "\n    ")
+    doc = (f'"""vLLM general plugin: {op.layer_class} runs {plan.kernel} as {plan.op_qualname}.\n\n'
+           f"Generated from {plan.path.name} by the vllm-op-plan harness. vLLM loads it in every process\n"
+           f"through this entry point (pyproject.toml of the package that ships it):\n\n    {entry}\n\n"
+           f"Loading registers the kernel; a deployment selects it with\n    {enable_setting(plan)}\n{note}\"\"\"")
+    return re.sub(r'\A""".*?"""', lambda _: doc, text, count=1, flags=re.S)

@@ -1,0 +1,146 @@
+"""vLLM's own compiled kernels (`torch.ops._C.*`) as data: which kernel implements an op, and how to call it.
+
+One `VllmKernel` per kernel: its `torch.ops._C` name, its schema as vLLM 0.26.0 registers it
+(csrc/torch_bindings.cpp; the light ops in csrc/libtorch_stable/torch_bindings.cpp, built as
+`_C_stable_libtorch.abi3.so`), and `args`, the adapter from a plan's keyword arguments to vLLM's
+positional ones: the plan argument passed for each schema parameter, as the bundled plan of that op
+names it. Two uses:
+
+- the `vllm` benchmark baseline of a plan (harness.runtime.vllm_kernels.vllm_kernel) calls vLLM's kernel with
+  the plan's arguments picked by `args`;
+- a plan whose `op.kernel` is `vllm:<name>` tests vLLM's kernel itself: its arguments, in order, are
+  the schema's parameters (any names), checked here when the plan loads.
+
+The full description of the vLLM ops the harness puts kernels into (layer, CustomOp, IR op, plugin)
+is harness.spec.vllm_ops.VllmOp; this table only says which compiled kernel does the op. Plain Python, at
+the bottom of the layers so that the plan model can check a `vllm:` kernel's arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a kernel's schema: `Tensor! result` is (result, Tensor, written)."""
+
+    name: str
+    type: str  # Tensor, float, int, bool
+    written: bool = False  # Tensor!: the kernel writes it
+    optional: bool = False  # Tensor?: may be None
+    default: str | None = None
+
+    def __str__(self) -> str:
+        marks = ("!" if self.written else "") + ("?" if self.optional else "")
+        return f"{self.type}{marks} {self.name}" + (f"={self.default}" if self.default is not None else "")
+
+
+_PARAM = re.compile(r"^(?P<type>\w+)(?P<marks>[!?]*)\s+(?P<name>\w+)(?:\s*=\s*(?P<default>\S+))?$")
+
+
+def parse_schema(schema: str) -> tuple[str, tuple[Param, ...]]:
+    """(name, parameters) of a schema `name(Tensor! out, Tensor input, float eps) -> ()`."""
+    m = re.fullmatch(r"\s*(\w+)\((.*)\)\s*->\s*\(\)\s*", schema)
+    if not m:
+        raise ValueError(f"not a schema of a kernel returning (): {schema!r}")
+    params = []
+    for text in (t.strip() for t in m.group(2).split(",") if t.strip()):
+        p = _PARAM.match(" ".join(text.split()))
+        if not p:
+            raise ValueError(f"cannot read the parameter {text!r} of {schema!r}")
+        params.append(Param(p["name"], p["type"], "!" in p["marks"], "?" in p["marks"], p["default"]))
+    return m.group(1), tuple(params)
+
+
+@dataclass(frozen=True)
+class VllmKernel:
+    """One of vLLM's compiled kernels: what it is called, its schema, and the plan arguments it takes."""
+
+    name: str  # the op it implements, as its bundled plan names it (op.name)
+    in_tree: str  # torch.ops._C.<in_tree>
+    schema: str  # as vLLM 0.26.0 registers it
+    args: tuple[str, ...]  # the plan argument passed for each schema parameter, in the schema's order
+
+    @property
+    def params(self) -> tuple[Param, ...]:
+        return parse_schema(self.schema)[1]
+
+    @property
+    def call(self) -> str:
+        return f"torch.ops._C.{self.in_tree}"
+
+
+VLLM_KERNELS = {k.in_tree: k for k in (
+    VllmKernel("rms_norm", "rms_norm", "rms_norm(Tensor! result, Tensor input, Tensor weight, float epsilon) -> ()",
+               ("out", "x", "weight", "eps")),
+    VllmKernel("fused_add_rms_norm", "fused_add_rms_norm",
+               "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor weight, float epsilon) -> ()",
+               ("x", "residual", "weight", "eps")),
+    VllmKernel("silu_and_mul", "silu_and_mul", "silu_and_mul(Tensor! result, Tensor input) -> ()", ("out", "x")),
+    VllmKernel("rotary_embedding", "rotary_embedding",
+               "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, Tensor cos_sin_cache, "
+               "bool is_neox) -> ()",
+               ("positions", "query", "key", "head_size", "cos_sin_cache", "is_neox")),
+    VllmKernel("rms_norm_static_fp8_quant", "rms_norm_static_fp8_quant",
+               "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, Tensor scale, float epsilon) "
+               "-> ()",
+               ("out", "x", "weight", "scale", "eps")),
+    VllmKernel("fused_add_rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
+               "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor! residual, Tensor weight, "
+               "Tensor scale, float epsilon) -> ()",
+               ("out", "x", "residual", "weight", "scale", "eps")),
+    VllmKernel("silu_and_mul_quant", "silu_and_mul_quant",
+               "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()", ("out", "x", "scale")),
+    VllmKernel("dynamic_per_token_fp8_quant", "dynamic_per_token_scaled_fp8_quant",
+               "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) "
+               "-> ()",
+               ("out", "x", "scales", "scale_ub")),
+)}
+
+
+def _expected(p: Param) -> str:
+    if p.type == "Tensor":
+        what = ("a tensor the op writes (role: output, or listed in op.mutates)" if p.written
+                else "a tensor the op only reads (not role: output, not in op.mutates)")
+        return what + (", or null" if p.optional else "")
+    return {"float": "a number", "int": "an integer or {value: <size expression>}",
+            "bool": "true or false"}.get(p.type, f"a {p.type}")
+
+
+def _found(arg, written: set[str]) -> str | None:
+    """How the plan's argument reads against a parameter's kind ("tensor", "written tensor", ...), for matching."""
+    if arg.is_tensor:
+        return "written tensor" if arg.name in written else "tensor"
+    if arg.value_expr:
+        return "int"
+    if arg.value is None:
+        return "null"
+    return {bool: "bool", int: "int", float: "float"}.get(type(arg.value), type(arg.value).__name__)
+
+
+def _fits(p: Param, found: str) -> bool:
+    if p.type == "Tensor":
+        return found == ("written tensor" if p.written else "tensor") or (p.optional and found == "null")
+    if p.type == "float":
+        return found in ("float", "int")
+    return found == p.type
+
+
+def mismatches(kernel: VllmKernel, args, written) -> list[tuple[int | None, str, str]]:
+    """Where plan arguments (objects with name, is_tensor, value, value_expr), passed in this order, do not fit the
+    kernel's schema: (index of the argument, or None for their number; what the schema expects; what they are).
+    `written`: the names of the arguments the plan says the op writes."""
+    params, written = kernel.params, set(written)
+    required = sum(1 for p in params if p.default is None)
+    if not required <= len(args) <= len(params):
+        return [(None, f"the {len(params)} arguments of vLLM's {kernel.in_tree}, in its order "
+                       f"({', '.join(str(p) for p in params)})",
+                 f"{len(args)} arguments ({', '.join(a.name for a in args)})")]
+    out = []
+    for i, (p, arg) in enumerate(zip(params, args)):
+        found = _found(arg, written)
+        if not _fits(p, found):
+            out.append((i, f"{_expected(p)}, for vLLM's `{p}` ({kernel.in_tree} parameter {i + 1})", found))
+    return out
