@@ -400,6 +400,23 @@ def test_the_kernels_device_samples_reach_pytest_benchmark_through_its_fixture(p
                                     "pct_copy_bw": None, "launches": 1, "rotated_sets": 8, "speedup": {"native": 1.5}}
 
 
+def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pytester, monkeypatch):
+    """pytest-benchmark's --benchmark-only (and --benchmark-skip) select by the `benchmark` fixture a bench item
+    requests; a cell skipped that way is not run and not recorded."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+    plan = rms_norm_plan(pytester.path, hidden="[64]", extra="benchmark: {decode: [4], baselines: [native]}\n")
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
+                                           "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*Skipping non-benchmark (--benchmark-only active)*",
+                                 "*SKIPPED*kernel not timed on a CPU machine*"])
+    results = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())
+    assert not results.get("cells") and set(results["benchmarks"]) == {"decode-fp32-eager-cpu-t4-hidden64"}
+
+
 def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", graph_mode="[eager, cuda_graph]",

@@ -194,7 +194,9 @@ class PlanItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"{self.parent.name}::{self.name}"
+        # Line 0 (the plan file's first line), not None: pytest places a skip by marker (--benchmark-skip,
+        # --benchmark-only, -m with skipif) at the item's line, and asserts there is one.
+        return self.path, 0, f"{self.parent.name}::{self.name}"
 
 
 def _expected(decision: Decision, status: Status) -> Status:
@@ -514,6 +516,8 @@ def pytest_runtest_makereport(item, call):
             report.plan_status, report.plan_reason = SAMPLED_OUT, item.sampled_out
             return
         skipped = report.when == "setup"
+        if skipped and item.decision.kind in (RUN, XFAIL):  # a skip marker (--benchmark-only, a conftest's): not
+            return  # run this time, and not recorded, so what an earlier run recorded for the cell stays
         rec = item.result(skipped=skipped)
         # A cell skipped before it ran (not run here, excluded) is written with the next cell that runs, or at the end.
         session_of(item.config).record("cells", item.cell.id, rec, defer=skipped)
