@@ -355,7 +355,7 @@ class BenchItem(PlanItem, pytest.Function):
         timed = parent.config.pluginmanager.hasplugin("benchmark")  # pytest-benchmark's entry point's name
         item = cls.from_parent(parent, name=f"bench[{spec.id}]", callobj=_timed_bench_item if timed else _bench_item,
                                spec=spec, skip=skip)
-        if timed:  # its documented per-test options: the timer the fixture's rounds read, the table it shows it in
+        if timed:  # pytest-benchmark's documented per-test options: the timer its rounds read, the group it lists
             item.add_marker(pytest.mark.benchmark(timer=item.clock, group=f"{spec.phase}-{spec.dtype}-"
                                                                           f"{spec.graph_mode}-{spec.sm}"))
         return item
