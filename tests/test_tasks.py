@@ -45,3 +45,21 @@ def test_a_worker_runs_the_plan_it_was_handed_not_the_file(tmp_path):
         worker.stop()
     assert outcome.record.status == "passed", outcome
     assert outcome.record.examples == 2
+
+
+def test_the_process_under_the_sanitizer_gets_the_cell_as_a_task_file(tmp_path, monkeypatch):
+    """run_memcheck hands the cell to `python -m harness.runtime.memcheck TASK` pickled (here under a stand-in for
+    compute-sanitizer that runs the process and reports no memory error, as the tool does on a clean kernel)."""
+    from harness.runtime import memcheck
+
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text('#!/bin/sh\nshift 6\n"$@"\nstatus=$?\necho "========= ERROR SUMMARY: 0 errors"\nexit $status\n')
+    tool.chmod(0o755)
+    monkeypatch.setattr(memcheck, "sanitizer", lambda: str(tool))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU machine: the kernel in Triton's interpreter
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]"))
+    outcome = memcheck.run_memcheck(plan, Cell("decode", "fp32", 1, "eager", "cpu"), timeout_s=300)
+    assert outcome.record.status == "passed", outcome.record.reason
+    assert outcome.record.examples == memcheck.EXAMPLES
+    assert outcome.record.facts["sanitizer"] == "memcheck"
