@@ -1,12 +1,12 @@
 """Where one plan's benchmark items spend their wall time, by phase: compiles, each implementation's timing (and,
 indented, the steps inside it: estimates, graph capture, the timed samples, the launch-inclusive samples), the
-checks after timing, input sets, plan parsing. The items run one after another in this process (no pytest, no
-precompile step), with harness.runtime.bench's functions wrapped in wall clocks (no profiler); docs/performance.md reads
-from it.
+checks after timing, input sets. The items run one after another in this process (no pytest, no precompile step),
+with harness.runtime.bench's and harness.runtime.timing's functions wrapped in wall clocks (no profiler);
+docs/performance.md reads from it.
 
     python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...] [field=value ...]
 
-NAME=VALUE overrides a harness.runtime.bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
+NAME=VALUE overrides a harness.runtime.timing or .bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
 what a timing budget costs and what it does to the intervals: the median relative width of the speedups against
 each baseline is printed, and RECORDS.json gets every item's speedups. A lower-case field=value keeps the items
 whose BenchSpec field has that value (graph_mode=cuda_graph, dtype=bf16, phase=decode).
@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import harness.runtime.bench as hb  # noqa: E402
+import harness.runtime.timing as ht  # noqa: E402
+from harness.runtime.tasks import BenchTask  # noqa: E402
 from harness.spec.plan import load_plan  # noqa: E402
 
 spent: dict[str, float] = collections.defaultdict(float)
@@ -90,9 +92,9 @@ def instrument() -> None:
             return time_calls(call, sets, device, graph)
         finally:
             context.pop()
-    hb.time_calls = clocked(time_calls_by_step, _timing_label)
+    hb.time_calls = ht.time_calls = clocked(time_calls_by_step, _timing_label)  # copy_bandwidth_gbps calls ht's
     for name in ("_estimate", "_events_host_ahead", "_isolated_calls"):
-        setattr(hb, name, clocked(getattr(hb, name), lambda *a, name=name, **k: f"  {context[-1]}: {name}"))
+        setattr(ht, name, clocked(getattr(ht, name), lambda *a, name=name, **k: f"  {context[-1]}: {name}"))
     graph = torch.cuda.graph
 
     class captured(graph):  # torch.cuda.graph is a class; its capture ends in __exit__
@@ -107,7 +109,7 @@ def instrument() -> None:
             count[where] += 1
             return out
     torch.cuda.graph = captured
-    for name in ("check", "count_launches", "input_sets", "load_plan"):
+    for name in ("check", "count_launches", "input_sets"):
         setattr(hb, name, clocked(getattr(hb, name), lambda *a, name=name, **k: name))
     hb.CheckInputs.build = classmethod(clocked(hb.CheckInputs.build.__func__, lambda *a, **k: "CheckInputs.build"))
 
@@ -120,18 +122,19 @@ def main() -> int:
         if name.islower():
             keep[name] = value
             continue
-        setattr(hb, name, ast.literal_eval(value))
-        print("set", name, "=", getattr(hb, name))
+        module = ht if hasattr(ht, name) else hb
+        setattr(module, name, ast.literal_eval(value))
+        print("set", name, "=", getattr(module, name))
     instrument()
-    plan_path = args[0]
-    specs = [s for s in hb.bench_specs(load_plan(plan_path), hb.detect().sm)
+    plan = load_plan(args[0])
+    specs = [s for s in hb.bench_specs(plan, hb.detect().sm)
              if all(str(getattr(s, name)) == value for name, value in keep.items())]
     specs = specs[: int(args[1]) if len(args) > 1 else None]
     records, per_item = {}, []
     start = time.perf_counter()
     for spec in specs:
         t = time.perf_counter()
-        out = hb.run_benchmark(plan_path, spec)
+        out = hb.run_benchmark(BenchTask(plan, spec))
         records[spec.id] = {k: [v.value, v.low, v.high] for k, v in out.record.speedup.items() if v.value}
         per_item.append((time.perf_counter() - t, spec.id))
     total = time.perf_counter() - start

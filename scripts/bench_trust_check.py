@@ -44,9 +44,9 @@ def main() -> int:
     import triton.testing
     from tabulate import tabulate
 
-    from harness.runtime.bench import (BenchSpec, bytes_moved, copy_bandwidth_gbps, count_launches, input_sets,
-                               kernel_call, l2_cache_bytes, reference_call, rotation_count, time_calls,
-                               working_set_bytes)
+    from harness.runtime.bench import BenchSpec, bytes_moved, input_sets, kernel_call, reference_call
+    from harness.runtime.timing import (copy_bandwidth_gbps, count_launches, l2_cache_bytes, rotation_count,
+                                        time_calls, working_set_bytes)
     from harness.runtime.device import detect
     from harness.spec.plan import load_plan
 

@@ -5,7 +5,7 @@ Inductor's compiled reference does), beside the shipped kernel and Inductor. doc
     python scripts/fused_add_variants.py
 
 Every variant is checked against the reference before it is timed; timings as the harness takes them
-(harness.runtime.bench.time_calls, both graph modes), in % of the copy bandwidth measured in the same process.
+(harness.runtime.timing.time_calls, both graph modes), in % of the copy bandwidth measured in the same process.
 """
 
 import sys
@@ -18,7 +18,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from harness.runtime.bench import copy_bandwidth_gbps, l2_cache_bytes, rotation_count, time_calls  # noqa: E402
+from harness.runtime.timing import copy_bandwidth_gbps, l2_cache_bytes, rotation_count, time_calls  # noqa: E402
 from kernels import fused_add_rms_norm as fa  # noqa: E402
 
 

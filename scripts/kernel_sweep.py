@@ -5,7 +5,7 @@
 
 Per op, shape and mode (`--modes eager,cuda_graph`): the shipped launch (`default`), a sweep of alternatives (one or two passes and warps for the norms,
 columns per program and warps for silu_and_mul), and the op's reference compiled by Inductor, each timed with
-harness.runtime.bench.time_calls (CUDA events, input sets rotated past twice the L2 size) and given as % of the
+harness.runtime.timing.time_calls (CUDA events, input sets rotated past twice the L2 size) and given as % of the
 device-to-device copy bandwidth measured in the same process (bytes: inputs read once, outputs written once).
 Every configuration's result is checked against the op's reference first; one that computes something else is
 listed as a wrong result and not timed. The last table is the one to read: per shape the default, the best
@@ -43,7 +43,7 @@ def main() -> int:
         return 2
     from tabulate import tabulate
 
-    from harness.runtime.bench import (
+    from harness.runtime.timing import (
         copy_bandwidth_gbps,
         l2_cache_bytes,
         rotation_count,

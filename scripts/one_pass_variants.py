@@ -6,7 +6,7 @@ kernels/rms_norm.py's launch rule and docs/performance.md read from it.
     (defaults 2048,8192 2048,4096,5120,8192 - rms_norm,fused_add_rms_norm; "-": no code file)
 
 Every variant is checked against the shipped kernel before it is timed; timings as the harness takes them
-(harness.runtime.bench.time_calls, both graph modes, input sets rotated past twice the L2 size), in % of the copy
+(harness.runtime.timing.time_calls, both graph modes, input sets rotated past twice the L2 size), in % of the copy
 bandwidth measured in the same process (bytes: inputs read once, outputs written once). The last table is the one
 to read: per shape the shipped launch, the best variant and Inductor.
 """
@@ -21,7 +21,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from harness.runtime.bench import copy_bandwidth_gbps, l2_cache_bytes, rotation_count, time_calls  # noqa: E402
+from harness.runtime.timing import copy_bandwidth_gbps, l2_cache_bytes, rotation_count, time_calls  # noqa: E402
 from kernels import fused_add_rms_norm as fa  # noqa: E402
 from kernels import rms_norm as rn  # noqa: E402
 

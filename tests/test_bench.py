@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from harness.runtime import bench
+from harness.runtime import timing as timers
 
 from harness.rendering import report
 from harness.spec.hardware import Hardware
 from harness.spec.plan import PlanError, load_plan
 from harness.results.store import ImplFigures, to_json
+from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing
 
 from tests.plans import rms_norm_plan
@@ -194,8 +196,8 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
     """The reference wrapped in kernel style: timed with the host clock and checked against the reference, like
     native and compiled; the missing one is recorded as not run; the kernel itself is not timed on a CPU."""
     path = rms_norm_plan(tmp_path, hidden="[64]", extra=NAMED)
-    spec = bench.bench_specs(load_plan(path), "cpu")[0]
-    rec = bench.run_benchmark(str(path), spec).record
+    plan = load_plan(path)
+    rec = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record
     assert set(rec.impls) == {"kernel", "native", "compiled", "vllm", "ref_into", "liger"}
     assert rec.impls["kernel"].not_run == bench.CPU_KERNEL_REASON
     for name in ("native", "compiled", "ref_into"):
@@ -209,8 +211,8 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
 def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
     path = rms_norm_plan(tmp_path, hidden="[64]",
                          extra="benchmark: {decode: [4], baselines: [native, {wrong: kernels.rms_norm:rms_norm_ref}]}\n")
-    spec = bench.bench_specs(load_plan(path), "cpu")[0]
-    outcome = bench.run_benchmark(str(path), spec)
+    plan = load_plan(path)
+    outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
     rec = outcome.record
     # rms_norm_ref(out=..., x=..., weight=..., eps=...) is not kernel-style: it raises, and only its entry says so
     assert rec.impls["wrong"].not_run.startswith("raised TypeError") and not rec.impls["wrong"].timed
@@ -220,8 +222,8 @@ def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
 def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
     path = rms_norm_plan(tmp_path, hidden="[64]", extra=(
         "benchmark: {decode: [4], baselines: [native, {scaled: tests.baselines:rms_norm_off_by_a_tenth}]}\n"))
-    spec = bench.bench_specs(load_plan(path), "cpu")[0]
-    outcome = bench.run_benchmark(str(path), spec)
+    plan = load_plan(path)
+    outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
     off = outcome.record.impls["scaled"]
     assert off.timed and off.error is None and "wrong result after timing" in off.differs
     assert outcome.record.impls["native"].differs is None and not outcome.failures
@@ -291,8 +293,8 @@ MEMSET
 "graph_1_node_0" -> "graph_1_node_1" [headlabel=0];
 }
 }"""
-    assert bench.graph_launches(dot) == 3
-    assert bench.graph_launches("") == 0
+    assert timers.graph_launches(dot) == 3
+    assert timers.graph_launches("") == 0
 
 
 # ---------------------------------------------------------------- inputs and host timing
@@ -301,9 +303,9 @@ MEMSET
 def test_rotated_input_sets_are_distinct_aligned_and_exceed_twice_l2(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [3]}\n"))
     spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 3, (("hidden", 50),))
-    one = bench.working_set_bytes(bench.input_sets(plan, spec, "cpu")[0])
+    one = timers.working_set_bytes(bench.input_sets(plan, spec, "cpu")[0])
     assert one == (3 * 50 * 2 + 50) * 4
-    count = bench.rotation_count(one, l2_bytes=4096)
+    count = timers.rotation_count(one, l2_bytes=4096)
     assert count * one > 2 * 4096 >= (count - 1) * one
     sets = bench.input_sets(plan, spec, "cpu", count)
     assert len(sets) == count and len({s["x"].data_ptr() for s in sets}) == count
@@ -312,15 +314,15 @@ def test_rotated_input_sets_are_distinct_aligned_and_exceed_twice_l2(tmp_path):
     assert all(torch.isnan(s["out"]).all() for s in sets)
     assert not torch.equal(sets[0]["x"], sets[1]["x"])
     assert 0.5 < float(sets[1]["weight"].mean()) < 1.5  # init: around_one
-    assert bench.rotation_count(one, None) == 1
+    assert timers.rotation_count(one, None) == 1
     # a call far smaller than the cache rotates over MAX_ROTATED_SETS sets, not tens of thousands
-    assert bench.rotation_count(one, l2_bytes=1 << 30) == bench.MAX_ROTATED_SETS
+    assert timers.rotation_count(one, l2_bytes=1 << 30) == timers.MAX_ROTATED_SETS
 
 
 def test_host_timing_on_cpu():
     x = torch.randn(64, 64)
-    t = bench.time_calls(lambda v: v["x"].sum(), [{"x": x}], "cpu")
-    assert t.timer == "host" and bench.CPU_SAMPLES[0] <= len(t.samples_us) <= bench.CPU_SAMPLES[1]
+    t = timers.time_calls(lambda v: v["x"].sum(), [{"x": x}], "cpu")
+    assert t.timer == "host" and timers.CPU_SAMPLES[0] <= len(t.samples_us) <= timers.CPU_SAMPLES[1]
     assert 0 < t.q20_us <= t.median_us <= t.q80_us
 
 
@@ -360,14 +362,59 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
         assert figs["pct_copy_bw"] == pytest.approx(100 * figs["gbps"] / rec["copy_bw_gbps"], rel=0.05, abs=0.1)
     assert all("not_run" in s for s in rec["speedup"].values())  # no kernel timing to compare with
 
-    # pytest-benchmark got the same samples (its timer is the harness's clock), one entry per timed implementation.
-    stored = {b["name"]: b for b in json.loads((pytester.path / "pb.json").read_text())["benchmarks"]}
-    timed = {"native", "compiled"} | (set() if vllm_missing() else {"vllm"})
-    assert set(stored) == {f"bench[decode-fp32-eager-cpu-t4-hidden64-{impl}]" for impl in timed}
-    native = stored["bench[decode-fp32-eager-cpu-t4-hidden64-native]"]
-    assert native["options"]["timer"] == "host" and native["extra_info"]["impl"] == "native"
-    assert native["stats"]["rounds"] == rec["impls"]["native"]["samples"]
-    assert native["stats"]["median"] * 1e6 == pytest.approx(rec["impls"]["native"]["median_us"], abs=1e-3)
+    # pytest-benchmark gets the kernel's samples only: on a CPU machine, which does not time the kernel, none at all
+    # (and no warning that an item left its `benchmark` fixture unused).
+    assert not (pytester.path / "pb.json").exists()
+    result.stdout.no_fnmatch_line("*fixture was not used*")
+
+
+def test_the_kernels_device_samples_reach_pytest_benchmark_through_its_fixture(pytester, monkeypatch):
+    """What a benchmark item does with the kernel's timing on a GPU, with a stand-in timing: pytest-benchmark's
+    `benchmark` fixture replays the device samples through the marker's timer, so its statistics are device time."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)  # pytest-benchmark turns itself off in an xdist worker
+    pytester.makepyfile(test_item="""
+        import pytest
+        from harness.plugin.session import DeviceClock, store_in_pytest_benchmark
+        from harness.results.store import BenchRecord, ImplFigures, Speedup
+        from harness.runtime.timing import Timing
+
+        CLOCK = DeviceClock()
+
+        @pytest.mark.benchmark(timer=CLOCK, group="decode-bf16-eager-sm90")
+        def test_item(benchmark):
+            rec = BenchRecord("decode", "bf16", "sm90", "eager", 4, {"hidden": 64}, rotated_sets=8)
+            rec.impls = {"kernel": ImplFigures(median_us=2.5, gbps=3.0, launches=1)}
+            rec.speedup = {"native": Speedup(1.5, 1.4, 1.6, "faster"), "vllm": Speedup(not_run="vllm not installed")}
+            store_in_pytest_benchmark(benchmark, CLOCK, Timing([1.0, 2.0, 3.0, 4.0], "cuda_events"), rec)
+        """)
+    result = pytester.runpytest_subprocess("--benchmark-json", str(pytester.path / "pb.json"), "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    [stored] = json.loads((pytester.path / "pb.json").read_text())["benchmarks"]
+    assert stored["name"] == "test_item" and stored["group"] == "decode-bf16-eager-sm90"
+    assert stored["options"]["timer"] == "cuda_events"
+    assert stored["stats"]["rounds"] == 4 and stored["stats"]["data"] == pytest.approx([1e-6, 2e-6, 3e-6, 4e-6])
+    assert stored["stats"]["median"] == pytest.approx(2.5e-6)
+    assert stored["extra_info"] == {"impl": "kernel", "timer": "cuda_events", "calls_per_sample": 1, "gbps": 3.0,
+                                    "pct_copy_bw": None, "launches": 1, "rotated_sets": 8, "speedup": {"native": 1.5}}
+
+
+def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pytester, monkeypatch):
+    """pytest-benchmark's --benchmark-only (and --benchmark-skip) select by the `benchmark` fixture a bench item
+    requests; a cell skipped that way is not run and not recorded."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+    plan = rms_norm_plan(pytester.path, hidden="[64]", extra="benchmark: {decode: [4], baselines: [native]}\n")
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
+                                           "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*Skipping non-benchmark (--benchmark-only active)*",
+                                 "*SKIPPED*kernel not timed on a CPU machine*"])
+    results = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())
+    assert not results.get("cells") and set(results["benchmarks"]) == {"decode-fp32-eager-cpu-t4-hidden64"}
 
 
 def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
@@ -420,13 +467,13 @@ def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made
         path.write_text("{}")
         os.utime(path, (when, when))
     # Without the compiled baseline: Inductor's C++ compile on a CPU machine would cost the suite 15 s.
-    plan = rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native]}\n")
+    plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native]}\n"))
     spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
-    line = bench.precompile(str(plan), [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
+    line = bench.precompile(plan, [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
     assert line.startswith("precompiled 1 of 1 shapes"), line  # one shape: its two graph modes share the compile
     assert old.exists() and not new.exists()
-    again = bench.precompile(str(plan), [spec], "cpu", processes=1)
+    again = bench.precompile(plan, [spec], "cpu", processes=1)
     assert again.startswith("precompile skipped: an earlier run compiled these 1 shapes"), again
-    other = bench.precompile(str(plan), [dataclasses.replace(spec, num_tokens=8)], "cpu", processes=1)
+    other = bench.precompile(plan, [dataclasses.replace(spec, num_tokens=8)], "cpu", processes=1)
     assert other.startswith("precompiled 1 of 1 shapes"), other  # another shape is not in the cache yet
 

@@ -10,6 +10,7 @@ import pytest
 
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell
+from harness.runtime.tasks import CellTask
 from tests.plans import rms_norm_plan
 
 BUGS = "tests.broken.rms_norm_bugs"
@@ -39,7 +40,7 @@ def _run(tmp_path, kernel: str, cell_id: str, functional: bool, examples: int = 
     phase, dtype, _, mode, _ = cell_id.split("-")
     plan = rms_norm_plan(tmp_path, kernel, functional=functional, phase=f"[{phase}]", dtype=f"[{dtype}]",
                          graph_mode=f"[{mode}]", **plan_kw)
-    return to_json(run_cell(str(plan), cell_id, RunSettings(examples=examples, profile="ci", database=None)).record)
+    return to_json(run_cell(CellTask.load(plan, cell_id, RunSettings(examples, "ci", None))).record)
 
 
 @pytest.mark.parametrize("kernel, cell_id, functional, words", WRONG_RESULTS,
@@ -58,7 +59,7 @@ def test_wrong_fake_implementation_fails_opcheck(tmp_path, fake):
     plan = rms_norm_plan(tmp_path, f"{BUGS}:functional", functional=True, dtype="[bf16]",
                          graph_mode="[torch_compile]")
     plan.write_text(plan.read_text().replace("  outputs: [y]", f"  outputs: [y]\n  fake: {BUGS}:{fake}"))
-    outcome = to_json(run_cell(str(plan), "decode-bf16-tp1-torch_compile-cpu", CI).record)
+    outcome = to_json(run_cell(CellTask.load(plan, "decode-bf16-tp1-torch_compile-cpu", CI)).record)
     assert outcome["status"] == "failed" and "opcheck failed" in outcome["reason"], outcome
 
 

@@ -20,6 +20,7 @@ from harness.spec.matrix import EXCLUDED, RUN, Cell, decide
 from harness.spec.plan import PlanError, load_plan
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
+from harness.runtime.tasks import BenchTask, CellTask
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.vllm_ops import render_plugin
 from tests.plans import rms_norm_plan
@@ -220,7 +221,7 @@ def test_a_kernel_passes_inside_its_contract_and_fails_without_it(tmp_path, kern
     def run(text):
         path = contract_plan(tmp_path, text, kernel=f"{BUGS}:{kernel}") if text else \
             rms_norm_plan(tmp_path, kernel=f"{BUGS}:{kernel}")
-        return to_json(run_cell(str(path), "decode-fp32-tp1-eager-cpu", CI).record)
+        return to_json(run_cell(CellTask.load(path, "decode-fp32-tp1-eager-cpu", CI)).record)
 
     inside = run(contract)
     assert inside["status"] == "passed", inside["reason"]
@@ -271,11 +272,11 @@ def test_shapes_outside_a_baselines_contract_are_not_timed_for_it_on_cpu(tmp_pat
                                     ("picky", "tests.baselines:rms_norm_into"))
     specs = {s.sizes_dict["hidden"]: s for s in bench.bench_specs(plan, "cpu")}
     assert bench.skip_reason(plan, specs[64], CPU) == ""  # the kernel has no contract: the item runs
-    rec = bench.run_benchmark(str(path), specs[64]).record
+    rec = bench.run_benchmark(BenchTask(plan, specs[64])).record
     assert rec.impls["picky"].not_run == "outside picky's contract: hidden 64 is not a multiple of 128"
     assert not rec.impls["picky"].timed
     assert rec.impls["native"].timed and rec.impls["ref_into"].timed and rec.impls["ref_into"].error is None
-    rec = bench.run_benchmark(str(path), specs[128]).record
+    rec = bench.run_benchmark(BenchTask(plan, specs[128])).record
     assert rec.impls["picky"].timed and rec.impls["picky"].error is None
     bf16 = bench.BenchSpec("decode", "bf16", "eager", "cpu", 4, (("hidden", 128),), ("ref_into", "picky"))
     assert bench.outside_contract(plan, "picky", bf16) == "outside picky's contract: dtype bf16 is not one of fp32"

@@ -19,6 +19,7 @@ from harness.spec.matrix import Cell
 from harness.spec.plan import PlanError, load_plan
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
+from harness.runtime.tasks import CellTask
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -177,7 +178,7 @@ def test_rope_positions_stay_below_max_position_and_sizes_keep_their_constraints
 def test_bundled_kernel_passes_on_cpu(tmp_path, plan):
     path = narrowed(tmp_path, plan, matrix="  phase: [chunked_prefill]\n  dtype: [bf16]\n  tp: [1]\n"
                                           "  graph_mode: [eager]\n  sm: [cpu]\n")
-    rec = run_cell(str(path), "chunked_prefill-bf16-tp1-eager-cpu", CI).record
+    rec = run_cell(CellTask.load(path, "chunked_prefill-bf16-tp1-eager-cpu", CI)).record
     assert rec.status == Status.PASSED, rec.reason
 
 
@@ -193,7 +194,7 @@ BROKEN = [
 @pytest.mark.parametrize("plan, kernel, words", BROKEN, ids=[k.split(":")[1] for _, k, _ in BROKEN])
 def test_broken_kernel_is_caught(tmp_path, plan, kernel, words):
     path = narrowed(tmp_path, plan, kernel)
-    rec = run_cell(str(path), "decode-fp32-tp1-eager-cpu", CI).record
+    rec = run_cell(CellTask.load(path, "decode-fp32-tp1-eager-cpu", CI)).record
     assert rec.status == Status.FAILED and words in rec.reason, rec.reason
     assert rec.minimal_example and rec.minimal_example.startswith("num_tokens=")
 

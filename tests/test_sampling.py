@@ -18,6 +18,7 @@ from harness.spec.plan import AXES, load_plan
 from harness.rendering.report import write_report
 from harness.results.store import CellRecord, Provenance, Recorder, Status, write_atomic
 from harness.runtime.runner import RunSettings, run_cell
+from harness.runtime.tasks import CellTask
 from harness.plugin.session import cells_summary
 from tests.plans import read_results, rms_norm_plan
 from tests.test_report import cell, machine, write_results
@@ -91,8 +92,8 @@ def test_small_sets_are_kept_whole_where_every_cell_is_needed():
 def test_a_later_torch_compile_cell_reuses_the_graphs_earlier_cells_compiled(tmp_path):
     plan = rms_norm_plan(tmp_path, graph_mode="[torch_compile]", hidden="[64]")
     run = RunSettings(examples=4, profile="ci", database=None)  # derandomized: the same examples again
-    first = run_cell(str(plan), "decode-fp32-tp1-torch_compile-cpu", run).record
-    again = run_cell(str(plan), "decode-fp32-tp1-torch_compile-cpu", run).record
+    first = run_cell(CellTask.load(plan, "decode-fp32-tp1-torch_compile-cpu", run)).record
+    again = run_cell(CellTask.load(plan, "decode-fp32-tp1-torch_compile-cpu", run)).record
     assert first.status == again.status == "passed", (first.reason, again.reason)
     assert again.facts["compiles"] == 0 and again.facts["shapes"] == first.facts["shapes"] >= 1, again.facts
     assert again.facts["opcheck"] == "passed"  # each cell still checks its registration

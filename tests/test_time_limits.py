@@ -242,7 +242,7 @@ def test_a_worker_started_ahead_keeps_its_start_outside_the_first_calls_limit():
     worker = Worker()
     worker.start()
     try:
-        assert worker.call(os.getpid, {}, timeout_s=0.5) == worker.proc.pid  # importing torch takes longer
+        assert worker.call(os.getpid, None, timeout_s=0.5) == worker.proc.pid  # importing torch takes longer
         assert worker.starts == 1
     finally:
         worker.stop()

@@ -337,6 +337,7 @@ def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytes
 
 def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monkeypatch):
     from harness.runtime.runner import RunSettings
+    from harness.runtime.tasks import CellTask
     from harness.runtime.tp import run_cell_on_rank
     from harness.runtime.workers import Fault, WorkerGroup
 
@@ -346,8 +347,8 @@ def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monk
                          extra="tp: {kind: trivial}")
     group = WorkerGroup(2)
     try:
-        outcome = group.call(run_cell_on_rank, {"plan_path": str(plan), "cell_id": "decode-fp32-tp2-eager-cpu",
-                                                "run": RunSettings(2, "ci", None)}, timeout_s=120)
+        task = CellTask.load(plan, "decode-fp32-tp2-eager-cpu", RunSettings(2, "ci", None))
+        outcome = group.call(run_cell_on_rank, task, timeout_s=120)
     finally:
         group.stop()
     assert isinstance(outcome, Fault), outcome

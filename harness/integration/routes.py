@@ -31,9 +31,10 @@ from harness.runtime.device import detect, package_version
 from harness.runtime.inputs import build_args, examples as example_strategy
 from harness.spec.matrix import Cell
 from harness.runtime.numerics import Mismatch, Stats, compare
-from harness.spec.plan import Plan, import_object, load_plan
+from harness.spec.plan import Plan, import_object
 from harness.results.store import IntegrationRecord, Status, Tol
 from harness.runtime.runner import RunSettings, hypothesis_settings
+from harness.runtime.tasks import IntegrationTask
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.vllm_ops import VllmOp, plugin_module_name, plugin_route, provider_name, render_plugin, unsupported, vllm_op
@@ -375,11 +376,10 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
     return rec
 
 
-def run_integration_item(plan_path: str, cell_id: str, route: str, examples: int, profile: str,
-                         database: str | None) -> IntegrationOutcome:
+def run_integration_item(task: IntegrationTask) -> IntegrationOutcome:
     """An integration item as a worker runs it: not-runnable routes come back as NOT_RUN records."""
-    plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
+    plan, cell, route, run = task.plan, task.cell, task.route, task.run
     why = why_not_runnable(plan, route)
     if why:
         return IntegrationOutcome(IntegrationRecord(route=route, **cell.axes(), status=Status.NOT_RUN, reason=why))
-    return IntegrationOutcome(check_route(plan, cell, route, examples, profile, database))
+    return IntegrationOutcome(check_route(plan, cell, route, run.examples, run.profile, run.database))

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import settings
 from tabulate import tabulate
 
-from harness.runtime.bench import BenchOutcome, BenchSpec, Timing, bench_specs, check_models, not_run_record, precompile, \
+from harness.runtime.bench import BenchOutcome, BenchSpec, bench_specs, check_models, not_run_record, precompile, \
     prepare_benchmarks, run_benchmark, skip_reason
 from harness.runtime.device import detect, provenance, use_triton_interpreter
 from harness.runtime.interpreter import make_faithful
@@ -33,6 +33,8 @@ from harness.rendering.plots import draw_plots
 from harness.rendering.report import SmVerdict, collect, sm_verdicts, verdict, write_report
 from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Recorder, Status
 from harness.runtime.runner import NIGHTLY_FACTOR, Outcome, RunSettings, run_cell, shrink_example
+from harness.runtime.tasks import BenchTask, CellTask, IntegrationTask
+from harness.runtime.timing import Timing
 from harness.runtime.tp import run_cell_on_rank, tp_multiples
 from harness.runtime.vllm_kernels import LIBRARY_ENV, vllm_missing
 from harness.spec.vllm_ops import unsupported
@@ -121,7 +123,7 @@ def pytest_configure(config):
     if config.getoption("--bench") and not config.option.collectonly and not xdist_controller:
         # The benchmark process imports torch, makes its CUDA context and loads vLLM's library (seconds) while
         # this one starts the session and collects.
-        session_of(config).worker("kernels").start(prepare=(prepare_benchmarks, {"plan_path": str(plan_path)}))
+        session_of(config).worker("kernels").start(prepare=(prepare_benchmarks, plan))
 
 
 def _hypothesis_profile() -> str | None:
@@ -156,8 +158,7 @@ class PlanFile(pytest.File):
         yield from self._integration_items(plan, hw)
         if self.config.getoption("--bench"):
             for spec in bench_specs(plan, hw.sm):
-                item = BenchItem.from_parent(self, name=f"bench[{spec.id}]", spec=spec,
-                                             skip=skip_reason(plan, spec, hw, s.max_cpu_ranks))
+                item = BenchItem.create(self, spec, skip_reason(plan, spec, hw, s.max_cpu_ranks))
                 for marker in ("bench", spec.phase, spec.dtype, spec.graph_mode, spec.sm):
                     item.add_marker(marker)
                 yield item
@@ -193,7 +194,9 @@ class PlanItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"{self.parent.name}::{self.name}"
+        # Line 0 (the plan file's first line), not None: pytest places a skip by marker (--benchmark-skip,
+        # --benchmark-only, -m with skipif) at the item's line, and asserts there is one.
+        return self.path, 0, f"{self.parent.name}::{self.name}"
 
 
 def _expected(decision: Decision, status: Status) -> Status:
@@ -225,21 +228,21 @@ class CellItem(PlanItem):
             if self.outcome.record.status != Status.PASSED:
                 raise ItemFailed(self.failure_text())
             return
-        args = {"plan_path": str(s.plan_path), "cell_id": self.cell.id, "run": s.run_settings()}
+        task = CellTask(s.plan, self.cell, s.run_settings())
         shrunk = None
         if s.isolation == "none" and self.cell.tp == 1:
-            value, facts = run_cell(**args), {}
+            value, facts = run_cell(task), {}
         else:
             if self.cell.tp > 1:  # TP cells always need a group
                 worker, fn = s.worker(self.cell.tp), run_cell_on_rank
             else:
                 worker, fn = s.worker("kernels"), run_cell
-            value = worker.call(fn, args, s.plan.numerics.timeout_s)
+            value = worker.call(fn, task, s.plan.numerics.timeout_s)
             facts = worker.facts
             # A crash or a device fault killed the worker hypothesis was shrinking in: shrink in fresh ones.
             multiples = tp_multiples(s.plan, self.cell.tp) if self.cell.tp > 1 else None
             known = s.fault_minimals.setdefault((self.cell.phase, self.cell.tp), [])
-            shrunk = shrink_fault(worker, fn, args, s.plan.numerics.timeout_s, value,
+            shrunk = shrink_fault(worker, fn, task, s.plan.numerics.timeout_s, value,
                                   lambda ex, reproduces: shrink_example(s.plan, self.cell, ex, reproduces, multiples,
                                                                         known))
             if shrunk and shrunk.example not in known:
@@ -310,11 +313,10 @@ class VllmItem(PlanItem):
 
     def runtest(self):
         s = session_of(self.config)
-        args = {"plan_path": str(s.plan_path), "cell_id": self.cell.id, "route": self.route,
-                "examples": max(1, min(s.examples, MAX_EXAMPLES)), "profile": s.profile, "database": s.database}
+        task = IntegrationTask(s.plan, self.cell, self.route, s.run_settings(max(1, min(s.examples, MAX_EXAMPLES))))
         # vLLM items get a worker of their own: importing vLLM costs seconds, and the plugin they load defines
         # the same torch.library op the cells define.
-        value = s.worker("vllm").call(run_integration_item, args, s.plan.numerics.timeout_s)
+        value = s.worker("vllm").call(run_integration_item, task, s.plan.numerics.timeout_s)
         rec = value.record if not isinstance(value, Fault) else IntegrationRecord(
             route=self.route, **self.cell.axes(), status=Status.FAILED, reason=value.reason)
         if rec.status == Status.NOT_RUN:
@@ -330,17 +332,39 @@ class VllmItem(PlanItem):
         session_of(self.config).record("integration", self.name, rec)
 
 
-class BenchItem(PlanItem):
+def _timed_bench_item(benchmark):
+    """What pytest sees as a benchmark item's test function where pytest-benchmark is active: it requests the
+    `benchmark` fixture, which BenchItem.runtest hands the kernel's device samples (the function itself never runs)."""
+
+
+def _bench_item():
+    """A benchmark item's test function without pytest-benchmark (not installed, or -p no:benchmark)."""
+
+
+class BenchItem(PlanItem, pytest.Function):
+    """One benchmark shape: a pytest.Function, so that pytest-benchmark's public `benchmark` fixture is filled in for
+    it (and its --benchmark-skip / --benchmark-only select it), though the item runs in a worker, not the function."""
+
     def __init__(self, *, spec: BenchSpec, skip: str, **kwargs):
         super().__init__(**kwargs)
         self.spec, self.skip = spec, skip
-        # pytest-benchmark's --benchmark-skip and --benchmark-only select items by this attribute.
-        self.fixturenames = ("benchmark",)
+        self.clock = DeviceClock()
+
+    @classmethod
+    def create(cls, parent, spec: BenchSpec, skip: str) -> BenchItem:
+        timed = parent.config.pluginmanager.hasplugin("benchmark")  # pytest-benchmark's entry point's name
+        item = cls.from_parent(parent, name=f"bench[{spec.id}]", callobj=_timed_bench_item if timed else _bench_item,
+                               spec=spec, skip=skip)
+        if timed:  # pytest-benchmark's documented per-test options: the timer its rounds read, the group it lists
+            item.add_marker(pytest.mark.benchmark(timer=item.clock, group=f"{spec.phase}-{spec.dtype}-"
+                                                                          f"{spec.graph_mode}-{spec.sm}"))
+        return item
 
     def setup(self):
         if self.skip:
             self._record(not_run_record(self.spec, self.skip))
             pytest.skip(self.skip)
+        super().setup()  # pytest.Function's: the fixtures, pytest-benchmark's among them
 
     def runtest(self):
         s = session_of(self.config)
@@ -351,15 +375,15 @@ class BenchItem(PlanItem):
                 s.precompiled = "not on a CPU"
             else:
                 specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
-                s.precompiled = precompile(str(s.plan_path), specs)
-        value = s.worker("kernels").call(run_benchmark, {"plan_path": str(s.plan_path), "spec": self.spec},
-                                         s.plan.numerics.timeout_s)
+                s.precompiled = precompile(s.plan, specs)
+        value = s.worker("kernels").call(run_benchmark, BenchTask(s.plan, self.spec), s.plan.numerics.timeout_s)
         if isinstance(value, Fault):
             rec = not_run_record(self.spec, value.reason)
             rec.impls = {name: type(impl)(error=value.reason) for name, impl in rec.impls.items()}
             value = BenchOutcome(rec, failures={"benchmark": value.reason})
-        for name, timing in value.timings.items():
-            store_in_pytest_benchmark(self, name, timing, value.record)
+        benchmark = self.funcargs.get("benchmark")
+        if benchmark is not None and "kernel" in value.timings:
+            store_in_pytest_benchmark(benchmark, self.clock, value.timings["kernel"], value.record)
         self._record(value.record)
         if value.failures:
             raise ItemFailed(f"benchmark {self.spec.id} failed: "
@@ -372,13 +396,19 @@ class BenchItem(PlanItem):
         session_of(self.config).record("benchmarks", self.spec.id, rec)
 
 
-class _ReplayClock:
-    """pytest-benchmark's timer for times measured on the device: each round advances it by one sample."""
+class DeviceClock:
+    """A benchmark item's pytest-benchmark timer (the `timer` option of its `benchmark` marker): it replays the samples
+    measured on the device, each round of `benchmark.pedantic(clock.advance, ...)` advancing it by one."""
 
-    def __init__(self, timing: Timing):
-        self.__name__ = timing.timer  # what pytest-benchmark stores as the timer's name
+    def __init__(self):
+        self.__name__ = "device"  # what pytest-benchmark stores as the timer's name: the harness's timer, once loaded
         self.now = 0.0
-        self._samples = iter(timing.samples_us)
+        self._samples = iter(())
+
+    def load(self, timing: Timing) -> int:
+        """The samples the next rounds replay; returns how many."""
+        self.__name__, self._samples = timing.timer, iter(timing.samples_us)
+        return len(timing.samples_us)
 
     def __call__(self) -> float:
         return self.now
@@ -387,29 +417,18 @@ class _ReplayClock:
         self.now += next(self._samples) * 1e-6
 
 
-def store_in_pytest_benchmark(item: pytest.Item, impl: str, timing: Timing, rec: BenchRecord) -> None:
-    """Hand one implementation's device samples to pytest-benchmark (storage, --benchmark-compare[-fail]).
+def store_in_pytest_benchmark(benchmark, clock: DeviceClock, timing: Timing, rec: BenchRecord) -> None:
+    """Hand the kernel's device samples to pytest-benchmark (storage, --benchmark-compare[-fail]) through its public
+    API: the item's `benchmark` fixture, its marker's `timer`, `benchmark.pedantic` and `benchmark.extra_info`.
 
-    pytest-benchmark has no public way to take samples measured elsewhere (here: on the device, in a
-    worker process), so its fixture is built from its session the way its own `benchmark` fixture is.
-    """
-    bench_session = getattr(item.config, "_benchmarksession", None)
-    if bench_session is None:  # pytest-benchmark not installed, or -p no:benchmark
-        return
-    from pytest_benchmark.fixture import BenchmarkFixture  # optional plugin: only where it is installed
-    from pytest_benchmark.utils import NameWrapper
-
-    clock = _ReplayClock(timing)
-    fixture = BenchmarkFixture(item, add_stats=bench_session.benchmarks.append, logger=bench_session.logger,
-                               warner=item.warn, disabled=bench_session.disabled,
-                               **{**bench_session.options, "timer": NameWrapper(clock), "group": item.name})
-    fixture.name = f"{item.name[:-1]}-{impl}]"
-    fixture.fullname = f"{item.nodeid[:-1]}-{impl}]"
-    figs = rec.impls[impl]
-    fixture.extra_info.update({"impl": impl, "timer": timing.timer, "calls_per_sample": timing.calls_per_sample,
-                               "gbps": figs.gbps, "pct_copy_bw": figs.pct_copy_bw, "launches": figs.launches,
-                               "rotated_sets": rec.rotated_sets})
-    fixture.pedantic(clock.advance, rounds=len(timing.samples_us), iterations=1)
+    One series per item, the kernel's, since a pytest-benchmark fixture times one function per test; the baselines'
+    timings are in the results file, and their speedups in the series' extra_info."""
+    figs = rec.impls["kernel"]
+    benchmark.extra_info.update({
+        "impl": "kernel", "timer": timing.timer, "calls_per_sample": timing.calls_per_sample, "gbps": figs.gbps,
+        "pct_copy_bw": figs.pct_copy_bw, "launches": figs.launches, "rotated_sets": rec.rotated_sets,
+        "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
+    benchmark.pedantic(clock.advance, rounds=clock.load(timing), iterations=1)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -470,8 +489,8 @@ def pytest_collection_finish(session):
 MEMCHECK_PARALLEL = 3
 
 
-def memcheck_args(s: Session, cell: Cell) -> tuple[str, str, float]:
-    return str(s.plan_path), cell.id, 10 * s.plan.numerics.timeout_s
+def memcheck_args(s: Session, cell: Cell) -> tuple[Plan, Cell, float]:
+    return s.plan, cell, 10 * s.plan.numerics.timeout_s
 
 
 def start_memchecks(s: Session, items: list) -> None:
@@ -497,6 +516,8 @@ def pytest_runtest_makereport(item, call):
             report.plan_status, report.plan_reason = SAMPLED_OUT, item.sampled_out
             return
         skipped = report.when == "setup"
+        if skipped and item.decision.kind in (RUN, XFAIL):  # a skip marker (--benchmark-only, a conftest's): not
+            return  # run this time, and not recorded, so what an earlier run recorded for the cell stays
         rec = item.result(skipped=skipped)
         # A cell skipped before it ran (not run here, excluded) is written with the next cell that runs, or at the end.
         session_of(item.config).record("cells", item.cell.id, rec, defer=skipped)

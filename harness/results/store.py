@@ -188,7 +188,7 @@ class ImplFigures:
 
     @property
     def timed(self) -> bool:
-        return _finite(self.median_us)
+        return finite_number(self.median_us)
 
 
 WRONG_AFTER_TIMING = "wrong result after timing"  # how a check after timing starts its message (harness.runtime.bench)
@@ -263,7 +263,8 @@ SECTIONS = {"cells": CellRecord, "benchmarks": BenchRecord, "integration": Integ
 Record = CellRecord | BenchRecord | IntegrationRecord
 
 
-def _finite(v) -> bool:
+def finite_number(v) -> bool:
+    """A number that is neither NaN nor infinite (the results file keeps the others as their text)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
@@ -281,7 +282,7 @@ def to_json(obj: Any) -> Any:
         return {str(k): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
-    if isinstance(obj, float) and not _finite(obj):
+    if isinstance(obj, float) and not finite_number(obj):
         return str(obj)
     return obj
 

@@ -3,21 +3,10 @@ under torch.compile ("compiled", Inductor), vLLM's in-tree kernel ("vllm") and a
 as a baseline (`benchmark.baselines: [{liger: liger_wrapper:rms_norm}]`, called like the kernel)?
 
 One item per benchmark shape (the plan's benchmark token counts x its sizes) x dtype x graph mode on
-this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GPU is timed:
+this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`; a worker runs it as a `BenchTask`
+(harness.runtime.tasks: the parsed plan and the shape). Each implementation is timed as
+harness.runtime.timing says (device time, warm-up, cold L2 by rotating input sets, launches per call); then:
 
-- Device time only. `eager`: CUDA events around each plain call; before each batch of calls the GPU
-  is parked on a short sleep kernel so the host queues the whole batch ahead of it, so host launch
-  overhead stays out of the figure ("back-to-back"). Eager items also time isolated calls (LAUNCH_SAMPLES)
-  on an idle GPU, from an event to the call's end, the host's launch cost included ("launch-inclusive":
-  what a host-bound eager decode step sees); the report shows both where they differ by over 3%.
-  `cuda_graph`: K calls captured in one graph, replays timed with events, each sample is replay time / K
-  (how vLLM runs decode batches).
-- Warm-up before timing (compilation, autotuning, graph upload), then a median and q20/q80 over
-  samples worth about TARGET_MS of device time (GRAPH_TARGET_MS of graph replays).
-- Cold L2: when one call's tensors are smaller than twice the L2 cache, enough input sets are built
-  that their total exceeds 2x L2, and calls rotate over them (`rotated_sets` in the results), up to
-  MAX_ROTATED_SETS: a call smaller than 2x L2 / MAX_ROTATED_SETS (about 120 KB on an H200: decode sizes)
-  finds part of its data in L2, as in a decode step, whose input the previous op has just written.
 - Each implementation's outputs are checked against the reference after its timing loop: a wrong kernel
   fails the item; a baseline that differs keeps its timing and is reported as differing (`differs`). A
   baseline that raises (a reference that syncs the host cannot be captured in a CUDA graph) is not run
@@ -25,7 +14,6 @@ this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`. How a GP
 - A named baseline whose package is not installed on this machine is recorded as not run, with why; so is one
   on a shape or dtype outside its contract (`{name: {path: ..., contract: {...}}}`). A shape outside the
   kernel's own contract (op.contract) is not timed at all.
-- Launches per call: the device operations (kernels, memsets, copies) in a CUDA graph capturing one call.
 - A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
   is "no difference".
 
@@ -33,9 +21,8 @@ On a CPU machine the kernel runs in Triton's interpreter, whose speed says nothi
 timed there (the item is skipped with that reason), while native versus compiled is still timed with
 the host clock (`timer: host`).
 
-pytest-benchmark stores every timed implementation (`--benchmark-save`, `--benchmark-compare`,
-`--benchmark-compare-fail`): each item hands it the device samples through its `timer=` hook (a clock
-that advances by one measured sample per round), so its statistics are device time, not host time.
+The item hands the kernel's device samples to pytest-benchmark (harness.plugin.session), which stores
+and compares them (`--benchmark-autosave`, `--benchmark-compare`, `--benchmark-compare-fail`).
 """
 
 from __future__ import annotations
@@ -43,61 +30,33 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
-import math
 import multiprocessing
 import os
-import re
-import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import numpy
 import torch
 
-from harness.runtime.calls import kernel_outputs, reference_outputs
+from harness.runtime.calls import first_line, kernel_outputs, reference_outputs
 from harness.runtime.device import detect, package_version
 from harness.spec.expressions import evaluate
 from harness.spec.hardware import Hardware
 from harness.runtime.inputs import TORCH_DTYPES, Example, build_args, poison_value, sizes_fit
 from harness.spec.matrix import Cell, bench_graph_modes, decide
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import Plan, PlanError, import_object, load_plan
+from harness.spec.plan import Plan, PlanError, import_object
 from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
 from harness.runtime.runner import compare_judged, device_poisoned
+from harness.runtime.tasks import BenchTask
+from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, rotation_count, \
+    time_calls, working_set_bytes
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
-
-# Device time spent on timed samples per implementation, and on warm-up. triton.testing.do_bench spends 100 and
-# 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (on an H200
-# the intervals' median width stayed 4.0-4.2%, and plan.yaml's 168 items took 128 s against 200 s:
-# docs/performance.md). Fewer moved the figures of large calls, not only the widths: 3 ms of warm-up, or eager
-# timings stopped after 20 calls once their spread was inside the noise floor, put the kernel's eager time at
-# 32768 x 8192 about 11% above what this budget measures (docs/performance.md, "Tried and not adopted").
-TARGET_MS, WARMUP_MS = 30.0, 10.0
-EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
-GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of many calls
-# Replays get half the eager budget: each is the mean of at least GRAPH_REPLAY_MS of calls, so their q20/q80
-# spread sat inside the noise floor at every one of plan.yaml's 252 CUDA-graph speedups on an H200, where the
-# floor, not the sample count, sets an interval's width.
-GRAPH_TARGET_MS = TARGET_MS / 2
-# Input sets a call rotates over at most. A CUDA graph holds one call per set; 10 000 sets of a one-token
-# RMSNorm made each decode item capture and replay 60 000 nodes per baseline, several seconds an item.
-MAX_ROTATED_SETS = 1024
-# Isolated eager calls, launch cost included (ImplFigures.launch_us): about LAUNCH_MS of device time, within
-# (fewest, most). Where a call's device time dwarfs its launch cost the two figures agree within a few samples.
-LAUNCH_MS, LAUNCH_SAMPLES = 5.0, (10, 50)
-# A captured graph holds at least this much work (and every rotated set), so replay launch costs amortise.
-GRAPH_REPLAY_MS = 2.0
-# Calls queued behind one sleep kernel; well under CUDA's launch queue (about 1000 entries).
-HOST_AHEAD_BATCH = 64
-# On a CPU machine (host clock, native vs compiled only).
-CPU_TARGET_MS, CPU_SAMPLES = 300.0, (5, 200)
-CHECK_SEED = 20_251_101
+CHECK_SEED = 20_251_101  # the seed of the inputs each implementation is checked on after its timing
 
 CPU_KERNEL_REASON = ("not timed on a CPU machine: the kernel runs in Triton's interpreter there, whose speed says "
                      "nothing about a GPU")
@@ -250,234 +209,6 @@ def input_sets(plan: Plan, spec: BenchSpec, device: str, count: int = 1, seed: i
     return [{k: slices[k][i] if k in slices else v for k, v in first.items()} for i in range(count)]
 
 
-def working_set_bytes(values: dict) -> int:
-    return sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
-
-
-def rotation_count(working_set: int, l2_bytes: int | None) -> int:
-    """Input sets whose total exceeds 2x L2, so every timed call starts with its data out of the cache."""
-    if not l2_bytes:
-        return 1
-    return min(2 * l2_bytes // max(working_set, 1) + 1, MAX_ROTATED_SETS)
-
-
-def l2_cache_bytes(device: str) -> int | None:
-    return torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else None
-
-
-# ---------------------------------------------------------------- timing
-
-
-@dataclass
-class Timing:
-    samples_us: list[float]
-    timer: str  # cuda_events | cuda_graph_replay | host
-    calls_per_sample: int = 1
-    launch_samples_us: list[float] = field(default_factory=list)  # eager only: isolated, launch-inclusive calls
-
-    def quantile(self, q: float) -> float:
-        return float(numpy.quantile(self.samples_us, q))
-
-    @property
-    def median_us(self) -> float:
-        return self.quantile(0.5)
-
-    @property
-    def q20_us(self) -> float:
-        return self.quantile(0.2)
-
-    @property
-    def q80_us(self) -> float:
-        return self.quantile(0.8)
-
-
-def _clamp(x: float, bounds: tuple[int, int]) -> int:
-    return int(min(max(x, bounds[0]), bounds[1]))
-
-
-def time_calls(call: Callable[[dict], object], sets: list[dict], device: str, graph: bool = False) -> Timing:
-    """Time `call(values)`, rotating over `sets`: CUDA events, CUDA-graph replay, or the host clock on a CPU."""
-    if device != "cuda":
-        return _time_host(call, sets)
-    return _time_graph(call, sets) if graph else _time_eager(call, sets)
-
-
-def _time_host(call, sets) -> Timing:
-    rotation = itertools.cycle(sets)
-    call(next(rotation))  # compilation, first-touch allocation
-    start = time.perf_counter()
-    call(next(rotation))
-    estimate_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
-    samples = []
-    for _ in range(_clamp(CPU_TARGET_MS / estimate_ms, CPU_SAMPLES)):
-        values = next(rotation)
-        start = time.perf_counter()
-        call(values)
-        samples.append((time.perf_counter() - start) * 1e6)
-    return Timing(samples, "host")
-
-
-@lru_cache(maxsize=1)
-def _sleep_cycles_per_second() -> float:
-    torch.cuda._sleep(1000)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(10_000_000)
-    end.record()
-    end.synchronize()
-    return 10_000_000 / (start.elapsed_time(end) * 1e-3)
-
-
-def _events_host_ahead(run: Callable[[], object], count: int, host_s_per_run: float) -> list[float]:
-    """Device µs of `count` runs, each between two events; the GPU sleeps while the host queues each batch."""
-    samples = []
-    # One batch's events, recorded again in every batch (each batch ends in a synchronize).
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(min(HOST_AHEAD_BATCH, count))]
-    while len(samples) < count:
-        events = pairs[: count - len(samples)]
-        sleep_s = min(1.5 * len(events) * host_s_per_run + 20e-6, 0.5)
-        torch.cuda._sleep(int(sleep_s * _sleep_cycles_per_second()))
-        for start, end in events:
-            start.record()
-            run()
-            end.record()
-        torch.cuda.synchronize()
-        samples += [start.elapsed_time(end) * 1e3 for start, end in events]
-    return samples
-
-
-def _estimate(run: Callable[[], object], n: int) -> tuple[float, float]:
-    """(device ms, host seconds) per run, over n runs."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    host = time.perf_counter()
-    start.record()
-    for _ in range(n):
-        run()
-    end.record()
-    host = (time.perf_counter() - host) / n
-    end.synchronize()
-    return max(start.elapsed_time(end) / n, 1e-4), host
-
-
-def _time_eager(call, sets) -> Timing:
-    rotation = itertools.cycle(sets)
-
-    def run():
-        call(next(rotation))
-
-    run()  # compilation, autotuning, lazy initialisation
-    torch.cuda.synchronize()
-    estimate_ms, host_s = _estimate(run, 5)
-    for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 10_000))):
-        run()
-    samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, EAGER_SAMPLES), host_s)
-    launches = _isolated_calls(run, _clamp(LAUNCH_MS / estimate_ms, LAUNCH_SAMPLES))
-    return Timing(samples, "cuda_events", launch_samples_us=launches)
-
-
-def _isolated_calls(run: Callable[[], object], count: int) -> list[float]:
-    """Device µs from an event recorded on an idle GPU to the end of one call: the host's launch cost included."""
-    samples = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(count):
-        torch.cuda.synchronize()
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return samples
-
-
-def _time_graph(call, sets) -> Timing:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and initialise outside the capture, as torch.cuda.graph asks
-        for values in sets[:3]:
-            call(values)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    rotation = itertools.cycle(sets)
-    eager_ms, _ = _estimate(lambda: call(next(rotation)), 5)
-    # Whole rotations (every set equally often), a power of two of them so that a noisy estimate
-    # rarely changes the graph's length.
-    rotations = 2 ** math.ceil(math.log2(max(1.0, GRAPH_REPLAY_MS / eager_ms / len(sets))))
-    calls = len(sets) * rotations
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(sets[i % len(sets)])
-    graph.replay()  # the first replay uploads the graph
-    torch.cuda.synchronize()
-    estimate_ms, host_s = _estimate(graph.replay, 1)
-    for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 100))):
-        graph.replay()
-    replays = _events_host_ahead(graph.replay, _clamp(GRAPH_TARGET_MS / estimate_ms, GRAPH_SAMPLES), host_s)
-    del graph
-    return Timing([t / calls for t in replays], "cuda_graph_replay", calls)
-
-
-@lru_cache(maxsize=None)
-def copy_bandwidth_gbps(device: str) -> float:
-    """This machine's measured copy bandwidth (bytes read + written) over one large tensor copy, once per run."""
-    nbytes = (1 << 30) if device == "cuda" else (1 << 26)
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    timing = time_calls(lambda v: v["dst"].copy_(v["src"]), [{"src": src, "dst": dst}], device)
-    return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
-
-
-_GRAPH_NODE_TYPE = re.compile(r'label="\{\s*([A-Z_]+)')  # cudaGraphDebugDotPrint: label="{KERNEL | ..."
-DEVICE_NODE_TYPES = ("KERNEL", "MEMSET", "MEMCPY")
-
-
-def graph_launches(dot_text: str) -> int:
-    """Device operations in a CUDA graph printed by cudaGraphDebugDotPrint (CUDAGraph.debug_dump)."""
-    return sum(t in DEVICE_NODE_TYPES for t in _GRAPH_NODE_TYPE.findall(dot_text))
-
-
-def count_launches(call: Callable[[dict], object], values: dict) -> int | None:
-    """Device operations (kernels, memsets, copies) one call enqueues; None when it cannot be told.
-
-    Counted as the nodes of a CUDA graph capturing the call. torch.profiler is the fallback only: in a
-    process that has used CUDA graphs torch leaves CUPTI attached after profiling (TEARDOWN_CUPTI=0).
-    """
-    try:
-        graph = torch.cuda.CUDAGraph(keep_graph=True)  # keeps the captured graph so it can be printed
-    except TypeError:  # torch before keep_graph: debug mode keeps it
-        graph = torch.cuda.CUDAGraph()
-        graph.enable_debug_mode()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch announces debug dumps with warnings
-            with torch.cuda.graph(graph):
-                call(values)
-            with tempfile.TemporaryDirectory() as tmp:
-                dot = Path(tmp) / "call.dot"
-                graph.debug_dump(str(dot))
-                nodes = graph_launches(dot.read_text())
-    except Exception:  # not capturable, or no graph printed
-        nodes = 0
-    return nodes or _profiled_launches(call, values)  # a GPU call does launch something: 0 means not counted
-
-
-def _profiled_launches(call: Callable[[dict], object], values: dict) -> int | None:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        torch.cuda.synchronize()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "Profiler clears events at the end of each cycle": one cycle here
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                call(values)
-                torch.cuda.synchronize()
-            return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
-    except Exception:
-        return None
-
-
 # ---------------------------------------------------------------- implementations
 
 
@@ -496,15 +227,10 @@ def named_call(plan: Plan, path: str) -> Callable[[dict], dict] | str:
     try:
         fn = import_object(path)
     except Exception as exc:  # a package installed on another machine only: reported, never a crash
-        return f"{path} cannot be imported here: {type(exc).__name__}: {_first_line(exc)}"
+        return f"{path} cannot be imported here: {first_line(exc)}"
     if not callable(fn):
         return f"{path} is not callable ({type(fn).__name__})"
     return kernel_call(plan, fn)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def outside_contract(plan: Plan, name: str, spec: BenchSpec) -> str:
@@ -562,9 +288,8 @@ PRECOMPILE_PROCESSES = 8
 PRECOMPILE_TIMEOUT_S = 300.0
 
 
-def _precompile_shape(plan_path: str, spec: BenchSpec, device: str) -> None:
+def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
     """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
-    plan = load_plan(plan_path)
     values = input_sets(plan, spec, device)[0]
     if "compiled" in plan.benchmark.baselines:
         reference_call(plan, compiled_reference(plan.load_reference(), spec.shape))(values)
@@ -573,7 +298,7 @@ def _precompile_shape(plan_path: str, spec: BenchSpec, device: str) -> None:
         torch.cuda.synchronize()
 
 
-def precompile(plan_path: str, specs: list[BenchSpec], device: str = "cuda",
+def precompile(plan: Plan, specs: list[BenchSpec], device: str = "cuda",
                processes: int = PRECOMPILE_PROCESSES) -> str:
     """Compile every benchmark shape's reference under Inductor, and the kernel under Triton, in `processes`
     processes side by side before any item is timed, so that each item's own compilation finds Inductor's and
@@ -593,7 +318,7 @@ def precompile(plan_path: str, specs: list[BenchSpec], device: str = "cuda",
     shapes = list({spec.shape: spec for spec in specs}.values())
     if not shapes:
         return "precompiled: nothing to compile"
-    stamp = Path(cache_dir()) / "harness-precompiled" / _compile_key(plan_path, [spec.shape for spec in shapes])
+    stamp = Path(cache_dir()) / "harness-precompiled" / _compile_key(plan, [spec.shape for spec in shapes])
     if stamp.exists():
         return f"precompile skipped: an earlier run compiled these {len(shapes)} shapes into Inductor's cache ({stamp})"
     start = time.time()
@@ -602,7 +327,7 @@ def precompile(plan_path: str, specs: list[BenchSpec], device: str = "cuda",
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     try:  # a spawning executor starts all its processes at the first submit, with this environment
         pool = ProcessPoolExecutor(min(processes, len(shapes)), mp_context=multiprocessing.get_context("spawn"))
-        futures = [pool.submit(_precompile_shape, plan_path, spec, device) for spec in shapes]
+        futures = [pool.submit(_precompile_shape, plan, spec, device) for spec in shapes]
     finally:
         if saved is None:
             del os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
@@ -622,21 +347,21 @@ def precompile(plan_path: str, specs: list[BenchSpec], device: str = "cuda",
             pass
     if not failed and not late:
         stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"{plan_path}: {len(shapes)} shapes\n")
+        stamp.write_text(f"{plan.path}: {len(shapes)} shapes\n")
     return (f"precompiled {len(shapes) - failed - len(late)} of {len(shapes)} shapes in {time.time() - start:.1f} s"
             f" ({min(processes, len(shapes))} processes)")
 
 
-def _compile_key(plan_path: str, shapes: list[tuple]) -> str:
+def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
     """What the compiled references depend on: the plan, the reference's source file, the shapes, the software, the
     GPU and Inductor's settings. The kernel is left out: a kernel being edited compiles in its items (seconds), while
     the unchanged references stay compiled (precompiling warm caches still costs 15-20 s of process starts)."""
     try:
-        source = Path(inspect.getsourcefile(import_object(load_plan(plan_path).reference)) or "").read_text()
+        source = Path(inspect.getsourcefile(plan.load_reference()) or "").read_text()
     except (TypeError, OSError):  # a builtin, or no file
         source = ""
     digest = hashlib.sha256()
-    for part in (Path(plan_path).read_text(), source, repr(sorted(shapes)), torch.__version__,
+    for part in (plan.raw_text, source, repr(sorted(shapes)), torch.__version__,
                  package_version("triton"), detect().sm, detect().gpu,
                  repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")))):
         digest.update(f"{part}\0".encode())
@@ -737,22 +462,15 @@ class BenchOutcome:
 _launches: dict[tuple, int | None] = {}
 
 
-@lru_cache(maxsize=8)
-def _plan_as_of(plan_path: str, mtime_ns: int) -> Plan:
-    return load_plan(plan_path)
-
-
-def prepare_benchmarks(plan_path: str) -> None:
-    """What a benchmark process loads before its first item, while other work goes on (Worker.start): the plan, the
-    CUDA context, the kernel's module, vLLM's ops library (about 7 s on an H200 machine) and torch.compile's."""
-    plan = _plan_as_of(plan_path, os.stat(plan_path).st_mtime_ns)
+def prepare_benchmarks(plan: Plan) -> None:
+    """What a benchmark process loads before its first item, while other work goes on (Worker.start): the CUDA
+    context, the kernel's module, vLLM's ops library (about 7 s on an H200 machine) and torch.compile's."""
     implementations(plan, detect().device)
 
 
-def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
+def run_benchmark(task: BenchTask) -> BenchOutcome:
     """Time every implementation of one benchmark item and check its result; returns the results record."""
-    # Parsed once per process and plan version, not per item (10 ms each, 1.7 s of plan.yaml's 168 items).
-    plan, device = _plan_as_of(plan_path, os.stat(plan_path).st_mtime_ns), detect().device
+    plan, spec, device = task.plan, task.spec, detect().device
     graph = spec.graph_mode == "cuda_graph"
     sizes = spec.sizes_dict
     copy_bw = copy_bandwidth_gbps(device)
@@ -774,7 +492,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
             mismatch = check(plan, spec, call, inputs) if name != "native" or graph else None
         except Exception as exc:  # one implementation failing must not hide the others' figures
-            message = f"{type(exc).__name__}: {_first_line(exc)}"
+            message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
             if name == "kernel" or outcome.fatal:
                 rec.impls[name] = ImplFigures(error=message)
@@ -784,7 +502,7 @@ def run_benchmark(plan_path: str, spec: BenchSpec) -> BenchOutcome:
             continue
         returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
         nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
-        key = (plan_path, name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
+        key = (str(plan.path), name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
         if device == "cuda" and key not in _launches:
             _launches[key] = count_launches(call, sets[0])
         launches = _launches.get(key)

@@ -2,7 +2,8 @@
 
 A kernel writes outputs into its arguments (output buffers, mutated inputs) or returns them; a
 reference is functional (inputs in, every output returned in `op.outputs` order). Numerics cells,
-TP ranks, benchmarks and vLLM items all go through these three functions.
+TP ranks, benchmarks and vLLM items all go through these functions; `first_line` is how a call that
+raised is told in one line.
 """
 
 from __future__ import annotations
@@ -41,3 +42,9 @@ def reference_outputs(plan: Plan, reference: Callable, values: dict, copy: bool 
 def kernel_args(plan: Plan, values: dict) -> list:
     """The kernel's arguments in call order."""
     return [values.get(a.name) for a in plan.args]
+
+
+def first_line(exc: BaseException) -> str:
+    """What a call raised, in one line: the exception's type and the first line of its message."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

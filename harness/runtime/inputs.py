@@ -112,14 +112,15 @@ def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_si
     return draw(st.one_of(planned, awkward) if awkward_sizes and bottom <= top else planned)
 
 
-def _fits(v: int, spec: SizeSpec, drawn: dict) -> bool:
+def _obeys(v: int, spec: SizeSpec, drawn: dict) -> bool:
+    """Whether size `v` meets its constraints on the sizes drawn so far (divides, at_most)."""
     return ((spec.divides not in drawn or drawn[spec.divides] % v == 0)
             and (spec.at_most not in drawn or v <= drawn[spec.at_most]))
 
 
 def sizes_fit(plan: Plan, sizes: dict[str, int]) -> bool:
     """Whether one combination of sizes meets the constraints between them (divides, at_most)."""
-    return all(_fits(v, plan.size_specs[sym], sizes) for sym, v in sizes.items())
+    return all(_obeys(v, plan.size_specs[sym], sizes) for sym, v in sizes.items())
 
 
 @st.composite
@@ -140,9 +141,9 @@ def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
         awkward = plan.numerics.awkward_sizes if spec.awkward is None else spec.awkward
         values = cpu_sizes.get(sym, spec.values)
         v = draw(size_values(values, step, awkward and not spec.divides, low, high), label=sym)
-        if not _fits(v, spec, drawn):  # the largest fitting size of the plan's, else of the step's multiples
+        if not _obeys(v, spec, drawn):  # the largest fitting size of the plan's, else of the step's multiples
             candidates = [c for c in values if c % step == 0] or list(range(step, max(values) + 1, step))
-            fitting = [c for c in candidates if _fits(c, spec, drawn) and plan.contract.allows_size(sym, c, plan.args)]
+            fitting = [c for c in candidates if _obeys(c, spec, drawn) and plan.contract.allows_size(sym, c, plan.args)]
             fitting = fitting or [step]
             v = max(fitting)
         drawn[sym] = v

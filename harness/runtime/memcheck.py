@@ -8,7 +8,8 @@ write past its end lands outside it, where memcheck reports it (with the allocat
 cached block and nothing is seen). The first error is reported with the kernel, the access and the
 example that was running.
 
-`python -m harness.runtime.memcheck PLAN CELL N` is the process under the sanitizer; `run_memcheck` starts it.
+`python -m harness.runtime.memcheck TASK` is the process under the sanitizer, TASK a file holding the cell's
+`CellTask` (the parsed plan, the cell, EXAMPLES examples) pickled; `run_memcheck` writes it and starts the process.
 """
 
 from __future__ import annotations
@@ -19,18 +20,21 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example
 from harness.spec.matrix import Cell
-from harness.spec.plan import load_plan
+from harness.spec.plan import Plan
 from harness.results.store import CellRecord, InputsSeen, Status, from_json, to_json
-from harness.runtime.runner import CellCheck, Outcome, RunSettings, not_run, run_examples
+from harness.runtime.runner import CellCheck, Outcome, not_run, run_examples
+from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task
 from harness.runtime.vllm_kernels import KernelUnavailable
 
 EXAMPLES = 3  # drawn examples per memcheck cell: each costs the sanitizer's start and its slowed launches
+RUN = RunSettings(EXAMPLES, "ci", None)  # derandomized, no example database: the sanitizer's process writes nothing
 MARK = "harness-memcheck-example: "
 
 
@@ -51,37 +55,38 @@ class AnnouncedCheck(CellCheck):
 
 
 def main(argv: list[str]) -> int:
-    plan_path, cell_id, examples = argv[0], argv[1], int(argv[2])
-    plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
+    task: CellTask = read_task(argv[0])
+    plan, cell = task.plan, task.cell
     try:
         check = AnnouncedCheck(plan, cell, detect().device)
     except KernelUnavailable as exc:
         outcome = not_run(cell, str(exc))
     else:
-        outcome = run_examples(plan, cell, check, RunSettings(examples, "ci", None))
+        outcome = run_examples(plan, cell, check, task.run)
     print("harness-memcheck-record: " + json.dumps(to_json(outcome.record)), flush=True)
     return 0
 
 
-def run_memcheck(plan_path: str, cell_id: str, timeout_s: float) -> Outcome:
+def run_memcheck(plan: Plan, cell: Cell, timeout_s: float) -> Outcome:
     """The cell's examples under memcheck: failed with the first memory error, else passed (values checked too)."""
-    cell = Cell.from_id(cell_id)
     rec = CellRecord(**cell.axes(), status=Status.NOT_RUN)
     tool = sanitizer()
     if tool is None:
         rec.reason = "memcheck needs compute-sanitizer (CUDA's toolkit); this machine has none"
         return Outcome(rec)
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--print-limit", "10", sys.executable, "-m",
-           "harness.runtime.memcheck", str(plan_path), cell_id, str(EXAMPLES)]
     start = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-        text = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        text = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        rec.status, rec.reason = Status.FAILED, f"timed out after {timeout_s:g} s under compute-sanitizer memcheck"
-        return Outcome(rec)
+    with tempfile.TemporaryDirectory(prefix="harness-memcheck-") as tmp:
+        task = Path(tmp) / "task.pickle"
+        write_task(CellTask(plan, cell, RUN), task)
+        cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--print-limit", "10", sys.executable, "-m",
+               "harness.runtime.memcheck", str(task)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+            text = proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired:
+            rec.status, rec.reason = Status.FAILED, f"timed out after {timeout_s:g} s under compute-sanitizer memcheck"
+            return Outcome(rec)
     rec.duration_s = round(time.monotonic() - start, 3)
     errors = re.search(r"ERROR SUMMARY: (\d+) error", text)
     inner = re.search(r"harness-memcheck-record: (\{.*\})", text)

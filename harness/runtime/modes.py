@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from harness.runtime.calls import first_line
 from harness.runtime.inputs import Example, in_layout
 from harness.runtime.numerics import Mismatch
 from harness.spec.plan import BUILTIN_SYMBOLS, Plan, import_object
@@ -138,7 +139,7 @@ class TorchCompile:
                                       test_utils=utils)
                 self.opcheck_failure = ""
             except Exception as exc:
-                self.opcheck_failure = f"torch.library.opcheck failed: {_first_line(exc)}"
+                self.opcheck_failure = f"torch.library.opcheck failed: {first_line(exc)}"
                 if not self.plan.fake and "data-dependent" in str(exc).lower():
                     self.opcheck_failure += (" (the fake was derived from the reference, which reads tensor values: "
                                              "give op.fake, a function that only allocates the outputs)")
@@ -167,11 +168,6 @@ class TorchCompile:
         self.seen_keys.add(key)
         self.facts["shapes"] = len(self.seen_keys)
         return out
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 # ---------------------------------------------------------------- CUDA graphs
@@ -220,7 +216,7 @@ class CudaGraph:
             except RuntimeError as exc:
                 self.facts["capture_safe"] = False
                 raise Mismatch("the kernel synchronizes with the host (e.g. reads a device value with .item()): "
-                               f"it cannot be captured in a CUDA graph ({_first_line(exc)})") from None
+                               f"it cannot be captured in a CUDA graph ({first_line(exc)})") from None
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         torch.cuda.current_stream().wait_stream(stream)
@@ -230,7 +226,7 @@ class CudaGraph:
                 out = self.kernel(**static)
         except Exception as exc:
             self.facts["capture_safe"] = False
-            raise Mismatch(f"CUDA graph capture failed: {_first_line(exc)} (a host sync, a data-dependent "
+            raise Mismatch(f"CUDA graph capture failed: {first_line(exc)} (a host sync, a data-dependent "
                            "allocation or a CPU tensor in the kernel's launch path cannot be captured)") from None
         self.facts["captures"] += 1
         if self.facts["capture_safe"] is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.spec.plan import Tolerance
-from harness.results.store import ErrorStats
+from harness.results.store import ErrorStats, finite_number
 
 # A failure within this many tolerances is "borderline" and gets judged against fp64.
 BORDERLINE = 4.0
@@ -35,11 +35,8 @@ class Stats:
             self.max_ulp = max(self.max_ulp or 0, ulp)
 
     def record(self) -> ErrorStats:
-        return ErrorStats(_finite(self.max_abs), _finite(self.max_rel), self.max_ulp, self.worst_output)
-
-
-def _finite(x: float):
-    return x if x == x and abs(x) != float("inf") else str(x)
+        return ErrorStats(*(v if finite_number(v) else str(v) for v in (self.max_abs, self.max_rel)), self.max_ulp,
+                          self.worst_output)
 
 
 @dataclass

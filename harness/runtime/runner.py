@@ -1,8 +1,8 @@
 """Running one cell: hypothesis draws examples, each is checked against the reference in the cell's graph mode.
 
-`run_cell` is a plain function of (plan path, cell id, settings) returning an `Outcome`, so it runs
-the same in the pytest process or in an isolated worker (harness.runtime.workers). Tensor-parallel cells
-check their examples with `tp.TPCheck` through the same `run_examples` loop.
+`run_cell` is a plain function of a `CellTask` (the parsed plan, the cell, the run's settings) returning
+an `Outcome`, so it runs the same in the pytest process or in an isolated worker (harness.runtime.workers).
+Tensor-parallel cells check their examples with `tp.TPCheck` through the same `run_examples` loop.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from harness.runtime.inputs import Example, build_args, examples, token_cap, wit
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
-from harness.spec.plan import Plan, load_plan
+from harness.spec.plan import Plan
 from harness.results.store import CellRecord, Failure, InputsSeen, Status, Tol
 from harness.spec.tolerances import output_tolerance, tolerance_for
+from harness.runtime.tasks import CellTask, RunSettings
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
 
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
@@ -45,13 +46,6 @@ settings.register_profile("harness-dev", **_COMMON)
 settings.register_profile("harness-ci", **_COMMON, derandomize=True, database=None)
 settings.register_profile("harness-nightly", **_COMMON)
 NIGHTLY_FACTOR = 5  # nightly runs draw this many times the plan's examples
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    examples: int
-    profile: str = "dev"  # dev | ci | nightly
-    database: str | None = ".hypothesis/examples"
 
 
 @dataclass
@@ -272,15 +266,16 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     return Outcome(rec, fatal=device_poisoned(rec.reason, device), device_fault=device_fault)
 
 
-def run_cell(plan_path: str, cell_id: str, run: RunSettings, progress=None, replay: Example | None = None) -> Outcome:
-    """Run one tp1 cell's hypothesis examples in this process (or only `replay`); `progress` as in run_examples."""
+def run_cell(task: CellTask, progress=None) -> Outcome:
+    """Run one tp1 cell's hypothesis examples in this process (or only `task.replay`); `progress` as in
+    run_examples."""
     start = time.monotonic()
-    plan, cell = load_plan(plan_path), Cell.from_id(cell_id)
+    plan, cell = task.plan, task.cell
     try:
         check = CellCheck(plan, cell, detect().device)
     except KernelUnavailable as exc:
         return not_run(cell, str(exc))
-    return run_examples(plan, cell, check, run, start=start, progress=progress, replay=replay)
+    return run_examples(plan, cell, check, task.run, start=start, progress=progress, replay=task.replay)
 
 
 def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None,

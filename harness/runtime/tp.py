@@ -31,8 +31,9 @@ from harness.runtime.inputs import Example, build_args, in_layout, poisoned
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import Plan, load_plan
-from harness.runtime.runner import CellCheck, KernelRaised, Outcome, RunSettings, exception_text, not_run, run_examples
+from harness.spec.plan import Plan
+from harness.runtime.runner import CellCheck, KernelRaised, Outcome, exception_text, not_run, run_examples
+from harness.runtime.tasks import CellTask
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
 
 
@@ -248,12 +249,11 @@ def _broadcast(command=None):
     return box[0]
 
 
-def follow_cell(plan_path: str, cell_id: str, rank: int, size: int, device: str) -> None:
+def follow_cell(plan: Plan, cell: Cell, rank: int, size: int, device: str) -> None:
     """Ranks above 0: run each example rank 0 broadcasts, until it says the cell is done."""
     run, setup_error = None, None
     try:
-        plan = load_plan(plan_path)
-        run = RankRun(plan, Cell.from_id(cell_id), device, rank, size)
+        run = RankRun(plan, cell, device, rank, size)
     except Exception as exc:
         setup_error = _error("raised", f"setting up the cell failed: {_short(exc)}")
     all_set_up()
@@ -317,27 +317,26 @@ class TPCheck(CellCheck):
             self.compare(name, actual, expected[name], full, False)
 
 
-def run_cell_on_rank(plan_path: str, cell_id: str, run: RunSettings, progress=None,
-                     replay: Example | None = None) -> Outcome | None:
-    """One tp>1 cell, called on every rank of a group: rank 0 draws and checks (or checks only `replay`), the
-    others follow it. Rank 0 reports `progress` (runner.run_examples), from once every rank has set up the cell."""
+def run_cell_on_rank(task: CellTask, progress=None) -> Outcome | None:
+    """One tp>1 cell, called on every rank of a group with the same task: rank 0 draws and checks (or checks only
+    `task.replay`), the others follow it. Rank 0 reports `progress` (runner.run_examples), from once every rank has
+    set up the cell."""
     start = time.monotonic()
     device = detect().device
     rank, size = dist.get_rank(), dist.get_world_size()
-    cell = Cell.from_id(cell_id)
+    plan, cell = task.plan, task.cell
     if size != cell.tp:
         raise RuntimeError(f"a tp{cell.tp} cell runs on a group of {cell.tp} ranks, not {size}")
     if rank != 0:
-        follow_cell(plan_path, cell_id, rank, size, device)
+        follow_cell(plan, cell, rank, size, device)
         return None
     try:
         try:
-            plan = load_plan(plan_path)
             check = TPCheck(plan, cell, device)
         finally:
             all_set_up()
-        outcome = run_examples(plan, cell, check, run, check.tp_multiple, start=start, progress=progress,
-                               replay=replay)
+        outcome = run_examples(plan, cell, check, task.run, check.tp_multiple, start=start, progress=progress,
+                               replay=task.replay)
     except KernelUnavailable as exc:  # vLLM's kernel cannot be loaded here: not run, on every rank alike
         finish_cell()
         return not_run(cell, str(exc))

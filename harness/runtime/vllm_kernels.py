@@ -66,7 +66,7 @@ def _source() -> str:
     return f"the vLLM ops library {library}" if library else f"vLLM {package_version('vllm') or '?'}"
 
 
-def _fits(ours, theirs) -> bool:
+def _same_kind(ours, theirs) -> bool:
     """One schema parameter of ours against the registered one: the same kind (an optional tensor takes a tensor)."""
     kind = str(theirs.type)
     if ours.type == "Tensor":
@@ -78,7 +78,7 @@ def schema_problem(kernel: VllmKernel, registered) -> str:
     """Why a registered op (a torch FunctionSchema) cannot be called as `kernel.schema` says ("" when it can):
     fewer parameters, other kinds, or more parameters without defaults."""
     theirs, ours = list(registered.arguments), kernel.params
-    if len(theirs) >= len(ours) and all(_fits(p, a) for p, a in zip(ours, theirs)) \
+    if len(theirs) >= len(ours) and all(_same_kind(p, a) for p, a in zip(ours, theirs)) \
             and all(a.has_default_value() for a in theirs[len(ours):]):
         return ""
     what = " (a placeholder without a kernel)" if not theirs else ""

@@ -1,11 +1,17 @@
 """Fault isolation: items run in a child process that is replaced after a crash, a hang or a poisoned device.
 
-The layer is generic: `Worker.call(fn, kwargs, timeout_s)` runs a module-level function in a child
-process (sent by reference, as pickle sends functions) and returns its value, or a `Fault` saying in
-words why there is none. Numerics cells, benchmark items and vLLM integration items all run this way.
+The layer is generic: `Worker.call(fn, task, timeout_s)` runs `fn(task)` in a child process and returns
+its value, or a `Fault` saying in words why there is none. The function goes by reference (as pickle
+sends module-level functions), the task pickled: a frozen dataclass carrying the parsed plan
+(harness.runtime.tasks), so the child never reads the plan file. Numerics cells, benchmark items and
+vLLM integration items all run this way.
 One worker serves many calls (starting one costs an interpreter plus torch and triton imports), so
 the price of isolation is paid once per pytest process and again only after a fault. A value whose
 `fatal` attribute is true (a poisoned CUDA context) also retires the worker.
+
+No library pool (multiprocessing.Pool, concurrent.futures, pytest-forked) is used because none times
+a call per reported example, names the example in flight when its process dies or hangs, retires a
+process whose CUDA context is poisoned, or runs one call on every rank of a torch.distributed group.
 
 Time limits. A function that has a `progress` parameter reports how it is getting on: the worker passes
 it a callable that sends each event to the parent at once, over the call's pipe. A numerics cell calls
@@ -20,8 +26,9 @@ whole call.
 
 Faults and their examples. The parent remembers the example in flight and the first that failed, so
 a call that crashed its worker (or poisoned the device) still names its input: `shrink_fault` then
-replays smaller inputs, each in a fresh worker (or the same one while it survives), within a budget
-(SHRINK_REPLAYS replays, SHRINK_BUDGET_S seconds), and returns the smallest that still faults.
+replays smaller inputs (the task's `replaying(example)`), each in a fresh worker (or the same one while
+it survives), within a budget (SHRINK_REPLAYS replays, SHRINK_BUDGET_S seconds), and returns the
+smallest that still faults.
 
 Tensor-parallel cells run in a WorkerGroup: N processes joined by torch.distributed (gloo on CPU,
 NCCL with one GPU per rank), started once per TP size and kept for every later cell of that size.
@@ -60,7 +67,7 @@ GROUP_START_TIMEOUT_S = 300.0  # N interpreters importing torch and triton, then
 FOLLOWER_ACK_TIMEOUT_S = 60.0  # ranks above 0 report back right after rank 0 ends the cell
 # Collectives inside a cell; the parent's numerics.timeout_s normally fires first and kills the group.
 PROCESS_GROUP_TIMEOUT_S = 3600
-# A cell's set-up before its first example (the plan loaded, the kernel imported, its runner built, on
+# A cell's set-up before its first example (the kernel imported, its reference and runner built, on
 # every rank) has this long, or numerics.timeout_s if that is longer: imports are outside the per-example limit.
 SETUP_TIMEOUT_S = 300.0
 # A cell that keeps finishing examples is still stopped after this many times numerics.timeout_s.
@@ -109,10 +116,15 @@ class _Progress:
         self.conn.send(("progress", event, details))
 
 
-def _serve(conn, fn: Callable, kwargs: dict, reports: bool = False) -> bool:
+def _invoke(fn: Callable, task: Any, **progress) -> Any:
+    """`fn(task)`; `fn()` for a call without a task (None)."""
+    return fn(**progress) if task is None else fn(task, **progress)
+
+
+def _serve(conn, fn: Callable, task: Any, reports: bool = False) -> bool:
     """Run one call and send its reply; returns whether this process must exit (a fatal value)."""
     try:
-        value = fn(**kwargs, progress=_Progress(conn)) if reports else fn(**kwargs)
+        value = _invoke(fn, task, progress=_Progress(conn)) if reports else _invoke(fn, task)
         reply = ("ok", value)
     except BaseException as exc:  # a harness-side failure still replies instead of killing the process
         reply = ("raised", f"{type(exc).__name__}: {exc}", traceback.format_exc())
@@ -127,14 +139,14 @@ def _warm_up() -> None:
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 
-def _worker_main(conn, env: dict, prepare: tuple[Callable, dict] | None = None) -> None:
+def _worker_main(conn, env: dict, prepare: tuple[Callable, Any] | None = None) -> None:
     os.environ.update(env)  # TRITON_INTERPRET among them, before any kernel imports triton
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.runtime.interpreter)
     _warm_up()
     if prepare:
         try:
-            prepare[0](**prepare[1])
+            _invoke(*prepare)
         except Exception:  # the first call meets the same error, and reports it where it belongs
             pass
     conn.send("ready")  # a call's time limit starts after this, so a slow start never times a call out
@@ -211,8 +223,8 @@ class CallProgress:
             reason, kind = f"timed out after {t:g} s (numerics.timeout_s): {where or 'the kernel did not return'} " \
                            "(a hang or an endless loop?)", "hung"
         elif self.first is None:
-            reason, kind = (f"the cell did not get to its first example within {self.setup_limit_s:g} s (loading the "
-                            f"plan, importing the kernel, building its runner): {where or 'it did not return'}",
+            reason, kind = (f"the cell did not get to its first example within {self.setup_limit_s:g} s (importing "
+                            f"the kernel, building its runner): {where or 'it did not return'}",
                             "setup")
         elif self.first + self.cap_s < self.last + t:  # the total cap came first
             reason, kind = (f"the cell was still running after {self.cap_s:g} s ({TOTAL_TIMEOUT_FACTOR} x "
@@ -264,10 +276,10 @@ class Worker:
     def facts(self) -> dict:
         return {}
 
-    def start(self, prepare: tuple[Callable, dict] | None = None) -> None:
-        """Start the process without waiting for it, so that its imports, and `prepare` (fn, kwargs: loading what
-        its calls will need), overlap the caller's work; the first call waits until it is ready. A process that
-        dies is restarted without `prepare`."""
+    def start(self, prepare: tuple[Callable, Any] | None = None) -> None:
+        """Start the process without waiting for it, so that its imports, and `prepare` ((fn, task): `fn(task)`
+        loading what its calls will need), overlap the caller's work; the first call waits until it is ready. A
+        process that dies is restarted without `prepare`."""
         if self.proc is not None and self.proc.is_alive():
             return
         ctx = mp.get_context("spawn")  # fork after CUDA init is unsafe; spawn gives a clean device context
@@ -296,15 +308,16 @@ class Worker:
         self.ready = True
         return None
 
-    def call(self, fn: Callable, kwargs: dict, timeout_s: float) -> Any:
-        """`fn(**kwargs)` in the worker: its value, or a Fault. Timed per example when `fn` reports progress."""
+    def call(self, fn: Callable, task: Any, timeout_s: float) -> Any:
+        """`fn(task)` in the worker (`fn()` where `task` is None): its value, or a Fault. Timed per example when `fn`
+        reports progress."""
         if self.proc is None or not self.proc.is_alive() or not self.ready:
             fault = self._start()  # outside the call's time limit
             if fault:
                 return fault
         watch = self.progress = CallProgress(timeout_s, reports_progress(fn))
         try:
-            self.conn.send((fn, kwargs, watch.reports))
+            self.conn.send((fn, task, watch.reports))
             while True:
                 if not self.conn.poll(max(0.0, watch.deadline() - time.monotonic())):
                     self.stop(kill=True)
@@ -470,8 +483,8 @@ class WorkerGroup:
     def facts(self) -> dict:
         return {"ranks": self.size, "backend": self.backend, "worker_starts": self.starts}
 
-    def call(self, fn: Callable, kwargs: dict, timeout_s: float) -> Any:
-        """`fn(**kwargs)` on every rank: rank 0's value, or a Fault naming the rank that failed and how.
+    def call(self, fn: Callable, task: Any, timeout_s: float) -> Any:
+        """`fn(task)` on every rank: rank 0's value, or a Fault naming the rank that failed and how.
         Timed per example from rank 0's progress when `fn` reports progress (rank 0 starts its first example
         once every rank has set up the cell)."""
         if not self.alive:
@@ -485,7 +498,7 @@ class WorkerGroup:
         watch = self.progress = CallProgress(timeout_s, reports_progress(fn))
         try:
             for conn in self.conns:
-                conn.send((fn, kwargs, watch.reports))
+                conn.send((fn, task, watch.reports))
             value = _fault(self._reply(0, watch))
             fatal = isinstance(value, Fault) or getattr(value, "fatal", False)
             if not fatal:
@@ -593,13 +606,13 @@ def fault_example(value: Any, progress: CallProgress | None) -> Any:
 
 
 class Replays:
-    """`reproduces(example)` for a shrinker: replays the faulted call on `example` (the function's `replay`
-    parameter) in the worker, which restarts itself after each fault, within a budget of replays and seconds.
-    Once the budget is spent every further candidate counts as not reproducing."""
+    """`reproduces(example)` for a shrinker: replays the faulted call on `example` (the task's
+    `replaying(example)`) in the worker, which restarts itself after each fault, within a budget of replays and
+    seconds. Once the budget is spent every further candidate counts as not reproducing."""
 
-    def __init__(self, worker, fn: Callable, kwargs: dict, timeout_s: float, fault: Any,
+    def __init__(self, worker, fn: Callable, task: Any, timeout_s: float, fault: Any,
                  max_replays: int = SHRINK_REPLAYS, budget_s: float = SHRINK_BUDGET_S):
-        self.worker, self.fn, self.kwargs, self.timeout_s, self.fault = worker, fn, kwargs, timeout_s, fault
+        self.worker, self.fn, self.task, self.timeout_s, self.fault = worker, fn, task, timeout_s, fault
         self.max_replays, self.budget_s = max_replays, budget_s
         self.started = time.monotonic()
         self.count = 0
@@ -613,7 +626,7 @@ class Replays:
             self.spent = True
             return False
         self.count += 1
-        value = self.worker.call(self.fn, {**self.kwargs, "replay": example}, min(self.timeout_s, self.left_s()))
+        value = self.worker.call(self.fn, self.task.replaying(example), min(self.timeout_s, self.left_s()))
         return self.same_fault(value)
 
     def same_fault(self, value: Any) -> bool:
@@ -641,13 +654,13 @@ class Shrunk:
                                            "budget": budget + (" (spent)" if self.spent else "")}}
 
 
-def shrink_fault(worker, fn: Callable, kwargs: dict, timeout_s: float, value: Any,
+def shrink_fault(worker, fn: Callable, task: Any, timeout_s: float, value: Any,
                  shrink: Callable[[Any, Callable[[Any], bool]], Any]) -> Shrunk | None:
     """After a call that `faulted`: `shrink(first, reproduces)` walks toward smaller examples, replaying each
     in a fresh worker; None when the call did not fault or named no example."""
     first = fault_example(value, worker.progress)
     if not faulted(value) or first is None:
         return None
-    replays = Replays(worker, fn, kwargs, timeout_s, value)
+    replays = Replays(worker, fn, task, timeout_s, value)
     smallest = shrink(first, replays)
     return Shrunk(smallest, first, replays.count, time.monotonic() - replays.started, replays.spent)

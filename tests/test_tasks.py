@@ -1,0 +1,65 @@
+"""Worker tasks: the parsed plan travels to the worker pickled, and no worker reads the plan file again."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task
+from harness.spec.matrix import Cell
+from harness.spec.plan import load_plan
+
+from tests.plans import rms_norm_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", PLANS, ids=lambda p: p.stem)
+def test_every_bundled_plan_pickles_to_an_equal_plan(path):
+    plan = load_plan(path)
+    assert pickle.loads(pickle.dumps(plan)) == plan
+
+
+def test_a_task_round_trips_through_a_file(tmp_path):
+    task = CellTask.load(ROOT / "plan.yaml", "decode-bf16-tp1-eager-cpu", RunSettings(3, "ci", None))
+    assert task.cell == Cell("decode", "bf16", 1, "eager", "cpu") and task.replay is None
+    write_task(task, tmp_path / "task.pickle")
+    assert read_task(tmp_path / "task.pickle") == task
+
+
+def test_a_worker_runs_the_plan_it_was_handed_not_the_file(tmp_path):
+    """The plan file is gone by the time the worker runs the cell: the task carries the plan."""
+    from harness.runtime.runner import run_cell
+    from harness.runtime.workers import Worker
+
+    path = rms_norm_plan(tmp_path, hidden="[64]", numerics="{examples: 2, max_num_seqs: 8}")
+    task = CellTask.load(path, "decode-fp32-tp1-eager-cpu", RunSettings(2, "ci", None))
+    path.unlink()
+    worker = Worker()
+    try:
+        outcome = worker.call(run_cell, task, timeout_s=300)
+    finally:
+        worker.stop()
+    assert outcome.record.status == "passed", outcome
+    assert outcome.record.examples == 2
+
+
+def test_the_process_under_the_sanitizer_gets_the_cell_as_a_task_file(tmp_path, monkeypatch):
+    """run_memcheck hands the cell to `python -m harness.runtime.memcheck TASK` pickled (here under a stand-in for
+    compute-sanitizer that runs the process and reports no memory error, as the tool does on a clean kernel)."""
+    from harness.runtime import memcheck
+
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text('#!/bin/sh\nshift 6\n"$@"\nstatus=$?\necho "========= ERROR SUMMARY: 0 errors"\nexit $status\n')
+    tool.chmod(0o755)
+    monkeypatch.setattr(memcheck, "sanitizer", lambda: str(tool))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU machine: the kernel in Triton's interpreter
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]"))
+    outcome = memcheck.run_memcheck(plan, Cell("decode", "fp32", 1, "eager", "cpu"), timeout_s=300)
+    assert outcome.record.status == "passed", outcome.record.reason
+    assert outcome.record.examples == memcheck.EXAMPLES
+    assert outcome.record.facts["sanitizer"] == "memcheck"
