@@ -15,7 +15,8 @@ from harness.runtime import bench
 
 from harness.rendering import report
 from harness.spec.hardware import Hardware
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
 from harness.results.store import ImplFigures, to_json
 from harness.runtime.vllm_kernels import vllm_missing
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example
 from harness.spec.matrix import Cell
-from harness.spec.plan import load_plan
+from harness.spec.load import load_plan
 from harness.results.store import CellRecord, InputsSeen, Status, from_json, to_json
 from harness.runtime.runner import CellCheck, Outcome, RunSettings, not_run, run_examples
 from harness.runtime.vllm_kernels import KernelUnavailable

@@ -31,7 +31,8 @@ from harness.runtime.inputs import Example, build_args, in_layout, poisoned
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import Plan, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import Plan
 from harness.runtime.runner import CellCheck, KernelRaised, Outcome, RunSettings, exception_text, not_run, run_examples
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
 
