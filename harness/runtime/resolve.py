@@ -6,7 +6,8 @@ generator (and op.replaces, vllm.layer outside vLLM's package), checks that each
 arguments as the harness passes them (by name; the fake in order), and that a `vllm:` kernel's schema takes
 the plan's arguments in order. A failure is a PlanError at the field's line (`plan.yaml:4: op.kernel: ...`).
 
-Paths into vLLM's own package are imported where they are used (vLLM may not be installed here), and named
+A reference, op.replaces or vllm.layer in vLLM's own package is imported where it is used (vLLM may not be
+installed here), and named
 benchmark baselines when timed (`named_baseline`: a package missing here is a baseline not run, never an
 error). `python -m harness validate` resolves in a child process, `python -m harness.runtime.resolve PLAN...`,
 as a user's import can crash or hang (`resolve_in_child`).
@@ -33,6 +34,9 @@ from harness.spec.plan import Plan, PlanError
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
 
 OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
+# The fields whose path may lead into vLLM's package: a reference may be vLLM's forward_native, and the layer
+# replaced is vLLM's.
+MAY_BE_VLLM = ("op.reference", "op.replaces", "vllm.layer")
 
 
 def import_object(path: str) -> Any:
@@ -46,7 +50,7 @@ def import_object(path: str) -> Any:
 
 @dataclass
 class Resolved:
-    """A plan's callables. Paths into vLLM's package import on first use."""
+    """A plan's callables, imported once (a reference in vLLM's package on first use)."""
 
     plan: Plan
     objects: dict[str, Any] = field(default_factory=dict)  # field (op.kernel, ...) -> what its path names
@@ -92,7 +96,7 @@ def resolve(plan: Plan) -> Resolved:
     callables = [("op.kernel", plan.kernel if not plan.vllm_kernel else None), ("op.reference", plan.reference),
                  ("op.fake", plan.fake), ("op.generate", plan.generate)]
     for field_name, path in callables + [("op.replaces", plan.replaces), ("vllm.layer", plan.vllm.layer)]:
-        if path is None or path.split(".")[0] == OPTIONAL_PACKAGE:
+        if path is None or field_name in MAY_BE_VLLM and path.split(".")[0] == OPTIONAL_PACKAGE:
             continue
         try:
             obj = resolved._get(field_name, path)
@@ -114,7 +118,7 @@ def resolve(plan: Plan) -> Resolved:
 def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False) -> None:
     """The callable accepts the plan's arguments as the harness passes them (by name, or in order)."""
     obj = resolved.objects.get(field_name)
-    if obj is None:  # none named, or a path into vLLM (checked where it is called)
+    if obj is None:  # none named, or a path into vLLM's package (checked where it is called)
         return
     try:
         sig = inspect.signature(obj)

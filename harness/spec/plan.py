@@ -32,9 +32,6 @@ STRUCTURED_INITS = ("positions", "seq_lens", "query_start_loc", "block_tables", 
 # Parameterised inits: {uniform: [low, high]}, {integers: [low, high)} (bounds are size expressions),
 # {cos_sin_cache: {base: B}} (RoPE's [max_position, rotary_dim] table).
 PARAM_INITS = ("uniform", "integers", "cos_sin_cache")
-SIZE_CONSTRAINTS = ("values", "awkward", "divides", "multiple_of", "even", "at_most")
-# A kernel's preconditions (op.contract, or a named baseline's contract): tensors, size symbols and dtypes it is for.
-CONTRACT_KEYS = ("contiguous", "row_stride_multiple_of", "multiple_of", "at_least", "at_most", "dtypes", "why")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 ROLES = ("input", "output")
 VLLM_ROUTES = ("ir", "custom_op")

@@ -139,7 +139,7 @@ class Contract(Section):
     multiple_of: dict[str, PositiveInt] = Field({}, description="size symbol: N")
     at_least: dict[str, PositiveInt] = Field({}, description="size symbol: N")
     at_most: dict[str, PositiveInt] = Field({}, description="size symbol: N")
-    dtypes: Optional[one_or_list(CellDtype)] = Field(None, description="the cell dtypes the kernel supports")
+    dtypes: Optional[one_or_list(CellDtype)] = None  # the cell dtypes the kernel supports
     why: str = Field("", description="why the kernel has this contract (text)")
 
 
