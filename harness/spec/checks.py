@@ -110,6 +110,8 @@ def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str,
             raise w.fail(loc, f"a symbol other than the built-in {', '.join(BUILTIN_SYMBOLS)}", sym)
         c = node if isinstance(node, S.SizeConstraints) else S.SizeConstraints(values=node)
         spec = SizeSpec(many(c.values), c.awkward, c.divides, c.multiple_of, c.even, c.at_most)
+        if not spec.values:
+            raise w.fail(loc, "at least one size", [])
         for key in ("divides", "at_most"):
             other = getattr(spec, key)
             if other is not None and (other not in specs or other == sym):

@@ -63,7 +63,7 @@ def explain(err: dict) -> tuple[Loc, Loc, str, Any]:
     if kind == "invalid_key":
         return loc, loc, "a name (YAML reads off/on/yes/no/true/false as a boolean: quote the name)", loc[-1]
     ctx = err.get("ctx") or {}
-    if kind in ("too_short", "too_long") and ctx.get("min_length") != ctx.get("max_length"):
+    if kind in ("too_short", "too_long") and not descriptions:
         n, what = (ctx["min_length"], "at least") if kind == "too_short" else (ctx["max_length"], "at most")
         entries = "entr" + ("y" if n == 1 else "ies") if ctx.get("field_type") == "Dictionary" \
             else "value" + ("" if n == 1 else "s")

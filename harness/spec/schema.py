@@ -79,7 +79,7 @@ KERNEL_PATTERN = rf"^(vllm:({'|'.join(sorted(VLLM_KERNELS))})|(?!vllm:)[\w.]+:[\
 
 
 class SizeConstraints(Section):
-    values: one_or_list(PositiveInt, "the sizes to draw (positive integers)", min_length=1)
+    values: one_or_list(PositiveInt, "the sizes to draw (positive integers)")
     awkward: Optional[bool] = Field(None, description="true or false: draw odd sizes besides these "
                                     "(default: numerics.awkward_sizes)")
     divides: Optional[Symbol] = Field(None, description="another symbol of op.sizes, whose size this one divides")
@@ -88,7 +88,7 @@ class SizeConstraints(Section):
     at_most: Optional[Symbol] = Field(None, description="another symbol of op.sizes, not exceeded by this one")
 
 
-SizeSpec = forms(one=PositiveInt, many=Annotated[list[PositiveInt], Field(min_length=1)], mapping=SizeConstraints,
+SizeSpec = forms(one=PositiveInt, many=list[PositiveInt], mapping=SizeConstraints,
                  description="the sizes to draw: a list of positive integers, or {values: [...], divides: "
                              "symbol, multiple_of: N, even: true, at_most: symbol, awkward: false}")
 
@@ -150,7 +150,8 @@ class Op(Section):
     kernel: str = Field(pattern=KERNEL_PATTERN, description=KERNEL_EXPECTED)
     reference: import_path()
     replaces: Optional[import_path()] = None
-    args: dict[str, Arg] = Field(min_length=1, description="the op's arguments in call order (at least one)")
+    args: dict[str, Arg] = Field(min_length=1, description="at least one argument: the op's arguments, in call "
+                                 "order")
     outputs: one_or_list(str, "the op's outputs: output arguments, mutated inputs or names of returned values")
     mutates: one_or_list(str, "inputs the op writes") = []
     sizes: dict[str, SizeSpec] = {}
