@@ -1,4 +1,8 @@
-"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN` and `overview PLAN...`."""
+"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `overview PLAN...` and `schema`.
+
+Plain Python: report, plot and overview read plans and results only; validate imports the plans' code in a
+child process (harness.runtime.resolve), so none of them imports torch here.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +10,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.spec.matrix import expand
 from harness.rendering.overview import write_overview
-from harness.spec.plan import PlanError, load_plan
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
+from harness.runtime.resolve import resolve_in_child
+from harness.spec.load import load_plan
+from harness.spec.matrix import expand
+from harness.spec.plan import PlanError
+from harness.spec.schema import json_schema_text
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("validate", help="check plan files without running anything")
+    v = sub.add_parser("validate", help="check plan files, and that the code they name imports and takes their "
+                                        "arguments, without running anything")
     v.add_argument("plan", nargs="+")
+    sub.add_parser("schema", help="print the JSON Schema of a plan file (plan.schema.json)")
     for name, text in (("report", "rebuild reports/<op>/PLAN.md from stored results without running anything"),
                        ("plot", "draw reports/<op>/perf-<sm>.png from stored results (needs matplotlib)")):
         p = sub.add_parser(name, help=text)
@@ -27,6 +36,9 @@ def main(argv=None) -> int:
     o.add_argument("plan", nargs="+")
     o.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
     args = parser.parse_args(argv)
+    if args.command == "schema":
+        sys.stdout.write(json_schema_text())
+        return 0
 
     status = 0
     loaded = []
@@ -37,10 +49,19 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             status = 2
     if status or args.command == "validate":
+        resolved = resolve_in_child([str(plan.path) for plan in loaded]) if args.command == "validate" else {}
         for plan in loaded:
             for warning in plan.warnings:
                 print(f"warning: {warning}", file=sys.stderr)
-            print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells)")
+            error = resolved.get(str(plan.path))
+            if error:
+                if not error.startswith(str(plan.path)):  # it crashed or hung, not a PlanError
+                    error = f"{plan.path}: its code does not resolve: {error}"
+                print(f"error: {error}", file=sys.stderr)
+                status = 2
+                continue
+            code = "; its code resolves" if str(plan.path) in resolved else ""
+            print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells){code}")
         return status
     if args.command == "overview":
         path, problems = write_overview(loaded, Path(args.reports_dir))

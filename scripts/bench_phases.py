@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import harness.runtime.bench as hb  # noqa: E402
+from harness.spec.load import load_plan  # noqa: E402
 import harness.runtime.timing as ht  # noqa: E402
 from harness.runtime.tasks import BenchTask  # noqa: E402
-from harness.spec.plan import load_plan  # noqa: E402
 
 spent: dict[str, float] = collections.defaultdict(float)
 count: collections.Counter = collections.Counter()

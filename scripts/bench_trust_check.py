@@ -48,10 +48,11 @@ def main() -> int:
     from harness.runtime.timing import (copy_bandwidth_gbps, count_launches, l2_cache_bytes, rotation_count,
                                         time_calls, working_set_bytes)
     from harness.runtime.device import detect
-    from harness.spec.plan import load_plan
+    from harness.runtime.resolve import resolve
+    from harness.spec.load import load_plan
 
     plan = load_plan(ROOT / "plan.yaml")
-    kernel, sm = plan.load_kernel(), detect().sm
+    kernel, sm = resolve(plan).kernel, detect().sm
     call = kernel_call(plan, kernel)
     l2, copy_bw = l2_cache_bytes("cuda"), copy_bandwidth_gbps("cuda")
 
@@ -97,8 +98,8 @@ def main() -> int:
             add(shape, "graph, hot L2", 1, repeated(lambda: time_calls(call, [one], "cuda", graph=True).median_us),
                 "do_bench_cudagraph",
                 repeated(lambda: triton.testing.do_bench_cudagraph(bare, return_mode="median") * 1e3), nbytes)
-            for impl, fn in (("kernel", call), ("native", reference_call(plan, plan.load_reference())),
-                             ("compiled", reference_call(plan, torch.compile(plan.load_reference())))):
+            for impl, fn in (("kernel", call), ("native", reference_call(plan, resolve(plan).reference)),
+                             ("compiled", reference_call(plan, torch.compile(resolve(plan).reference)))):
                 fn(one)  # compile outside the capture
                 torch.cuda.synchronize()
                 probes[impl] = (fn, one, count_launches(fn, one))

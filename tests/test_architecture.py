@@ -4,16 +4,21 @@ committed reports that are a pure function of their plan and results."""
 from __future__ import annotations
 
 import ast
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.rendering.overview import render_overview
-from harness.spec.plan import load_plan
 from harness.rendering.report import render
+from harness.runtime.resolve import resolve_in_child
+from harness.spec.load import load_plan
+from harness.spec.schema import json_schema_text
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "harness"
@@ -80,3 +85,78 @@ def test_committed_faulty_plan_report_is_rendered_from_its_results():
     op_dir = ROOT / "tests/fixtures/h200/faulty_rms_norm"
     text, _ = render(load_plan(ROOT / "tests/fixtures/faulty_plan.yaml"), op_dir)
     assert text == (op_dir / "PLAN.md").read_text()
+
+
+# ---------------------------------------------------------------- a plan's text, its schema and its code
+
+
+def test_committed_plan_schema_is_the_schemas_export():
+    """plan.schema.json (for editors: `# yaml-language-server: $schema=./plan.schema.json`) is the pydantic
+    models' JSON Schema, as `python -m harness schema` prints it."""
+    assert (ROOT / "plan.schema.json").read_text() == json_schema_text(), \
+        "plan.schema.json differs from the schema: run python -m harness schema > plan.schema.json"
+
+
+def test_every_bundled_plan_fits_the_json_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    validator = jsonschema.Draft7Validator(json.loads((ROOT / "plan.schema.json").read_text()))
+    for path in [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]:
+        data = yaml.safe_load(path.read_text())
+        errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(data)]
+        assert not errors, f"{path.name}: {errors[:3]}"
+    assert list(validator.iter_errors({"op": {"name": "x"}, "matrix": {}, "numercs": {}}))
+
+
+_NO_TORCH = """\
+import runpy, sys
+sys.argv = ["python -m harness", *sys.argv[1:]]
+try:
+    runpy.run_module("harness", run_name="__main__")
+except SystemExit as exc:
+    status = exc.code
+heavy = sorted(m for m in ("torch", "triton", "numpy", "vllm", "matplotlib") if m in sys.modules)
+assert not heavy, f"imported {heavy}"
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("command", ["validate", "report"])
+def test_validate_and_report_import_no_torch(tmp_path, command):
+    """`report` reads the plan and results only; `validate` imports the plan's code in a child process."""
+    args = [command, "plan.yaml"]
+    if command == "report":
+        shutil.copytree(ROOT / "reports" / "rms_norm", tmp_path / "rms_norm")  # results, and the plots it links
+        (tmp_path / "rms_norm" / "PLAN.md").unlink()
+        args += ["--reports-dir", str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-c", _NO_TORCH, *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if command == "validate":
+        assert "plan.yaml: ok (rms_norm, 720 cells); its code resolves" in proc.stdout
+    else:
+        written = (tmp_path / "rms_norm" / "PLAN.md").read_text()
+        assert written == (ROOT / "reports" / "rms_norm" / "PLAN.md").read_text()
+
+
+def test_validate_says_which_plans_code_does_not_resolve(tmp_path, monkeypatch):
+    """Parsing is in-process; the code is imported in a child process, which a crashing or hanging import does
+    not take down with it: each plan gets its own answer."""
+    (tmp_path / "crashes.py").write_text("import os\nos._exit(3)\n")
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT)]))
+    text = (ROOT / "plan.yaml").read_text()
+    paths = []
+    for name, kernel in (("crashes", "crashes:kernel"), ("typo", "kernels.rms_norm:rms_nrm"),
+                         ("fine", "kernels.rms_norm:rms_norm"), ("hangs", "hangs:kernel")):
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(text.replace("kernel: kernels.rms_norm:rms_norm ", f"kernel: {kernel} ", 1))
+    answers = resolve_in_child([str(p) for p in paths], timeout_s=30)
+    assert "ended with exit status 3" in answers[str(paths[0])]
+    assert answers[str(paths[1])].startswith(f"{paths[1]}:8: op.kernel: expected an importable object (AttributeError")
+    assert answers[str(paths[2])] == ""
+    assert "did not finish in 30 s" in answers[str(paths[3])]
+
+
+def test_spec_modules_stay_small():
+    big = {p.name: n for p in sorted((HARNESS / "spec").glob("*.py")) if (n := len(p.read_text().splitlines())) > 700}
+    assert not big, f"harness/spec modules over 700 lines: {big}"

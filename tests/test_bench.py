@@ -16,7 +16,8 @@ from harness.runtime import timing as timers
 
 from harness.rendering import report
 from harness.spec.hardware import Hardware
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
 from harness.results.store import ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing

@@ -17,7 +17,8 @@ from harness.rendering import report
 from harness.spec.hardware import Hardware
 from harness.runtime.inputs import build_args, examples, within_contract
 from harness.spec.matrix import EXCLUDED, RUN, Cell, decide
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask

@@ -16,7 +16,8 @@ from hypothesis import given, settings, strategies as st
 from harness.runtime.batches import draw_batch
 from harness.runtime.inputs import build_args, examples
 from harness.spec.matrix import Cell
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask

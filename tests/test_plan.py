@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.runtime.resolve import resolve
+from harness.spec.plan import PlanError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +52,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_bundled_plans_load():
     for path in [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]:
         plan = load_plan(path)
-        assert (plan.vllm_kernel or plan.load_kernel()) is not None and plan.load_reference() is not None
+        code = resolve(plan)
+        assert (plan.vllm_kernel or code.kernel) is not None and code.reference is not None
         assert plan.outputs
 
 
@@ -125,8 +128,8 @@ MALFORMED = [
 def test_malformed_plan_error(tmp_path, what, old, new, line, field, words):
     assert old in BASE, what
     path = write(tmp_path, BASE.replace(old, new, 1))
-    with pytest.raises(PlanError) as info:
-        load_plan(path)
+    with pytest.raises(PlanError) as info:  # parsing, or (import paths) resolving the plan's code
+        resolve(load_plan(path))
     err = info.value
     message = str(err)
     assert err.field == field, message
@@ -190,5 +193,29 @@ def test_settings_that_never_apply_are_warned_about(tmp_path, what, old, new, fi
 def test_validation_finds_plans_that_cannot_run(tmp_path, what, old, new, field, words):
     assert old in BASE, what
     with pytest.raises(PlanError) as info:
-        load_plan(write(tmp_path, BASE.replace(old, new, 1)))
+        resolve(load_plan(write(tmp_path, BASE.replace(old, new, 1))))
     assert info.value.field == field and words in str(info.value), str(info.value)
+
+
+# ---------------------------------------------------------------- parsing, and resolving the plan's code
+
+
+def test_loading_imports_none_of_the_plans_code(tmp_path):
+    """A plan's import paths are text until harness.runtime.resolve imports them (at their line if they fail)."""
+    path = write(tmp_path, BASE.replace("kernel: kernels.rms_norm:rms_norm", "kernel: tests.nowhere:kernel")
+                 .replace("reference: kernels.rms_norm:rms_norm_ref", "reference: tests.nowhere_either:ref"))
+    plan = load_plan(path)
+    assert "tests.nowhere" not in sys.modules and plan.kernel == "tests.nowhere:kernel"
+    assert (plan.where("op.kernel"), plan.where("op.reference"), plan.where("op.args.x.layout[1]")) == (4, 5, 8)
+    assert plan.where("op.args.x.init") == 8  # not written: the line of the nearest field above it
+    with pytest.raises(PlanError, match=rf"^{path}:4: op.kernel: expected an importable object \(ModuleNotFound"):
+        resolve(plan)
+
+
+def test_every_cell_dtype_has_a_default_tolerance_and_a_torch_dtype():
+    from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES, DTYPE
+    from harness.spec.tolerances import DEFAULT_TOLERANCE
+
+    assert set(DEFAULT_TOLERANCE) == set(CELL_DTYPES)
+    assert set(CELL_DTYPES) | set(ARG_DTYPES) == set(DTYPE)
+    assert all(DTYPE[name].fp8_max for name in DTYPE if DTYPE[name].kind == "fp8")

@@ -17,7 +17,7 @@ from harness.rendering import report
 from harness.__main__ import main
 from harness.spec.matrix import Cell
 from harness.rendering.overview import render_overview, write_overview
-from harness.spec.plan import load_plan
+from harness.spec.load import load_plan
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.store import FORMAT, VERSION

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from harness.spec.hardware import Hardware
 from harness.spec.matrix import RUN, XFAIL, Cell, decide, expand, pairwise_sample
-from harness.spec.plan import AXES, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import AXES
 from harness.rendering.report import write_report
 from harness.results.store import CellRecord, Provenance, Recorder, Status, write_atomic
 from harness.runtime.runner import RunSettings, run_cell

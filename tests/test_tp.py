@@ -20,7 +20,8 @@ from harness.runtime import tp
 from harness.runtime.inputs import Example, build_args
 from harness.spec.matrix import Cell
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
 from tests.plans import rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]

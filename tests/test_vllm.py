@@ -18,6 +18,7 @@ import kernels.rms_norm  # noqa: F401  triton imported here first, not inside a 
 from harness.integration import routes as integration
 from harness.runtime.calls import reference_outputs
 from harness.runtime.inputs import Example, build_args
+from harness.runtime.resolve import resolve
 from harness.spec.plan import Tolerance
 from harness.rendering.report import plugin_markdown
 from harness.results.store import IntegrationRecord, Status, to_json
@@ -25,7 +26,8 @@ from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_kernel, vllm_missing
 from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provider_name, render_plugin
 from harness.spec.matrix import Cell
-from harness.spec.plan import PlanError, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
 from tests.plans import rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,7 +280,7 @@ def test_vllms_forward_native_matches_the_bundled_reference(plan_path):
     for dtype in ("fp32", "bf16"):
         ex = Example(num_tokens=5, sizes=sizes, layouts={"x": ("strided", 3)}, seed=7)
         values = build_args(ours, cell(dtype), ex, "cpu")
-        expected = reference_outputs(ours, ours.load_reference(), values)
+        expected = reference_outputs(ours, resolve(ours).reference, values)
         layer, forward_args = integration.build_layer(op, [v.clone() if isinstance(v, torch.Tensor) else v for v in
                                                            (values[a.name] for a in ours.args)],
                                                       integration.vllm_config())
@@ -304,7 +306,7 @@ def test_vllm_baseline_has_the_kernels_calling_convention(plan_path):
     assert callable(baseline), baseline
     sizes = {sym: 256 for sym in plan.sizes}
     values = build_args(plan, cell("fp32"), Example(num_tokens=4, sizes=sizes, seed=3), "cpu")
-    expected = reference_outputs(plan, plan.load_reference(), values)
+    expected = reference_outputs(plan, resolve(plan).reference, values)
     baseline(**values)  # writes outputs in place, as the kernel does
     for name in plan.outputs:
         torch.testing.assert_close(values[name], expected[name], atol=1e-5, rtol=1e-5)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec.plan import load_plan
+from harness.spec.load import load_plan
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.spec.vllm_ops import IR_DEFAULT_TOLERANCE, VLLM_OPS, enable_setting, provider_name, render_plugin, vllm_op
+from harness.spec.tolerances import IR_DEFAULT_TOLERANCE
+from harness.spec.vllm_ops import VLLM_OPS, enable_setting, provider_name, render_plugin, vllm_op
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
@@ -56,8 +57,9 @@ import json, sys
 import torch
 from vllm import ir
 from vllm.model_executor.custom_op import op_registry
-from harness.spec.plan import import_object
-from harness.spec.vllm_ops import VLLM_OPS, IR_DEFAULT_TOLERANCE
+from harness.runtime.resolve import import_object
+from harness.spec.tolerances import IR_DEFAULT_TOLERANCE
+from harness.spec.vllm_ops import VLLM_OPS
 dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 out = {}
 for name, op in VLLM_OPS.items():

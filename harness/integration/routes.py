@@ -31,8 +31,11 @@ from harness.runtime.device import detect, package_version
 from harness.runtime.inputs import build_args, examples as example_strategy
 from harness.spec.matrix import Cell
 from harness.runtime.numerics import Mismatch, Stats, compare
-from harness.spec.plan import Plan, import_object
-from harness.results.store import IntegrationRecord, Status, Tol
+from harness.runtime.resolve import import_object, resolve
+from harness.spec.dtypes import CELL_DTYPES, DTYPE
+from harness.spec.plan import Plan, Tolerance
+from harness.results.store import IntegrationRecord, Status
+
 from harness.runtime.runner import RunSettings, hypothesis_settings
 from harness.runtime.tasks import IntegrationTask
 from harness.spec.tolerances import tolerance_for
@@ -41,7 +44,7 @@ from harness.spec.vllm_ops import VllmOp, plugin_module_name, plugin_route, prov
 
 ROUTES = ("ir", "custom_op", "plugin")
 # The layers take floating-point activations; quantized dtypes belong to other vLLM ops.
-LAYER_DTYPES = ("fp32", "fp16", "bf16")
+LAYER_DTYPES = tuple(name for name in CELL_DTYPES if DTYPE[name].kind == "float")  # fp32, fp16, bf16
 # Drawn examples per integration item: each proves dispatch and compares, the numerics cells do the rest.
 MAX_EXAMPLES = 3
 
@@ -336,7 +339,7 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
     start = time.monotonic()
     device = detect().device
     tol = tolerance_for(plan, cell.dtype)
-    reference = plan.load_reference()
+    reference = resolve(plan).reference
     stats, count = Stats(), 0
     rec = IntegrationRecord(route=route, **cell.axes(), status=Status.PASSED)
     with contextlib.ExitStack() as stack:
@@ -372,7 +375,7 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
                 rec.reason = f"vLLM's {r.op.layer_class} raised {type(exc).__name__}: {str(exc).strip()[:500]}"
             rec.kernel_calls = r.counter.calls
     rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
-    rec.tolerance, rec.error, rec.vllm = Tol(tol.atol, tol.rtol), stats.record(), vllm_version()
+    rec.tolerance, rec.error, rec.vllm = Tolerance(tol.atol, tol.rtol), stats.record(), vllm_version()
     return rec
 
 

@@ -28,7 +28,9 @@ from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
 from harness.spec.matrix import RUN, XFAIL, Cell, Decision, decide, expand, pairwise_sample
-from harness.spec.plan import Plan, PlanError, load_plan
+from harness.runtime.resolve import resolve
+from harness.spec.load import load_plan
+from harness.spec.plan import Plan, PlanError
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import SmVerdict, collect, sm_verdicts, verdict, write_report
 from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Recorder, Status
@@ -101,6 +103,7 @@ def pytest_configure(config):
     plan_path = Path(config.getoption("--plan")).resolve()
     try:
         plan = load_plan(plan_path)
+        resolve(plan)  # a bad import path is a usage error at its line, before anything runs
         if config.getoption("--bench"):
             check_models(plan)
     except PlanError as exc:

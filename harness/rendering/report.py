@@ -25,7 +25,8 @@ from tabulate import tabulate
 from harness.spec.hardware import Hardware
 from harness.spec.matrix import Cell, bench_graph_modes, decide, excluded_by, expand
 from harness.spec.plan import AXES, PHASES, Plan
-from harness.results.store import ALIGNMENTS, NOISE_FLOOR, RAN, BenchRecord, CellRecord, ImplFigures, InputsSeen, \
+from harness.spec.status import RAN
+from harness.results.store import ALIGNMENTS, NOISE_FLOOR, BenchRecord, CellRecord, ImplFigures, InputsSeen, \
     IntegrationRecord, Provenance, Status, merge_dir
 from harness.spec.tolerances import tolerance_source
 from harness.spec.vllm_ops import VLLM_DEFAULT, enable_setting, is_vllm_default, plugin_entry_point, plugin_module_name, \

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import enum
 import json
 import os
 import re
@@ -26,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.spec.status import RAN, Status
+from harness.spec.plan import Tolerance
+from harness.spec.status import Status
 
 FORMAT = "harness-results"
 VERSION = 2
@@ -79,12 +79,6 @@ class ErrorStats:
     max_rel: float | str | None = 0.0
     max_ulp: int | None = None
     output: str = ""
-
-
-@dataclass(frozen=True)
-class Tol:
-    atol: float
-    rtol: float
 
 
 ALIGNMENTS = (16, 8, 4, 2, 1)
@@ -155,7 +149,7 @@ class CellRecord:
     reason: str = ""
     examples: int | None = None
     duration_s: float | None = None
-    tolerance: Tol | None = None
+    tolerance: Tolerance | None = None  # the one a comparison used (harness.spec.tolerances)
     error: ErrorStats | None = None
     facts: dict = field(default_factory=dict)
     minimal_example: str | None = None
@@ -251,7 +245,7 @@ class IntegrationRecord:
     examples: int | None = None
     kernel_calls: int | None = None
     registered_as: dict | None = None
-    tolerance: Tol | None = None
+    tolerance: Tolerance | None = None  # the one a comparison used (harness.spec.tolerances)
     error: ErrorStats | None = None
     vllm: str | None = None
     duration_s: float | None = None

@@ -47,7 +47,8 @@ from harness.spec.hardware import Hardware
 from harness.runtime.inputs import TORCH_DTYPES, Example, build_args, poison_value, sizes_fit
 from harness.spec.matrix import Cell, bench_graph_modes, decide
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import Plan, PlanError, import_object
+from harness.runtime.resolve import named_baseline, resolve
+from harness.spec.plan import Plan, PlanError
 from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
@@ -224,13 +225,8 @@ def reference_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
 
 def named_call(plan: Plan, path: str) -> Callable[[dict], dict] | str:
     """A named baseline as a kernel-style call, or why it cannot run here (its package missing, a bad path)."""
-    try:
-        fn = import_object(path)
-    except Exception as exc:  # a package installed on another machine only: reported, never a crash
-        return f"{path} cannot be imported here: {first_line(exc)}"
-    if not callable(fn):
-        return f"{path} is not callable ({type(fn).__name__})"
-    return kernel_call(plan, fn)
+    fn = named_baseline(path)
+    return fn if isinstance(fn, str) else kernel_call(plan, fn)
 
 
 def outside_contract(plan: Plan, name: str, spec: BenchSpec) -> str:
@@ -245,7 +241,7 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
     """Each implementation as a call, or the reason it is not run: the kernel, the built-in baselines, then the
     plan's named baselines in plan order. With `spec`, the kernel and named baselines whose contract that shape is
     outside are not run (the others are)."""
-    reference = plan.load_reference()
+    reference = resolve(plan).reference
     try:
         kernel = kernel_call(plan, load_kernel(plan)) if device == "cuda" else CPU_KERNEL_REASON
     except KernelUnavailable as exc:  # the plan tests vLLM's own kernel, which cannot be loaded here
@@ -292,7 +288,7 @@ def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
     """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
     values = input_sets(plan, spec, device)[0]
     if "compiled" in plan.benchmark.baselines:
-        reference_call(plan, compiled_reference(plan.load_reference(), spec.shape))(values)
+        reference_call(plan, compiled_reference(resolve(plan).reference, spec.shape))(values)
     if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
         kernel_call(plan, load_kernel(plan))(values)
         torch.cuda.synchronize()
@@ -357,7 +353,7 @@ def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
     GPU and Inductor's settings. The kernel is left out: a kernel being edited compiles in its items (seconds), while
     the unchanged references stay compiled (precompiling warm caches still costs 15-20 s of process starts)."""
     try:
-        source = Path(inspect.getsourcefile(plan.load_reference()) or "").read_text()
+        source = Path(inspect.getsourcefile(resolve(plan).reference) or "").read_text()
     except (TypeError, OSError):  # a builtin, or no file
         source = ""
     digest = hashlib.sha256()
@@ -386,7 +382,7 @@ class CheckInputs:
     @classmethod
     def build(cls, plan: Plan, spec: BenchSpec, device: str) -> CheckInputs:
         values = input_sets(plan, spec, device, 1, seed=CHECK_SEED)[0]
-        return cls(values, reference_outputs(plan, plan.load_reference(), values))
+        return cls(values, reference_outputs(plan, resolve(plan).reference, values))
 
     def fresh(self) -> dict:
         """A copy of the inputs for one implementation (kernels may write into them)."""
@@ -400,7 +396,7 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: Che
     actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
     try:
         for name in plan.outputs:
-            compare_judged(plan, plan.load_reference(), spec.dtype, None, name, actual[name],
+            compare_judged(plan, resolve(plan).reference, spec.dtype, None, name, actual[name],
                            inputs.expected[name], values, False)
     except Mismatch as exc:
         return f"{WRONG_AFTER_TIMING}: {exc}"

@@ -16,17 +16,12 @@ from hypothesis import strategies as st
 from harness.runtime.batches import Batch, draw_batch
 from harness.spec.matrix import Cell
 from harness.spec.expressions import evaluate
-from harness.spec.plan import STRUCTURED_INITS, Arg, Plan, SizeSpec, import_object
+from harness.runtime.resolve import resolve
+from harness.spec.dtypes import DTYPE
+from harness.spec.plan import STRUCTURED_INITS, Arg, Plan, SizeSpec
 
-TORCH_DTYPES = {
-    "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8,
-    "fp8_e4m3fn": getattr(torch, "float8_e4m3fn", None), "fp8_e4m3fnuz": getattr(torch, "float8_e4m3fnuz", None),
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8, "float64": torch.float64, "bool": torch.bool,
-    "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2, "float8_e4m3fnuz": torch.float8_e4m3fnuz,
-    # the platform's fp8: ROCm's CDNA GPUs use the fnuz variant
-    "fp8": torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn,
-}
+# Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
+TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}
 DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol
 VALUE_SCALES = ("normal", "tiny", "large", "outliers", "zero_rows")
 # Largest magnitude drawn per scale; "large" stays inside fp16's range after squaring in fp32.
@@ -239,7 +234,7 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
             _fill(arg, shape, dtype, ex.scale, gen, device, sizes)
         values[arg.name] = in_layout(data.to(dtype).reshape(shape), *ex.layout(arg.name))
     if plan.generate:  # the plan's own generator: any input it returns replaces the built one
-        values.update(import_object(plan.generate)(values, plan=plan, cell=cell, example=ex, sizes=sizes,
+        values.update(resolve(plan).generate(values, plan=plan, cell=cell, example=ex, sizes=sizes,
                                                    generator=gen, device=device))
     return values
 

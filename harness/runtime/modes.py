@@ -22,7 +22,8 @@ import torch
 from harness.runtime.calls import first_line
 from harness.runtime.inputs import Example, in_layout
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import BUILTIN_SYMBOLS, Plan, import_object
+from harness.runtime.resolve import resolve
+from harness.spec.plan import BUILTIN_SYMBOLS, Plan
 
 class Eager:
     def __init__(self, plan: Plan, kernel: Callable, device: str):
@@ -45,7 +46,7 @@ def as_custom_op(plan: Plan, kernel: Callable, fake: Callable | None = None):
     names = [a.name for a in plan.args]
     returned = plan.returned_outputs
     if fake is None:
-        reference = plan.load_reference()
+        reference = resolve(plan).reference
         returned_idx = [i for i, o in enumerate(plan.outputs) if o in returned]
 
         def fake(*args):
@@ -268,5 +269,5 @@ RUNNERS = {"eager": Eager, "torch_compile": TorchCompile, "cuda_graph": CudaGrap
 
 def make_runner(mode: str, plan: Plan, kernel: Callable, device: str):
     if mode == "torch_compile":
-        return TorchCompile(plan, kernel, device, import_object(plan.fake) if plan.fake else None)
+        return TorchCompile(plan, kernel, device, resolve(plan).fake)
     return RUNNERS[mode](plan, kernel, device)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.spec.dtypes import CELL_OF_TORCH, DTYPE
 from harness.spec.plan import Tolerance
 from harness.results.store import ErrorStats, finite_number
 
@@ -50,8 +51,11 @@ class Mismatch(AssertionError):
         return self.message
 
 
-SHORT_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8",
-               torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
+# A torch dtype's cell dtype name (torch.float32 -> fp32), where it is one: harness.spec.dtypes.
+SHORT_NAMES = {getattr(torch, t): name for t, name in CELL_OF_TORCH.items()}
+# The float cell dtypes (fp32, fp16, bf16), whose errors are also counted in ULPs: torch dtype -> its bits' int dtype.
+ULP_BITS = {getattr(torch, DTYPE[n].torch): getattr(torch, f"int{DTYPE[n].bits}") for n in SHORT_NAMES.values()
+            if DTYPE[n].kind == "float"}
 
 
 def finite(t: torch.Tensor) -> torch.Tensor:
@@ -75,7 +79,7 @@ def ordered(t: torch.Tensor) -> torch.Tensor:
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
     """Largest distance in units in the last place, for fp16/bf16/fp32 (finite elements only)."""
-    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    bits = ULP_BITS[a.dtype]
     finite = torch.isfinite(a) & torch.isfinite(b)
     if not finite.any():
         return 0
@@ -97,7 +101,7 @@ def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, 
         return 0.0, 0.0, None
     diff = (a - e).abs()[finite]
     rel = diff / e.abs()[finite].clamp_min(torch.finfo(torch.float32).tiny)
-    ulp = ulp_distance(actual, expected) if actual.dtype in (torch.float16, torch.bfloat16, torch.float32) else None
+    ulp = ulp_distance(actual, expected) if actual.dtype in ULP_BITS else None
     return float(diff.max()), float(rel.max()), ulp
 
 

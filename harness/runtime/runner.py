@@ -27,8 +27,10 @@ from harness.runtime.inputs import Example, build_args, examples, token_cap, wit
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
-from harness.spec.plan import Plan
-from harness.results.store import CellRecord, Failure, InputsSeen, Status, Tol
+from harness.runtime.resolve import resolve
+from harness.spec.plan import Plan, Tolerance
+from harness.results.store import CellRecord, Failure, InputsSeen, Status
+
 from harness.spec.tolerances import output_tolerance, tolerance_for
 from harness.runtime.tasks import CellTask, RunSettings
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
@@ -100,7 +102,7 @@ class CellCheck:
 
     def __init__(self, plan: Plan, cell: Cell, device: str):
         self.plan, self.cell, self.device = plan, cell, device
-        self.kernel, self.reference = load_kernel(plan), plan.load_reference()  # KernelUnavailable: not run here
+        self.kernel, self.reference = load_kernel(plan), resolve(plan).reference  # KernelUnavailable: not run here
         self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
         self.tol = tolerance_for(plan, cell.dtype)
         self.stats = Stats()
@@ -257,7 +259,7 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     cap = token_cap(plan, {sym: max(v) for sym, v in plan.sizes.items()}, device)
     rec.examples = check.count
     rec.duration_s = round(time.monotonic() - start, 3)
-    rec.tolerance = Tol(check.tol.atol, check.tol.rtol)
+    rec.tolerance = Tolerance(check.tol.atol, check.tol.rtol)
     rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {})}
     rec.passing = check.passing if check.passing.examples else None
     if not plan.contract.empty:  # what the inputs were drawn within (results outlive a plan's edits)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.spec.matrix import Cell
-from harness.spec.plan import Plan, load_plan
+from harness.spec.load import load_plan
+from harness.spec.plan import Plan
 
 if TYPE_CHECKING:  # the tasks' fields only; importing them here would import torch and hypothesis
     from harness.runtime.bench import BenchSpec

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from harness.runtime.device import package_version
+from harness.runtime.resolve import resolve
 from harness.spec.plan import Plan
 from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel
@@ -103,7 +104,7 @@ def load_kernel(plan: Plan) -> Callable:
     """The plan's kernel under test: vLLM's own (`op.kernel: vllm:<name>`), called with the plan's arguments in order,
     else the plan's import path. Raises KernelUnavailable where vLLM's kernel cannot be loaded here."""
     if not plan.vllm_kernel:
-        return plan.load_kernel()
+        return resolve(plan).kernel
     op = compiled_op(VLLM_KERNELS[plan.vllm_kernel])
     if isinstance(op, str):
         raise KernelUnavailable(op)

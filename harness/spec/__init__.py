@@ -1,1 +1,2 @@
-"""The plan language: the plan model, its loading and validation, the matrix of cells, dtypes and tolerances. Plain Python."""
+"""The plan language: the model, its YAML with lines, schema, checks and loading, the matrix of cells, dtypes and
+tolerances. Plain Python (pydantic for the schema): nothing here imports a plan's code."""

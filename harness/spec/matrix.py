@@ -13,6 +13,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 
+from harness.spec.dtypes import DTYPE
 from harness.spec.hardware import Hardware
 from harness.spec.plan import AXES, Plan
 from harness.spec.status import Status
@@ -96,8 +97,8 @@ def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:
         return f"{cell.graph_mode} needs a CUDA device; this machine has none"
     if cell.graph_mode == "memcheck" and cell.tp > 1:
         return "memcheck runs one process under compute-sanitizer: tp1 only"
-    if cell.dtype == "fp8_e4m3fnuz" and hw.has_cuda and not hw.sm.startswith("gfx"):
-        return f"fp8_e4m3fnuz is the ROCm fp8 format; this machine is {hw.sm}"
+    if DTYPE[cell.dtype].rocm_only and hw.has_cuda and not hw.sm.startswith("gfx"):
+        return f"{cell.dtype} is the ROCm fp8 format; this machine is {hw.sm}"
     if cell.tp > 1:
         if hw.has_cuda and cell.tp > hw.device_count:
             return f"needs {cell.tp} GPUs; this machine has {hw.device_count}"

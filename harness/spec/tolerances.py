@@ -1,18 +1,27 @@
 """Which tolerance a comparison uses: the plan's, else vLLM IR's for the op, else vLLM's kernel-test defaults.
 
-The one place a tolerance is looked up, for numerics cells, benchmark re-checks and vLLM items alike.
+The one place a tolerance is looked up, for numerics cells, benchmark re-checks and vLLM items alike, and the
+one place vLLM's default tolerances are written down.
 """
 
 from __future__ import annotations
 
 from harness.spec.plan import Plan, Tolerance
-from harness.spec.vllm_ops import ir_tolerance
+from harness.spec.vllm_ops import vllm_op
 
-# vLLM's kernel-test defaults (tests/kernels/allclose_default.py, vllm.ir tolerances); fp8 and int8 as vLLM IR.
-DEFAULT_TOLERANCE = {
-    "fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2),
-    "fp8_e4m3fn": Tolerance(0.1, 0.1), "fp8_e4m3fnuz": Tolerance(0.1, 0.1), "int8": Tolerance(1.0, 0.0),
-}
+# vLLM IR's default tolerances per dtype (vllm/ir/op.py); ops may override some (VllmOp.tolerance_overrides).
+IR_DEFAULT_TOLERANCE = {"fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2)}
+# vLLM's kernel-test defaults (tests/kernels/allclose_default.py, as vLLM IR's), with fp8 and int8 added.
+DEFAULT_TOLERANCE = {**IR_DEFAULT_TOLERANCE, "fp8_e4m3fn": Tolerance(0.1, 0.1), "fp8_e4m3fnuz": Tolerance(0.1, 0.1),
+                     "int8": Tolerance(1.0, 0.0)}
+
+
+def ir_tolerance(plan: Plan, dtype: str) -> Tolerance | None:
+    """The tolerance vLLM IR checks this op with in `dtype`, or None where vLLM has no IR op for it."""
+    op = vllm_op(plan)
+    if op is None or op.ir_op is None or dtype not in IR_DEFAULT_TOLERANCE:
+        return None
+    return op.tolerance_overrides.get(dtype, IR_DEFAULT_TOLERANCE[dtype])
 
 
 def tolerance_for(plan: Plan, dtype: str) -> Tolerance:

@@ -56,7 +56,7 @@ class VllmOp:
     in_tree: str  # torch.ops._C.<in_tree>, described in harness.spec.vllm_schemas
     # kernel args (in call order) -> (layer constructor kwargs, layer tensors, layer.forward args)
     layer_call: Callable
-    # vLLM IR's tolerance for the op where it differs from the IR defaults (ir_tolerance below)
+    # vLLM IR's tolerance for the op where it differs from the IR defaults (harness.spec.tolerances.ir_tolerance)
     tolerance_overrides: dict[str, Tolerance] = field(default_factory=dict)
     # per kernel arg (in call order), the template's supports_args parameter vLLM passes it as; None: not passed
     # (an output the plugin allocates). The contract's checks are written on these (contract_checks).
@@ -86,8 +86,7 @@ class VllmOp:
         return VLLM_KERNELS[self.in_tree].schema
 
 
-# vLLM IR's default tolerances per dtype (vllm/ir/op.py); ops may override some.
-IR_DEFAULT_TOLERANCE = {"fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2)}
+# Where an op's vLLM IR tolerance differs from IR's defaults (harness.spec.tolerances.IR_DEFAULT_TOLERANCE).
 _NORM_FP16 = {"fp16": Tolerance(1e-2, 2e-3)}  # 1 ulp where the weight product rounds
 
 VLLM_OPS = {op.name: op for op in (
@@ -152,14 +151,6 @@ def baseline_unsupported(plan: Plan) -> str:
         where = "its arguments" if index is None else f"'{kernel.args[index]}'"
         return f"the plan's {where} cannot be {kernel.call}'s: expected {expected}; found {found}"
     return ""
-
-
-def ir_tolerance(plan: Plan, dtype: str) -> Tolerance | None:
-    """The tolerance vLLM IR checks this op with in `dtype`, or None where vLLM has no IR op for it."""
-    op = vllm_op(plan)
-    if op is None or op.ir_op is None or dtype not in IR_DEFAULT_TOLERANCE:
-        return None
-    return op.tolerance_overrides.get(dtype, IR_DEFAULT_TOLERANCE[dtype])
 
 
 # ---------------------------------------------------------------- the plugin and its names

@@ -9,11 +9,12 @@ names it. Two uses:
 - the `vllm` benchmark baseline of a plan (harness.runtime.vllm_kernels.vllm_kernel) calls vLLM's kernel with
   the plan's arguments picked by `args`;
 - a plan whose `op.kernel` is `vllm:<name>` tests vLLM's kernel itself: its arguments, in order, are
-  the schema's parameters (any names), checked here when the plan loads.
+  the schema's parameters (any names), checked against them when the plan's code resolves
+  (harness.runtime.resolve).
 
 The full description of the vLLM ops the harness puts kernels into (layer, CustomOp, IR op, plugin)
 is harness.spec.vllm_ops.VllmOp; this table only says which compiled kernel does the op. Plain Python, at
-the bottom of the layers so that the plan model can check a `vllm:` kernel's arguments.
+the bottom of the layers so that the plan's schema knows the kernels' names.
 """
 
 from __future__ import annotations

@@ -1,0 +1,214 @@
+"""A plan's code, resolved: its import paths imported, and checked against the plan's arguments.
+
+Loading a plan (harness.spec.load) never imports the user's code, so `python -m harness report` writes
+Markdown without torch. Resolving does: `resolve(plan)` imports the kernel, reference, fake and input
+generator (and op.replaces, vllm.layer outside vLLM's package), checks that each is callable with the plan's
+arguments as the harness passes them (by name; the fake in order), and that a `vllm:` kernel's schema takes
+the plan's arguments in order. A failure is a PlanError at the field's line (`plan.yaml:4: op.kernel: ...`).
+
+A reference, op.replaces or vllm.layer in vLLM's own package is imported where it is used (vLLM may not be
+installed here), and named
+benchmark baselines when timed (`named_baseline`: a package missing here is a baseline not run, never an
+error). `python -m harness validate` resolves in a child process, `python -m harness.runtime.resolve PLAN...`,
+as a user's import can crash or hang (`resolve_in_child`).
+
+Plain Python at import (importlib, inspect): torch comes with the user's modules.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.spec.load import load_plan
+from harness.spec.plan import Plan, PlanError
+from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
+
+OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
+# The fields whose path may lead into vLLM's package: a reference may be vLLM's forward_native, and the layer
+# replaced is vLLM's.
+MAY_BE_VLLM = ("op.reference", "op.replaces", "vllm.layer")
+
+
+def import_object(path: str) -> Any:
+    """The object at an import path 'package.module:attribute' (attribute may be dotted)."""
+    module_name, _, attr = path.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class Resolved:
+    """A plan's callables, imported once (a reference in vLLM's package on first use)."""
+
+    plan: Plan
+    objects: dict[str, Any] = field(default_factory=dict)  # field (op.kernel, ...) -> what its path names
+
+    def _get(self, field_name: str, path: str | None) -> Any:
+        if path is None:
+            return None
+        if field_name not in self.objects:
+            self.objects[field_name] = import_object(path)
+        return self.objects[field_name]
+
+    @property
+    def kernel(self) -> Callable:
+        if self.plan.vllm_kernel:
+            raise ValueError(f"{self.plan.kernel} is vLLM's compiled kernel: harness.runtime.vllm_kernels.load_kernel "
+                             "loads it")
+        return self._get("op.kernel", self.plan.kernel)
+
+    @property
+    def reference(self) -> Callable:
+        return self._get("op.reference", self.plan.reference)
+
+    @property
+    def fake(self) -> Callable | None:
+        """torch.compile's fake implementation, None where the plan names none (it is derived from the reference)."""
+        return self._get("op.fake", self.plan.fake)
+
+    @property
+    def generate(self) -> Callable | None:
+        """The plan's own input generator (op.generate), None where it has none."""
+        return self._get("op.generate", self.plan.generate)
+
+
+_resolved: dict[int, tuple[Plan, Resolved]] = {}  # id(plan) -> (plan, its code): the plan kept, so ids stay unique
+
+
+def resolve(plan: Plan) -> Resolved:
+    """The plan's code, imported and checked once per Plan; PlanError at the field's line where it does not fit."""
+    hit = _resolved.get(id(plan))
+    if hit and hit[0] is plan:
+        return hit[1]
+    resolved = Resolved(plan)
+    callables = [("op.kernel", plan.kernel if not plan.vllm_kernel else None), ("op.reference", plan.reference),
+                 ("op.fake", plan.fake), ("op.generate", plan.generate)]
+    for field_name, path in callables + [("op.replaces", plan.replaces), ("vllm.layer", plan.vllm.layer)]:
+        if path is None or field_name in MAY_BE_VLLM and path.split(".")[0] == OPTIONAL_PACKAGE:
+            continue
+        try:
+            obj = resolved._get(field_name, path)
+        except Exception as exc:  # any import-time failure is a plan error here, not a crash
+            raise plan.error(field_name, f"an importable object ({type(exc).__name__}: {exc})", path) from None
+        if not callable(obj) and (field_name, path) in callables:
+            raise plan.error(field_name, "a function (callable)", f"{path}, a {type(obj).__name__}")
+    names = [a.name for a in plan.args]
+    if plan.vllm_kernel:
+        _check_vllm_schema(plan)
+    else:
+        _check_signature(resolved, "op.kernel", names)
+    _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
+    _check_signature(resolved, "op.fake", names, positional=True)
+    _resolved[id(plan)] = (plan, resolved)
+    return resolved
+
+
+def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False) -> None:
+    """The callable accepts the plan's arguments as the harness passes them (by name, or in order)."""
+    obj = resolved.objects.get(field_name)
+    if obj is None:  # none named, or a path into vLLM's package (checked where it is called)
+        return
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin or an op without a Python signature: checked when called
+        return
+    try:
+        sig.bind(*names) if positional else sig.bind(**{n: None for n in names})
+    except TypeError as exc:
+        how = "in order" if positional else "by name"
+        path = getattr(resolved.plan, field_name.split(".")[1])
+        raise resolved.plan.error(field_name, f"a function taking the plan's arguments {how} ({', '.join(names)}): "
+                                  f"{exc}", f"{path}{sig}") from None
+
+
+def _check_vllm_schema(plan: Plan) -> None:
+    """A `vllm:` kernel is called with the plan's arguments in order: they must be its schema's parameters."""
+    for index, expected, found in mismatches(VLLM_KERNELS[plan.vllm_kernel], plan.args, plan.written_args):
+        raise plan.error("op.args" if index is None else f"op.args.{plan.args[index].name}", expected, found)
+
+
+def named_baseline(path: str) -> Callable | str:
+    """A named benchmark baseline's callable, or why it cannot run here (its package missing, not callable)."""
+    try:
+        fn = import_object(path)
+    except Exception as exc:  # a package installed on another machine only: reported, never a crash
+        text = str(exc).strip()
+        return f"{path} cannot be imported here: {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    if not callable(fn):
+        return f"{path} is not callable ({type(fn).__name__})"
+    return fn
+
+
+# ---------------------------------------------------------------- resolving in a child process
+
+RESOLVE_TIMEOUT_S = 300.0  # per plan: importing a kernel module compiles nothing, but torch's import takes seconds
+_ANSWER = "harness-resolve: "  # marks the child's answers among whatever the user's modules print
+
+
+def resolve_in_child(paths: list[str], timeout_s: float = RESOLVE_TIMEOUT_S) -> dict[str, str]:
+    """Each plan's code resolved in a child process: path -> "" (it resolves) or why not. A child that crashes or
+    hangs on a plan is that plan's answer; the plans after it are resolved in a fresh child."""
+    answers: dict[str, str] = {}
+    root = str(Path(__file__).resolve().parents[2])  # where harness is, for the child's `-m`
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    while len(answers) < len(paths):
+        todo = [p for p in paths if p not in answers]
+        proc = subprocess.Popen([sys.executable, "-m", "harness.runtime.resolve", *todo], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
+        lines: queue.Queue = queue.Queue()
+        stderr: list[str] = []
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()
+        for path in todo:
+            try:
+                line = lines.get(timeout=timeout_s)
+                while line is not None and not line.startswith(_ANSWER):
+                    line = lines.get(timeout=timeout_s)
+            except queue.Empty:
+                proc.kill()
+                answers[path] = f"importing its code did not finish in {timeout_s:.0f} s"
+                break
+            if line is None:  # the child ended before answering for this plan
+                proc.wait()
+                last = "".join(stderr).strip().splitlines()[-1:] or ["no output"]
+                answers[path] = f"the process importing its code ended with exit status {proc.returncode}: {last[0]}"
+                break
+            answer = json.loads(line.removeprefix(_ANSWER))
+            answers[answer["path"]] = answer["error"]
+        proc.wait()
+    return answers
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def main(argv: list[str]) -> int:
+    """One answer line per plan: {"path": ..., "error": "" or why its code does not resolve}."""
+    status = 0
+    for path in argv:
+        try:
+            resolve(load_plan(path))
+            error = ""
+        except PlanError as exc:
+            error, status = str(exc), 1
+        print(_ANSWER + json.dumps({"path": path, "error": error}), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

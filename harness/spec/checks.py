@@ -1,0 +1,477 @@
+"""From a plan file that fits the schema to the Plan: the checks across fields that pydantic cannot express.
+
+harness.spec.schema has already checked every key, type, range and vocabulary; what is left needs more than
+one field at a time: a shape's symbols defined in op.sizes, outputs that the op writes, rule values of the
+matrix, a contract something of the plan meets, a TP split that divides its dimension. Each failure is a
+PlanError at the line of the field it names (`Where`). Nothing here imports the user's code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from typing import Any
+
+from harness.spec import schema as S
+from harness.spec.dtypes import QUANTIZED_DTYPES
+from harness.spec.expressions import evaluate, names_in
+from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
+    Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
+from harness.spec.yaml_lines import Loc, dotted, line_of
+
+
+class Where:
+    """A plan file's path and line map: PlanErrors at the line of a location."""
+
+    def __init__(self, path: str, lines: dict[Loc, int]):
+        self.path, self.lines = path, lines
+
+    def line(self, loc: Loc) -> int | None:
+        return line_of(self.lines, loc)
+
+    def fail(self, loc: Loc, expected: str, found: Any, field: str | None = None) -> PlanError:
+        return PlanError(self.path, self.line(loc), field or dotted(loc), expected, found)
+
+
+def many(value: Any) -> tuple:
+    """A value or a list of them, as a tuple."""
+    return tuple(value) if isinstance(value, list) else () if value is None else (value,)
+
+
+def keys_of(w: Where, loc: Loc, mapping: dict, allowed: tuple[str, ...] | dict) -> None:
+    """Keys that must be names of the plan's (arguments, outputs, size symbols)."""
+    for key in mapping:
+        if key not in allowed:
+            raise w.fail(loc + (key,), f"one of the keys {', '.join(allowed)}", key)
+
+
+def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
+    """The Plan of a validated plan file (`raw`: the file's data, for the order of its tolerance keys)."""
+    op = spec.op
+    sizes, size_specs = _sizes(w, op.sizes)
+    args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
+    tensor_names = tuple(a.name for a in args if a.is_tensor)
+    outputs, mutates = many(op.outputs), many(op.mutates)
+    for i, name in enumerate(mutates):
+        if name not in tensor_names:
+            raise w.fail(("op", "mutates", i), f"one of {', '.join(tensor_names)}", name)
+    for i, out in enumerate(outputs):
+        a = next((a for a in args if a.name == out), None)
+        if a is not None and a.role != "output" and out not in mutates:
+            raise w.fail(("op", "outputs", i), "an output argument (role: output), a mutated input, or a name for a "
+                         "returned value", out)
+    for a in args:
+        if a.role == "output" and a.name not in outputs:
+            raise w.fail(("op", "args", a.name, "role"), "output arguments to be listed in op.outputs", a.name)
+    matrix = {axis: many(getattr(spec.matrix, axis)) for axis in AXES}
+    for axis, values in matrix.items():
+        if len(set(values)) != len(values):
+            raise w.fail(("matrix", axis), "values without repeats", list(values))
+    numerics = _numerics(w, spec.numerics, sizes)
+
+    def contract_of(loc: Loc, c: S.Contract) -> Contract:
+        return _contract(w, loc, c, args, sizes, matrix["dtype"], numerics.cpu_sizes)
+
+    tolerance, output_tolerance = _tolerances(w, spec.tolerance, outputs, list((raw.get("tolerance") or {})))
+    vllm = spec.vllm or S.Vllm()
+    if vllm.provider in ("native", "unfused"):
+        raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
+                     "and unfused", vllm.provider)
+    plan = Plan(
+        path=path, name=op.name, intent=op.intent, kernel=op.kernel, reference=op.reference, fake=op.fake,
+        description=op.description, replaces=op.replaces, args=args, outputs=outputs, mutates=mutates, sizes=sizes,
+        size_specs=size_specs, matrix=matrix, excludes=_rules(w, "exclude", spec.exclude, matrix),
+        expects=_rules(w, "expect", spec.expect, matrix), tolerance=tolerance, output_tolerance=output_tolerance,
+        numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, contract_of),
+        tp=_tp(w, spec.tp, args, outputs, matrix["tp"], tuple(sizes)),
+        quantization=_quantization(w, spec.quantization, args, outputs), generate=op.generate,
+        vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider),
+        capture_sizes=many(spec.cuda_graph.capture_sizes) or None if spec.cuda_graph else None,
+        accumulation=op.accumulation, raw_text=text,
+        contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(),
+        lines={dotted(loc): line for loc, line in w.lines.items() if loc},
+    )
+    if plan.vllm_kernel and "vllm" in plan.benchmark.baselines:
+        raise w.fail(("benchmark", "baselines"), f"native, compiled or named baselines (the kernel is vLLM's own "
+                     f"torch.ops._C.{plan.vllm_kernel}: it is timed as the kernel)", "vllm")
+    _check_models(w, plan)
+    return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec))
+
+
+# ---------------------------------------------------------------- op
+
+
+def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, SizeSpec]]:
+    sizes, out = {}, {}
+    for sym, node in specs.items():
+        loc = ("op", "sizes", sym)
+        if sym in BUILTIN_SYMBOLS:
+            raise w.fail(loc, f"a symbol other than the built-in {', '.join(BUILTIN_SYMBOLS)}", sym)
+        c = node if isinstance(node, S.SizeConstraints) else S.SizeConstraints(values=node)
+        spec = SizeSpec(many(c.values), c.awkward, c.divides, c.multiple_of, c.even, c.at_most)
+        if not spec.values:
+            raise w.fail(loc, "at least one size", [])
+        for key in ("divides", "at_most"):
+            other = getattr(spec, key)
+            if other is not None and (other not in specs or other == sym):
+                raise w.fail(loc + (key,), "another symbol of op.sizes", other)
+        bad = [v for v in spec.values if v % spec.multiple_of or (spec.even and v % 2)]
+        if bad:
+            raise w.fail(loc + ("values",), "values that meet the symbol's own constraints (multiple_of, even)",
+                         bad[0], field=dotted(loc))
+        sizes[sym], out[sym] = spec.values, spec
+    return sizes, out
+
+
+def _dim(entry: int | str) -> Dim | None:
+    if isinstance(entry, int):
+        return Dim(str(entry), entry, None)
+    m = re.fullmatch(r"\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*", entry)
+    if m:
+        return Dim(entry.strip(), int(m.group(1) or 1), m.group(2))
+    try:
+        names_in(entry)
+    except ValueError:
+        return None
+    return Dim(entry.strip())
+
+
+def _expr(w: Where, loc: Loc, value: int | float | str, symbols: set[str]) -> str:
+    """A size expression (a number, a symbol or arithmetic over symbols) naming only known symbols."""
+    try:
+        unknown = sorted(names_in(str(value)) - symbols)
+    except ValueError as exc:
+        raise w.fail(loc, f"a size expression ({exc})", value) from None
+    if unknown:
+        raise w.fail(loc, f"symbols defined in op.sizes or built in ({', '.join(sorted(symbols))})", unknown[0])
+    return str(value)
+
+
+def _init(w: Where, loc: Loc, init: str | S.ParamInit, symbols: set[str]) -> tuple[str, Any]:
+    if isinstance(init, str):
+        return init, None
+    given = [k for k in PARAM_INITS if getattr(init, k) is not None]
+    if len(given) != 1:
+        raise w.fail(loc, f"a name or a one-key mapping of {', '.join(PARAM_INITS)}",
+                     init.model_dump(exclude_none=True))
+    kind = given[0]
+    if kind == "cos_sin_cache":
+        return kind, {"base": float(init.cos_sin_cache.base)}
+    return kind, tuple(_expr(w, loc + (kind, i), v, symbols) for i, v in enumerate(getattr(init, kind)))
+
+
+def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
+    args = []
+    for name, spec in specs.items():
+        loc = ("op", "args", name)
+        line = w.line(loc)
+        if isinstance(spec, S.SizeArg):  # a scalar computed from the sizes
+            args.append(Arg(name=name, value_expr=_expr(w, loc + ("value",), spec.value, symbols), line=line))
+            continue
+        if not isinstance(spec, S.TensorArg):  # a scalar passed as is (eps, a flag; null: an optional tensor left out)
+            args.append(Arg(name=name, value=spec, line=line))
+            continue
+        dims = []
+        for i, entry in enumerate(spec.shape):
+            dim = _dim(entry)
+            if dim is None:
+                raise w.fail(loc + ("shape", i), "a positive integer, a symbol or a size expression "
+                             "(num_heads*head_size)", entry)
+            unknown = sorted(dim.names - symbols)
+            if unknown:
+                raise w.fail(loc + ("shape", i), f"a symbol defined in op.sizes or built in "
+                             f"({', '.join(sorted(symbols))})", unknown[0])
+            dims.append(dim)
+        init, init_args = _init(w, loc + ("init",), spec.init, symbols)
+        args.append(Arg(name=name, shape=tuple(dims), dtype=spec.dtype, layouts=many(spec.layout), init=init,
+                        init_args=init_args, role=spec.role, pad=spec.pad, line=line))
+    return tuple(args)
+
+
+# ---------------------------------------------------------------- numerics and tolerances
+
+
+def _numerics(w: Where, n: S.NumericsSection | None, sizes: dict) -> Numerics:
+    if n is None:
+        return Numerics()
+    if n.prefill_tokens[0] > n.prefill_tokens[1]:
+        raise w.fail(("numerics", "prefill_tokens"), "[min, max] token counts", n.prefill_tokens)
+    keys_of(w, ("numerics", "cpu_sizes"), n.cpu_sizes, tuple(sizes))
+    return Numerics(n.examples, n.max_num_seqs, n.max_num_batched_tokens, tuple(n.prefill_tokens),
+                    float(n.timeout_s), n.cpu_element_budget, n.max_model_len,
+                    tuple((sym, many(v)) for sym, v in n.cpu_sizes.items()), n.awkward_sizes)
+
+
+def _tolerance(t: S.Tolerance) -> Tolerance:
+    return Tolerance(float(t.atol), float(t.rtol), t.atol_of)
+
+
+def _tolerances(w: Where, t: Any, outputs: tuple[str, ...], order: list) -> tuple[dict, dict]:
+    if t is None:
+        return {}, {}
+    keys_of(w, ("tolerance", "outputs"), t.outputs, outputs)
+    return ({dt: _tolerance(getattr(t, dt)) for dt in order if dt != "outputs" and getattr(t, dt) is not None},
+            {o: _tolerance(v) for o, v in t.outputs.items()})
+
+
+def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> Quantization:
+    if not isinstance(q, S.Quantization):  # none
+        return Quantization()
+    keys_of(w, ("quantization", "outputs"), q.outputs, outputs)
+    names = {a.name for a in args} | set(outputs)
+    quantized = []
+    for out, spec in q.outputs.items():
+        loc = ("quantization", "outputs", out)
+        if spec.scale not in names:
+            raise w.fail(loc + ("scale",), f"an argument or output ({', '.join(sorted(names))})", spec.scale)
+        arg = next((a for a in args if a.name == out), None)
+        if arg is not None and arg.dtype not in QUANTIZED_DTYPES:
+            raise w.fail(loc, "an output of a quantized dtype (fp8, float8_*, int8)", arg.dtype)
+        quantized.append(Quantized(out, spec.scale, spec.granularity))
+    return Quantization(tuple(quantized), float(q.max_step_fraction))
+
+
+def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> tuple[Rule, ...]:
+    out = []
+    for i, rule in enumerate(rules or ()):
+        match = []
+        for axis in AXES:
+            values = many(getattr(rule, axis))
+            for v in values:
+                if v not in matrix[axis]:
+                    raise w.fail((key, i, axis), f"values of matrix.{axis} ({', '.join(map(str, matrix[axis]))})", v)
+            if values:
+                match.append((axis, values))
+        if not match:
+            raise w.fail((key, i), "at least one axis to match", rule.model_dump(exclude_none=True))
+        out.append(Rule(tuple(match), rule.why, w.line((key, i))))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- contracts
+
+
+def _contract(w: Where, loc: Loc, c: S.Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
+              matrix_dtypes: tuple[str, ...], cpu_sizes: tuple) -> Contract:
+    """A kernel's contract (`op.contract`, or a named baseline's): known names, and something of the plan left to
+    draw under it."""
+    name = dotted(loc)
+    tensors = {a.name: a for a in args if a.is_tensor}
+    contiguous = many(c.contiguous)
+    for i, t in enumerate(contiguous):
+        if t not in tensors:
+            raise w.fail(loc + ("contiguous", i), f"one of {', '.join(tensors)}", t)
+        if "contiguous" not in tensors[t].layouts:  # nothing of the plan's would be left to draw
+            raise w.fail(loc + ("contiguous", i), f"a tensor the plan draws contiguous (op.args.{t}.layout lists "
+                         "contiguous)", t)
+    keys_of(w, loc + ("row_stride_multiple_of",), c.row_stride_multiple_of, tuple(tensors))
+    for k in ("multiple_of", "at_least", "at_most"):
+        keys_of(w, loc + (k,), getattr(c, k), tuple(sizes))
+    strides = tuple(c.row_stride_multiple_of.items())
+    for t, n in strides:
+        at, f, shape = loc + ("row_stride_multiple_of", t), f"{name}.row_stride_multiple_of.{t}", tensors[t].shape
+        if len(shape) < 2:
+            raise w.fail(at, "a tensor of 2 or more dimensions (one with rows)", f"{t}: {len(shape)}-d")
+        width = shape[-1]
+        if not width.names <= set(sizes):
+            raise w.fail(at, "a tensor whose last dimension is made of op.sizes symbols", str(width))
+        if t in contiguous or "strided" not in tensors[t].layouts:  # its rows are its width apart
+            if width.coeff is None:
+                raise w.fail(at, f"a tensor whose last dimension is a number, a symbol or N*symbol, as {t} is drawn "
+                             "contiguous only (its width is its row stride)", str(width))
+            if width.symbol is None and width.coeff % n:
+                raise w.fail(at, f"a multiple that {t}'s width ({width.coeff}) meets, as {t} is drawn contiguous "
+                             "only", n)
+    for sym, high in c.at_most.items():
+        low = c.at_least.get(sym, 1)
+        if low > high:
+            raise w.fail(loc + ("at_most", sym), f"at least {name}.at_least.{sym} ({low})", high)
+    dtypes = many(c.dtypes)
+    for i, dt in enumerate(dtypes):
+        if dt not in matrix_dtypes:
+            raise w.fail(loc + ("dtypes", i), f"one of {', '.join(matrix_dtypes)}", dt)
+    if c.dtypes is not None and not dtypes:
+        raise w.fail(loc + ("dtypes",), "at least one dtype of matrix.dtype", [])
+    contract = Contract(contiguous, strides, *(tuple(getattr(c, k).items()) for k in ("multiple_of", "at_least",
+                        "at_most")), dtypes, c.why, w.line(loc))
+    # Every constrained size keeps at least one of the plan's sizes (on a CPU machine, of numerics.cpu_sizes).
+    for sym, planned in sizes.items():
+        for values, where in ((planned, f"op.sizes.{sym}"), (dict(cpu_sizes).get(sym), f"numerics.cpu_sizes.{sym}")):
+            if not values or any(contract.allows_size(sym, v, args) for v in values):
+                continue
+            listed = ", ".join(map(str, values))
+            k = next((k for k in ("multiple_of", "at_least", "at_most") if sym in getattr(c, k)), None)
+            if k:
+                raise w.fail(loc + (k, sym), f"a constraint that a size of {where} ({listed}) meets",
+                             getattr(c, k)[sym])
+            t = next(t for t, _ in strides if tensors[t].shape[-1].symbol == sym)
+            raise w.fail(loc + ("row_stride_multiple_of", t), f"a multiple that {t}'s rows ({tensors[t].shape[-1]} "
+                         f"wide, drawn contiguous only) meet for a size of {where} ({listed})", dict(strides)[t])
+    return contract
+
+
+# ---------------------------------------------------------------- benchmark
+
+
+def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of) -> Benchmark:
+    if b is None:
+        return Benchmark()
+    builtin, named, contracts = [], [], []
+    for i, item in enumerate(many(b.baselines) if b.baselines is not None else ("native", "compiled")):
+        loc = ("benchmark", "baselines", i)
+        if isinstance(item, str):
+            builtin.append(item)
+            continue
+        name, entry = next(iter(item.items()))
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)) or name in BASELINES + ("kernel",):
+            raise w.fail(loc + (name,), "a baseline name of lowercase letters, digits and _ other than "
+                         f"{', '.join(BASELINES)} and kernel" + (" (YAML reads off/on/yes/no/true/false as a "
+                         "boolean: quote the name)" if isinstance(name, bool) else ""), name, field=dotted(loc))
+        if name in dict(named):
+            raise w.fail(loc + (name,), "a baseline name not used before in benchmark.baselines", name,
+                         field=dotted(loc))
+        # The path's syntax only: the package may be installed on one machine and not on another; a benchmark
+        # that cannot import it reports that baseline as not run (harness.runtime.resolve).
+        if isinstance(entry, S.NamedBaseline):
+            if entry.contract is not None:
+                contracts.append((name, contract_of(loc + (name, "contract"), entry.contract)))
+            entry = entry.path
+        named.append((name, entry))
+    return Benchmark(**{p: many(getattr(b, p)) for p in PHASES}, baselines=tuple(builtin), named=tuple(named),
+                     contracts=tuple(contracts), bytes=b.bytes, flops=b.flops, models=_models(w, b.models, sizes))
+
+
+def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
+    """`benchmark.models`: `{"hidden=4096": "Llama-3-8B"}`, keys of `symbol=value` pairs (comma-separated) over
+    the plan's sizes, values the model's name."""
+    choices = "; ".join(f"{sym}: {', '.join(map(str, values))}" for sym, values in sizes.items()) or "none"
+    out = []
+    for key, model in models.items():
+        pairs = []
+        for part in key.split(","):
+            sym, eq, value = (t.strip() for t in part.partition("="))
+            if not eq or sym not in sizes or not value.isdigit() or int(value) not in sizes[sym]:
+                raise w.fail(("benchmark", "models", key), f"'symbol=value' pairs with sizes of op.sizes ({choices})",
+                             key)
+            pairs.append(f"{sym}={int(value)}")
+        if not model.strip():
+            raise w.fail(("benchmark", "models", key), "the name of the model these sizes come from", model)
+        out.append((",".join(pairs), " ".join(model.split())))
+    return tuple(out)
+
+
+def _check_models(w: Where, plan: Plan) -> None:
+    """The byte and flop models evaluate on the plan's sizes (else --bench would fail at collection)."""
+    for key, expr in (("bytes", plan.benchmark.bytes), ("flops", plan.benchmark.flops)):
+        if expr is None:
+            continue
+        names = {**{sym: values[0] for sym, values in plan.sizes.items()}, "num_tokens": 1, "act_bytes": 2}
+        try:
+            evaluate(expr, names)
+        except ValueError as exc:
+            raise w.fail(("benchmark", key), f"an arithmetic expression over {', '.join(sorted(names))} ({exc})",
+                         expr) from None
+
+
+# ---------------------------------------------------------------- tensor parallelism
+
+
+def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tuple[str, ...],
+        tp_sizes: tuple[int, ...], symbol_names: tuple[str, ...]) -> TensorParallel:
+    if t is None:
+        return TensorParallel()
+    sp, tensors = t.sequence_parallel, {a.name: a for a in args if a.is_tensor}
+    keys_of(w, ("tp", "inputs"), t.inputs, tuple(tensors))
+    keys_of(w, ("tp", "outputs"), t.outputs, outputs)
+
+    def has_tokens(name: str) -> bool:
+        return name in tensors and any(d.symbol == "num_tokens" for d in tensors[name].shape)
+
+    units, replicate = [], []
+
+    def check_dim(loc: Loc, spec: S.Shard | S.Gather, key: str, name: str) -> int:
+        """A dimension of `name` that can be split into tp * merged equal parts for every TP size."""
+        dim = getattr(spec, key)
+        if spec.units is not None:
+            if spec.units not in symbol_names:
+                raise w.fail(loc + ("units",), "a symbol of op.sizes", spec.units)
+            units.append((name, spec.units))
+        if spec.replicate:
+            if spec.units is None:
+                raise w.fail(loc + ("replicate",), "units to replicate (set units too)", True)
+            replicate.append(name)
+        if name not in tensors:
+            return dim  # a returned output: its shape is the op's to decide
+        shape = tensors[name].shape
+        if not -len(shape) <= dim < len(shape):
+            raise w.fail(loc + (key,), f"a dimension of a {len(shape)}-d tensor", dim)
+        d = shape[dim]
+        if d.symbol == "num_tokens":
+            raise w.fail(loc + (key,), "a dimension other than num_tokens (tokens are split with "
+                         "tp.sequence_parallel)", dim)
+        bad = [n for n in tp_sizes if d.symbol is None and d.coeff is not None and d.coeff % (n * spec.merged)]
+        if bad:
+            raise w.fail(loc + (key,), f"a dimension divisible by tp x merged ({bad[0]} x {spec.merged})", str(d))
+        return dim % len(shape)
+
+    shard, combine, merged_outputs = [], [], []
+    for name, spec in t.inputs.items():
+        loc = ("tp", "inputs", name)
+        if spec == "replicated":
+            continue
+        if sp and has_tokens(name):
+            raise w.fail(loc, "'replicated' (tp.sequence_parallel already splits it by tokens)",
+                         spec.model_dump(exclude_defaults=True))
+        shard.append((name, check_dim(loc, spec, "shard", name), spec.merged))
+    for name, spec in t.outputs.items():
+        loc = ("tp", "outputs", name)
+        if sp and has_tokens(name) and spec != "replicated":
+            raise w.fail(loc, "'replicated' (tp.sequence_parallel puts it back together by tokens)",
+                         spec if isinstance(spec, str) else spec.model_dump(exclude_defaults=True))
+        if isinstance(spec, str):
+            combine.append((name, spec, 0))
+            continue
+        combine.append((name, "gather", check_dim(loc, spec, "gather", name)))
+        if spec.merged > 1:
+            merged_outputs.append((name, spec.merged))
+    if t.kind == "trivial" and (shard or any(c[1] != "replicated" for c in combine)):
+        raise w.fail(("tp", "kind"), "'sharded' when inputs are sharded or outputs combined", t.kind)
+    if t.kind == "sharded" and not shard and not sp:
+        raise w.fail(("tp", "kind"), "at least one sharded input for kind 'sharded'", "none", field="tp.inputs")
+    if t.kind == "sharded":
+        declared = {c[0] for c in combine}
+        for name in outputs:
+            if name not in declared and not (sp and has_tokens(name)):
+                raise w.fail(("tp", "outputs") if ("tp", "outputs") in w.lines else ("tp", "kind"),
+                             "how ranks' outputs combine for kind 'sharded' (replicated, sum or "
+                             "{gather: dim})", "nothing", field=f"tp.outputs.{name}")
+    return TensorParallel(t.kind, tuple(shard), tuple(combine), sp, merged_outputs=tuple(merged_outputs),
+                          units=tuple(units), replicate=tuple(replicate))
+
+
+# ---------------------------------------------------------------- settings that never apply
+
+
+def _never_applies(w: Where, plan: Plan, spec: S.PlanFile) -> tuple[str, ...]:
+    """Settings that can never apply to any cell of the matrix, as warnings (file:line: field: ...): a narrowed
+    matrix is a normal way of working, but a setting it leaves idle is said, not silently dropped."""
+    m, found = plan.matrix, []
+    for dt in plan.tolerance:
+        if dt not in m["dtype"]:
+            found.append(w.fail(("tolerance", dt), "a dtype of matrix.dtype", dt))
+    if spec.cuda_graph is not None and "cuda_graph" not in m["graph_mode"]:
+        found.append(w.fail(("cuda_graph",), "cuda_graph in matrix.graph_mode for capture sizes to apply",
+                            list(m["graph_mode"])))
+    if plan.tp.kind == "sharded" and max(m["tp"]) == 1:
+        found.append(w.fail(("tp",), "a matrix.tp above 1 for sharding to apply", list(m["tp"]), field="tp.kind"))
+    for phase in plan.benchmark.shapes():
+        if phase not in m["phase"]:
+            found.append(w.fail(("benchmark", phase), "a phase of matrix.phase", phase))
+    cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
+    for i, rule in enumerate(plan.expects):
+        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes)
+                   and c["dtype"] in (plan.contract.dtypes or m["dtype"]) for c in cells):
+            found.append(w.fail(("expect", i), "a rule matching a cell the plan does not exclude", dict(rule.match)))
+    return tuple(str(x) for x in found)
+

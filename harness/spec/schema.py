@@ -1,0 +1,303 @@
+"""The plan file's structure as pydantic models: keys, types, ranges and names, and the JSON Schema of a plan.
+
+Validation here is structural only: every key known (extra="forbid"), every value of its type (strict: no
+"5" for 5, no true for 1), numbers in range, names from their vocabulary. Checks across fields (a shape's
+symbols defined in op.sizes, an exclude rule naming values of the matrix, a contract something of the plan
+meets) are harness.spec.checks's. A field's description is what an error says was expected
+(`plan.yaml:8: op.args.x.dtype: expected ...`) and what an editor shows: `python -m harness schema` prints
+the JSON Schema, committed as plan.schema.json (`# yaml-language-server: $schema=./plan.schema.json`).
+
+Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
+picked by the value's YAML type (a `Discriminator`), so an error speaks of the form that was written.
+"""
+
+import json
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
+
+from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
+from harness.spec.plan import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
+    ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VLLM_ROUTES, Numerics
+from harness.spec.vllm_schemas import VLLM_KERNELS
+
+# Tags of the forms a value may take: in pydantic's error locations, never in the plan's own (dropped there).
+ONE, LIST, MAPPING, VALUE = "<one>", "<list>", "<mapping>", "<value>"
+TAGS = (ONE, LIST, MAPPING, VALUE)
+
+IMPORT_PATH = r"^[\w.]+:[\w.]+$"
+IMPORT_EXPECTED = "an import path 'package.module:attribute'"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")  # patterns with lookaheads
+
+
+def _form(value: Any) -> str:
+    return MAPPING if isinstance(value, dict) else LIST if isinstance(value, list) else ONE
+
+
+def forms(*, one: Any = None, many: Any = None, mapping: Any = None, description: str | None = None) -> Any:
+    """A value of several forms, picked by its YAML type: a scalar (`one`), a list, a mapping."""
+    members = [Annotated[t, Tag(tag)] for t, tag in ((one, ONE), (many, LIST), (mapping, MAPPING)) if t is not None]
+    extra = [Field(description=description)] if description else []
+    return Annotated[Union[tuple(members)], Discriminator(_form), *extra]
+
+
+def _one_or_list(value: Any) -> str:
+    return LIST if isinstance(value, list) else ONE
+
+
+def one_or_list(item: Any, description: str | None = None, min_length: int | None = None) -> Any:
+    """A value or a list of them (`dtype: bf16` is `dtype: [bf16]`)."""
+    many = Annotated[list[item], Field(min_length=min_length)] if min_length else list[item]
+    extra = [Field(description=description)] if description else []
+    return Annotated[Union[Annotated[item, Tag(ONE)], Annotated[many, Tag(LIST)]], Discriminator(_one_or_list), *extra]
+
+
+def import_path(description: str = IMPORT_EXPECTED) -> Any:
+    return Annotated[str, Field(pattern=IMPORT_PATH, description=description)]
+
+
+PositiveInt = Annotated[int, Field(ge=1, description="a positive integer")]
+Number = Union[int, float]
+Text = Annotated[str, Field(description="text")]
+Symbol = Annotated[str, Field(description="a size symbol")]
+# A number, a symbol or arithmetic over symbols (`num_seqs + 1`); the symbols are checked against op.sizes.
+Expression = Annotated[Union[int, float, str], Field(description="a number or a size expression")]
+Dim = Annotated[Union[Annotated[int, Field(ge=1)], str],
+                Field(description="a positive integer, a symbol or a size expression (num_heads*head_size)")]
+CellDtype = Literal[CELL_DTYPES]
+Sm = Annotated[str, Field(pattern=SM_PATTERN.pattern, description=SM_EXPECTED)]
+Axis = {"phase": Literal[PHASES], "dtype": CellDtype, "tp": PositiveInt, "graph_mode": Literal[GRAPH_MODES], "sm": Sm}
+KERNEL_EXPECTED = (f"{IMPORT_EXPECTED}, or vllm:<name> naming one of vLLM's kernels "
+                   f"({', '.join(sorted(VLLM_KERNELS))})")
+KERNEL_PATTERN = rf"^(vllm:({'|'.join(sorted(VLLM_KERNELS))})|(?!vllm:)[\w.]+:[\w.]+)$"
+
+
+# ---------------------------------------------------------------- op
+
+
+class SizeConstraints(Section):
+    values: one_or_list(PositiveInt, "the sizes to draw (positive integers)")
+    awkward: Optional[bool] = Field(None, description="true or false: draw odd sizes besides these "
+                                    "(default: numerics.awkward_sizes)")
+    divides: Optional[Symbol] = Field(None, description="another symbol of op.sizes, whose size this one divides")
+    multiple_of: PositiveInt = 1
+    even: bool = Field(False, description="true or false")
+    at_most: Optional[Symbol] = Field(None, description="another symbol of op.sizes, not exceeded by this one")
+
+
+SizeSpec = forms(one=PositiveInt, many=list[PositiveInt], mapping=SizeConstraints,
+                 description="the sizes to draw: a list of positive integers, or {values: [...], divides: "
+                             "symbol, multiple_of: N, even: true, at_most: symbol, awkward: false}")
+
+
+class CosSinCache(Section):
+    base: Number = Field(description="the rotary base (a number)")
+
+
+class ParamInit(Section):
+    """A parameterised init: exactly one of its keys (checked in harness.spec.checks)."""
+
+    uniform: Optional[Annotated[list[Expression], Field(min_length=2, max_length=2, description="[low, high]")]] = None
+    integers: Optional[Annotated[list[Expression], Field(min_length=2, max_length=2,
+                                                         description="[low, high]")]] = None
+    cos_sin_cache: Optional[CosSinCache] = None
+
+
+Init = forms(one=Literal[INITS + STRUCTURED_INITS], mapping=ParamInit,
+             description=f"one of {', '.join(INITS + STRUCTURED_INITS)}, or a one-key mapping of "
+                         "uniform: [low, high], integers: [low, high], cos_sin_cache: {base: B}")
+
+
+class TensorArg(Section):
+    shape: list[Dim] = Field(description="a list of sizes or size expressions ([] for 0-d)")
+    dtype: Literal[("act",) + ARG_DTYPES] = "act"
+    layout: one_or_list(Literal[LAYOUTS]) = ["contiguous"]
+    init: Init = "normal"
+    role: Literal[ROLES] = "input"
+    pad: Number = Field(0, description="a number (the CUDA-graph padding value)")
+
+
+class SizeArg(Section):
+    value: Expression
+
+
+def _arg_form(value: Any) -> str:
+    return (VALUE if "value" in value else MAPPING) if isinstance(value, dict) else ONE
+
+
+Arg = Annotated[Union[Annotated[TensorArg, Tag(MAPPING)], Annotated[SizeArg, Tag(VALUE)],
+                      Annotated[Union[bool, int, float, str, None], Tag(ONE)]], Discriminator(_arg_form),
+                Field(description="a tensor spec mapping, {value: size expression}, a scalar or null")]
+
+
+class Contract(Section):
+    contiguous: one_or_list(str, "tensors that must be fully contiguous") = []
+    row_stride_multiple_of: dict[str, PositiveInt] = Field({}, description="tensor: N, its rows N elements apart")
+    multiple_of: dict[str, PositiveInt] = Field({}, description="size symbol: N")
+    at_least: dict[str, PositiveInt] = Field({}, description="size symbol: N")
+    at_most: dict[str, PositiveInt] = Field({}, description="size symbol: N")
+    dtypes: Optional[one_or_list(CellDtype)] = None  # the cell dtypes the kernel supports
+    why: str = Field("", description="why the kernel has this contract (text)")
+
+
+class Op(Section):
+    name: str = Field(pattern=r"^[A-Za-z_]\w*$", description="an identifier (letters, digits, _)")
+    intent: Literal[INTENTS]
+    description: Text = ""
+    kernel: str = Field(pattern=KERNEL_PATTERN, description=KERNEL_EXPECTED)
+    reference: import_path()
+    replaces: Optional[import_path()] = None
+    args: dict[str, Arg] = Field(min_length=1, description="at least one argument: the op's arguments, in call "
+                                 "order")
+    outputs: one_or_list(str, "the op's outputs: output arguments, mutated inputs or names of returned values")
+    mutates: one_or_list(str, "inputs the op writes") = []
+    sizes: dict[str, SizeSpec] = {}
+    accumulation: Literal["fp32", "input"] = "fp32"
+    fake: Optional[import_path()] = None
+    generate: Optional[import_path()] = None
+    contract: Optional[Contract] = None
+
+
+# ---------------------------------------------------------------- the matrix and its rules
+
+
+Matrix = create_model("Matrix", __base__=Section, **{
+    axis: (one_or_list(Axis[axis], min_length=1), ...) for axis in AXES})
+Exclude = create_model("Exclude", __base__=Section,
+                       **{axis: (Optional[one_or_list(Axis[axis])], None) for axis in AXES},
+                       why=(str, Field(pattern=r"\S", description="a reason as text")))
+Expect = create_model("Expect", __base__=Exclude, status=(Literal["fail"], "fail"))
+
+
+# ---------------------------------------------------------------- tolerances and numerics
+
+
+class Tolerance(Section):
+    atol: Number = Field(ge=0, description="a number >= 0")
+    rtol: Number = Field(ge=0, description="a number >= 0")
+    atol_of: Optional[Literal["max"]] = Field(None, description="max: atol as a fraction of the output's largest "
+                                              "magnitude")
+
+
+Tolerances = create_model("Tolerances", __base__=Section,
+                          **{dtype: (Optional[Tolerance], None) for dtype in CELL_DTYPES},
+                          outputs=(dict[str, Tolerance], Field({}, description="per output of op.outputs")))
+
+
+class NumericsSection(Section):
+    examples: PositiveInt = Numerics.examples
+    max_num_seqs: PositiveInt = Numerics.max_num_seqs
+    max_num_batched_tokens: PositiveInt = Numerics.max_num_batched_tokens
+    prefill_tokens: Annotated[list[PositiveInt], Field(min_length=2, max_length=2, description="[min, max] "
+                                                       "token counts")] = list(Numerics.prefill_tokens)
+    timeout_s: Number = Field(Numerics.timeout_s, gt=0, description="seconds")
+    cpu_element_budget: PositiveInt = Numerics.cpu_element_budget
+    max_model_len: PositiveInt = Numerics.max_model_len
+    cpu_sizes: dict[str, one_or_list(PositiveInt)] = Field({}, description="size symbol: the sizes a CPU draws")
+    awkward_sizes: bool = Field(Numerics.awkward_sizes, description="true or false")
+
+
+# ---------------------------------------------------------------- benchmark, vLLM, TP, quantization
+
+
+class NamedBaseline(Section):
+    path: import_path()
+    contract: Optional[Contract] = None
+
+
+Baseline = forms(one=Literal[BASELINES],
+                 mapping=Annotated[dict[Any, forms(one=import_path(), mapping=NamedBaseline)],
+                                   Field(min_length=1, max_length=1)],
+                 description=f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}} or "
+                             "{name: {path: 'package.module:attribute', contract: {...}}}")
+
+
+class Benchmark(Section):
+    decode: one_or_list(PositiveInt) = []
+    prefill: one_or_list(PositiveInt) = []
+    chunked_prefill: one_or_list(PositiveInt) = []
+    baselines: Optional[one_or_list(Baseline)] = None
+    bytes: Optional[str] = Field(None, description="a byte-count expression")
+    flops: Optional[str] = Field(None, description="a flop-count expression")
+    models: dict[str, str] = Field({}, description="'symbol=value' pairs: the model these sizes come from")
+
+
+class Vllm(Section):
+    target: Literal["v1"] = "v1"
+    route: Literal[VLLM_ROUTES] = "ir"
+    layer: Optional[import_path()] = None
+    ir_op: Optional[str] = Field(None, description="a vLLM IR op name")
+    custom_op: Optional[str] = Field(None, description="a vLLM CustomOp name")
+    provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
+        "a provider name of lowercase letters, digits and _ other than native and unfused"))
+
+
+class CudaGraph(Section):
+    capture_sizes: one_or_list(PositiveInt) = []
+
+
+class _Split(Section):
+    merged: int = Field(1, ge=1, description="the number of merged parts (>= 1)")
+    units: Optional[str] = Field(None, description="the size symbol counting the dim's units (num_heads)")
+    replicate: bool = Field(False, description="true or false")
+
+
+class Shard(_Split):
+    shard: int = Field(description="a dimension (an integer)")
+
+
+class Gather(_Split):
+    gather: int = Field(description="a dimension (an integer)")
+
+
+class TensorParallel(Section):
+    kind: Literal["trivial", "sharded"]
+    inputs: dict[str, forms(one=Literal["replicated"], mapping=Shard,
+                            description="replicated, or {shard: dim, merged: N, units: symbol}")] = {}
+    outputs: dict[str, forms(one=Literal["replicated", "sum"], mapping=Gather,
+                             description="replicated, sum, or a mapping {gather: dim, merged: N, units: symbol}")] = {}
+    sequence_parallel: bool = Field(False, description="true or false")
+
+
+class QuantizedOutput(Section):
+    scale: str = Field(description="the argument or output holding the scales")
+    granularity: Literal[GRANULARITIES]
+
+
+class Quantization(Section):
+    outputs: dict[str, QuantizedOutput]
+    max_step_fraction: Number = Field(0.01, ge=0, le=1, description="a fraction in [0, 1]")
+
+
+class PlanFile(Section):
+    """A plan file: what the op is, the matrix of cells it is tested in, and how."""
+
+    model_config = ConfigDict(title="vllm-op-plan plan")
+    op: Op
+    matrix: Matrix
+    exclude: Optional[list[Exclude]] = Field(None, description="a list of rules: the cells not to run, by axis "
+                                             "values, and why")
+    expect: Optional[list[Expect]] = Field(None, description="a list of rules: the cells expected to fail, by axis "
+                                           "values, and why")
+    tolerance: Optional[Tolerances] = None
+    numerics: Optional[NumericsSection] = None
+    benchmark: Optional[Benchmark] = None
+    tp: Optional[TensorParallel] = None
+    quantization: Optional[forms(one=Literal["none"], mapping=Quantization)] = None
+    vllm: Optional[Vllm] = None
+    cuda_graph: Optional[CudaGraph] = None
+
+
+def json_schema() -> dict:
+    """The JSON Schema of a plan file (what `python -m harness schema` prints), as draft 7: what editors' YAML
+    language servers support (it uses nothing of later drafts)."""
+    schema = PlanFile.model_json_schema(ref_template="#/definitions/{model}")
+    return {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": schema.pop("$defs"), **schema}
+
+
+def json_schema_text() -> str:
+    return json.dumps(json_schema(), indent=2) + "\n"
+
