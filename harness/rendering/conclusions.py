@@ -119,8 +119,8 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[
 
     def tally(**axis) -> str:
         cells = [c for c in res.cells if all(getattr(c, k) == val for k, val in axis.items())]
-        counts = Counter(mark_status(res, c) if c.sm in res.covered else
-                         "excluded" if res.excluded_by_plan(c) else "uncovered" for c in cells)
+        counts = Counter(mark_status(res, c) if c.sm in res.covered else  # elsewhere, the plan's exclusions
+                         Status.EXCLUDED if res.excluded_by_plan(c) else "uncovered" for c in cells)
         parts = [f"{counts[s]} {s.replace('_', ' ')}" for s in MARKS if counts[s]]
         if counts[None]:
             parts.append(f"{counts[None]} without a result")
