@@ -14,7 +14,7 @@ import torch
 from harness.runtime import bench
 from harness.runtime import timing as timers
 
-from harness.rendering import report
+from harness.rendering import performance
 from harness.spec.hardware import Hardware
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
@@ -228,7 +228,7 @@ def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
     off = outcome.record.impls["scaled"]
     assert off.timed and off.error is None and "wrong result after timing" in off.differs
     assert outcome.record.impls["native"].differs is None and not outcome.failures
-    assert "differs from the reference" in report._impl_cell(off)
+    assert "differs from the reference" in performance.impl_cell(off)
 
 
 @pytest.mark.parametrize("entry, field, words", [

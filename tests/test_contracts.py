@@ -23,7 +23,7 @@ from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.spec.vllm_ops import render_plugin
+from harness.rendering.python_source import render_plugin
 from tests.plans import rms_norm_plan
 from tests.test_vllm_ops import _ruff
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.rendering import report
+from harness.rendering import markdown, performance, report
 from harness.__main__ import main
 from harness.spec.matrix import Cell
 from harness.rendering.overview import render_overview, write_overview
@@ -21,7 +21,7 @@ from harness.spec.load import load_plan
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.store import FORMAT, VERSION
-from harness.spec.vllm_ops import profile_setting
+from harness.spec.vllm_ops import enable_setting, profile_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS = load_plan(ROOT / "plan.yaml")
@@ -429,8 +429,8 @@ def test_user_and_exception_text_is_escaped(tmp_path):
     failed = next(t for t in tables(text) if "minimal input" in t[0])
     assert "bad \\| pipe \\`tick\\` \\`\\`double\\`\\` line break &lt;script&gt;" in failed[2]
     assert "`` pytest -k 'a\\|b' `x` ``" in failed[2]
-    assert report.md("a_b _c_") == "a_b \\_c\\_"
-    assert report.code("a`b") == "``a`b``" and report.code("`a") == "`` `a ``"
+    assert markdown.md("a_b _c_") == "a_b \\_c\\_"
+    assert markdown.code("a`b") == "``a`b``" and markdown.code("`a") == "`` `a ``"
 
 
 def test_same_results_give_byte_identical_report_and_plot(tmp_path, monkeypatch):
@@ -660,7 +660,7 @@ def test_vllm_settings_per_profile_for_the_custom_op_route():
     assert profile_setting(silu, True, "native") == """--compilation-config '{"custom_ops": ["none"]}'"""
     assert profile_setting(silu, False, "native") == \
         """--compilation-config '{"custom_ops": ["all", "-silu_and_mul"]}'"""
-    assert profile_setting(RMS, True, "kernel") == report.enable_setting(RMS)
+    assert profile_setting(RMS, True, "kernel") == enable_setting(RMS)
 
 
 def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
@@ -835,9 +835,9 @@ def hostile_diagrams(escape) -> str:
 
 
 def test_hostile_text_is_escaped_for_mermaid(tmp_path, mermaid_checker):
-    assert re.fullmatch(r"[A-Za-z0-9 _.,:/()=+*'#;-]*", report.mm(NASTY))
+    assert re.fullmatch(r"[A-Za-z0-9 _.,:/()=+*'#;-]*", markdown.mm(NASTY))
     escaped, raw = tmp_path / "escaped.md", tmp_path / "raw.md"
-    escaped.write_text(hostile_diagrams(report.mm))
+    escaped.write_text(hostile_diagrams(markdown.mm))
     raw.write_text(hostile_diagrams(lambda t: " ".join(t.split())))
     rc, results = mermaid_checker(escaped)
     assert rc == 0 and len(results) == 14, [r for r in results if not r["ok"]]
@@ -862,6 +862,7 @@ def test_benchmark_tables_say_where_l2_was_cold():
 
     cold = rec(256, 6 << 20, 21)  # 126 MiB rotated: past twice the 60 MiB L2
     warm = rec(1, 24 << 10, 1024)  # 24 MiB rotated: fits
-    assert report._l2_note([cold]) == "; L2 cold"
-    assert "except at 1 of 2 items" in report._l2_note([cold, warm]) and "up to 1 tokens" in report._l2_note([cold, warm])
-    assert report._l2_note([BenchRecord("decode", "bf16", "cpu", "eager", 1, {})]) == ""  # a CPU machine: no L2 figure
+    l2_note = performance.l2_note
+    assert l2_note([cold]) == "; L2 cold"
+    assert "except at 1 of 2 items" in l2_note([cold, warm]) and "up to 1 tokens" in l2_note([cold, warm])
+    assert l2_note([BenchRecord("decode", "bf16", "cpu", "eager", 1, {})]) == ""  # a CPU machine: no L2 figure

@@ -9,7 +9,7 @@ import pytest
 
 from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task
 from harness.spec.matrix import Cell
-from harness.spec.plan import load_plan
+from harness.spec.load import load_plan
 
 from tests.plans import rms_norm_plan
 

@@ -20,11 +20,12 @@ from harness.runtime.calls import reference_outputs
 from harness.runtime.inputs import Example, build_args
 from harness.runtime.resolve import resolve
 from harness.spec.plan import Tolerance
-from harness.rendering.report import plugin_markdown
+from harness.rendering.design import plugin_markdown
 from harness.results.store import IntegrationRecord, Status, to_json
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_kernel, vllm_missing
-from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provider_name, render_plugin
+from harness.rendering.python_source import render_plugin
+from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provider_name
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError

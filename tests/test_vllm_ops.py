@@ -6,16 +6,19 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from string import Template
 
 import pytest
 
 from harness.spec.load import load_plan
 from harness.runtime.vllm_kernels import vllm_missing
+from harness.rendering.python_source import plugin_template, render_plugin
 from harness.spec.tolerances import IR_DEFAULT_TOLERANCE
-from harness.spec.vllm_ops import VLLM_OPS, enable_setting, provider_name, render_plugin, vllm_op
+from harness.spec.vllm_ops import VLLM_OPS, enable_setting, provider_name, vllm_op
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
+BUNDLED = dict(zip(("rms_norm", "fused_add_rms_norm", "silu_and_mul"), PLANS))  # each vLLM op's bundled plan
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
 
 
@@ -26,11 +29,12 @@ def _ruff(path: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("op", sorted(VLLM_OPS))
-def test_every_description_has_a_template_that_lints(op):
-    template = VLLM_OPS[op].template
-    assert template.exists()
-    proc = _ruff(template)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_every_description_has_a_template_and_a_bundled_plan(op):
+    """Every placeholder of the template is one the plugin fills in (the bundled plan's plugin lints, below)."""
+    template = Template(plugin_template(VLLM_OPS[op]).read_text())
+    assert template.is_valid()
+    assert set(template.get_identifiers()) == {"docstring", "kernel", "op", "provider", "route", "contract"}
+    assert vllm_op(load_plan(BUNDLED[op])) is VLLM_OPS[op]
 
 
 @pytest.mark.parametrize("plan_path", PLANS, ids=lambda p: p.stem)
@@ -93,10 +97,13 @@ def test_descriptions_match_vllms_own_registries():
 
 @needs_vllm
 @pytest.mark.parametrize("op", sorted(VLLM_OPS))
-def test_template_imports_and_registers_with_vllm(op):
-    code = (f"import harness.integration.plugins.{op} as m\nm.register()\nm.register()\n"
+def test_bundled_plugin_imports_and_registers_with_vllm(op, tmp_path):
+    (tmp_path / "plugin.py").write_text(render_plugin(load_plan(BUNDLED[op])))
+    code = ("import importlib.util, sys\nspec = importlib.util.spec_from_file_location('plugin', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(m)\nm.register()\nm.register()\n"
             "import torch\nname = m.OP.split('::')\nassert hasattr(getattr(torch.ops, name[0]), name[1])\nprint('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plugin.py")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 

@@ -40,7 +40,8 @@ from harness.runtime.runner import RunSettings, hypothesis_settings
 from harness.runtime.tasks import IntegrationTask
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.spec.vllm_ops import VllmOp, plugin_module_name, plugin_route, provider_name, render_plugin, unsupported, vllm_op
+from harness.spec.vllm_ops import VllmOp, plugin_module_name, plugin_route, provider_name, unsupported, vllm_op
+from harness.rendering.python_source import render_plugin
 
 ROUTES = ("ir", "custom_op", "plugin")
 # The layers take floating-point activations; quantized dtypes belong to other vLLM ops.

@@ -27,12 +27,14 @@ from harness.runtime.device import detect, provenance, use_triton_interpreter
 from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
-from harness.spec.matrix import RUN, XFAIL, Cell, Decision, decide, expand, pairwise_sample
+from harness.spec.matrix import Cell, Decision, decide, expand, pairwise_sample
 from harness.runtime.resolve import resolve
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
 from harness.rendering.plots import draw_plots
-from harness.rendering.report import SmVerdict, collect, sm_verdicts, verdict, write_report
+from harness.decisions.verdicts import SmVerdict, sm_verdicts, verdict
+from harness.rendering.report import write_report
+from harness.results.merge import collect
 from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Recorder, Status
 from harness.runtime.runner import NIGHTLY_FACTOR, Outcome, RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask, IntegrationTask
@@ -155,7 +157,7 @@ class PlanFile(pytest.File):
             item = CellItem.from_parent(self, name=f"numerics[{cell.id}]", cell=cell, decision=decision)
             for axis, value in cell.axes().items():
                 item.add_marker(f"tp{value}" if axis == "tp" else value)
-            if decision.kind == "xfail":
+            if decision.expects_failure:
                 item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
             yield item
         yield from self._integration_items(plan, hw)
@@ -181,7 +183,7 @@ class PlanFile(pytest.File):
                                                 route=route, decision=decision)
                     item.add_marker(phase)
                     item.add_marker(dtype)
-                    if decision.kind == "xfail":
+                    if decision.expects_failure:
                         item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
                     yield item
 
@@ -204,7 +206,7 @@ class PlanItem(pytest.Item):
 
 def _expected(decision: Decision, status: Status) -> Status:
     """A plan's expected failure turns failed into xfail and passed into xpass."""
-    if decision.kind != "xfail" or status not in (Status.FAILED, Status.PASSED):
+    if not decision.expects_failure or status not in (Status.FAILED, Status.PASSED):
         return status  # a cell not run after all stays not run
     return Status.XFAIL if status == Status.FAILED else Status.XPASS
 
@@ -216,7 +218,7 @@ class CellItem(PlanItem):
         self.sampled_out = ""  # why the run's sample left this cell out (pytest_collection_finish)
 
     def setup(self):
-        if self.decision.kind in ("excluded", "not_run"):
+        if not self.decision.runs:
             pytest.skip(self.decision.reason)
         if self.sampled_out:
             pytest.skip(self.sampled_out)
@@ -286,13 +288,13 @@ class CellItem(PlanItem):
 
     def result(self, skipped: bool) -> CellRecord:
         if skipped:
-            return CellRecord(**self.cell.axes(), status=Status(self.decision.kind), reason=self.decision.reason)
+            return CellRecord(**self.cell.axes(), status=self.decision.status, reason=self.decision.reason)
         rec = self.outcome.record if self.outcome else CellRecord(**self.cell.axes(), status=Status.FAILED,
                                                                   reason="the item stopped before a result")
         rec.status = _expected(self.decision, rec.status)
         if rec.status in (Status.FAILED, Status.XFAIL):
             rec.repro = self.repro_command()
-        if self.decision.kind == "xfail":
+        if self.decision.expects_failure:
             rec.expectation = self.decision.reason
         return rec
 
@@ -305,8 +307,8 @@ class VllmItem(PlanItem):
         self.cell, self.route, self.decision = cell, route, decision
 
     def setup(self):
-        if self.decision.kind in ("excluded", "not_run"):
-            self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=Status(self.decision.kind),
+        if not self.decision.runs:
+            self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=self.decision.status,
                                            reason=self.decision.reason))
             pytest.skip(self.decision.reason)
         why = vllm_missing() or unsupported(session_of(self.config).plan)  # without starting a worker
@@ -467,7 +469,7 @@ def pytest_collection_finish(session):
     cells = [i for i in session.items if isinstance(i, CellItem)]
     if not cells:
         return
-    runnable = [i for i in cells if i.decision.kind in (RUN, XFAIL)]
+    runnable = [i for i in cells if i.decision.runs]
     if not runnable:
         ran = "no cell: none can run here"
     elif s.cells == "all":
@@ -519,7 +521,7 @@ def pytest_runtest_makereport(item, call):
             report.plan_status, report.plan_reason = SAMPLED_OUT, item.sampled_out
             return
         skipped = report.when == "setup"
-        if skipped and item.decision.kind in (RUN, XFAIL):  # a skip marker (--benchmark-only, a conftest's): not
+        if skipped and item.decision.runs:  # a skip marker (--benchmark-only, a conftest's): not
             return  # run this time, and not recorded, so what an earlier run recorded for the cell stays
         rec = item.result(skipped=skipped)
         # A cell skipped before it ran (not run here, excluded) is written with the next cell that runs, or at the end.

@@ -1,9 +1,10 @@
 """One page across ops: reports/README.md, the decision per op × SM × dtype × regime × vLLM profile.
 
-Built from the same plans and results as each op's PLAN.md (through harness.rendering.report), so the two cannot
-disagree: every row is one of the decisions an op's page shows, with its speedup interval, the vLLM setting
-that applies it, and the models the benchmarked sizes come from (the plan's `benchmark.models`). The same
-plans and results give a byte-identical page: ops are sorted by name, and the page carries no dates.
+Built from the same plans, merged results and decisions as each op's PLAN.md (harness.results.merge,
+harness.decisions), so the two cannot disagree: every row is one of the decisions an op's page shows, with its
+speedup interval, the vLLM setting that applies it, and the models the benchmarked sizes come from (the plan's
+`benchmark.models`). The same plans and results give a byte-identical page: ops are sorted by name, and the page
+carries no dates.
 Plain Python, like the report: no torch, no pytest.
 """
 
@@ -12,10 +13,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.decisions.reasons import by_reason, first_line
+from harness.decisions.recommendations import recommendations
+from harness.decisions.verdicts import sm_verdicts, verdict
+from harness.rendering.markdown import NO_RESULT, code, md, table
+from harness.rendering.performance import others_text, setting_text, speedup_text
+from harness.results.merge import collect
 from harness.spec.plan import Plan
-from harness.rendering.report import NO_RESULT, _first_line, _grouped_reasons, code, collect, md, plan_display, recommendations, \
-    sm_verdicts, table, verdict
-from harness.results.store import Status
+from harness.spec.status import Status
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 PAGE = "README.md"
@@ -41,24 +46,24 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
     for plan in plans:
         res = collect(plan, reports_dir / plan.name)
         if plan.vllm_kernel:  # vLLM's own kernel: what it accepts, no decision to make
-            shown_plans.append(plan_display(res))
+            shown_plans.append(res.plan_display())
             problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
             vllm_rows += _accepts_rows(plan, res)
             continue
         recs = recommendations(res)
         per_sm = sm_verdicts(res, recs)
-        shown_plans.append(plan_display(res))
+        shown_plans.append(res.plan_display())
         problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
         link = f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
         verdict_rows.append([code(plan.name), md(plan.intent), md(verdict(res, recs, per_sm).word),
-                             code(plan_display(res)), link])
+                             code(res.plan_display()), link])
         rows = [r for r in recs if r.choice]
         if not rows:
             undecided.append(plan.name)
         for r in rows:
             decision_rows.append([code(plan.name), r.sm, md(r.gpu or NO_RESULT), md(r.dtype), r.regime, r.profile,
-                                  f"**{r.choice}**", f"{r.speedup.text()} vs {r.baseline}" if r.speedup else NO_RESULT,
-                                  r.others_text(), r.setting_text(), md(_models(plan, r.sizes))])
+                                  f"**{r.choice}**", speedup_text(r), others_text(r), setting_text(r),
+                                  md(_models(plan, r.sizes))])
     command = "python -m harness overview " + " ".join(shown_plans)
     lines = ["# Custom ops in vLLM: decisions across ops, platforms and profiles", "",
              f"Generated from the plans and the results beside each op's page by {code(command)}; do not edit by "
@@ -102,8 +107,8 @@ def _accepts_rows(plan: Plan, res) -> list[list[str]]:
         count = {s: sum(1 for c in cells if res.status(c) in s) for s in
                  ((Status.PASSED, Status.XPASS), (Status.FAILED, Status.XFAIL), (Status.NOT_RUN,))}
         failed = [c for c in cells if res.status(c) in (Status.FAILED, Status.XFAIL)]
-        reasons = _grouped_reasons(res, failed)
-        worst = f"{md(_first_line(reasons[0][0], 160))} ({len(reasons[0][1])})" if reasons else NO_RESULT
+        reasons = by_reason(res, failed)
+        worst = f"{md(first_line(reasons[0][0], 160))} ({len(reasons[0][1])})" if reasons else NO_RESULT
         rows.append([code(plan.name), code(kernel.call), sm, *(str(n) for n in count.values()), worst, link])
     return rows or [[code(plan.name), code(kernel.call), NO_RESULT, "no results yet", NO_RESULT, NO_RESULT,
                      NO_RESULT, link]]

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from harness.decisions.speedups import IMPL_ORDER
+from harness.rendering.performance import plot_name
+from harness.results.merge import collect
 from harness.spec.plan import Plan
-from harness.rendering.report import IMPL_ORDER, collect, plot_name
 
 COLORS = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
 STYLES = ["-", "--", ":", "-."]

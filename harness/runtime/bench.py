@@ -531,8 +531,8 @@ def skip_reason(plan: Plan, spec: BenchSpec, hw: Hardware, max_cpu_ranks: int = 
     if spec.sm not in plan.matrix["sm"]:
         return f"the plan's matrix.sm does not list {spec.sm}"
     decision = decide(plan, spec.cell(), hw, max_cpu_ranks)
-    if decision.kind == "xfail":
+    if decision.expects_failure:
         return f"not timed: {decision.reason}"
-    if decision.kind != "run":
+    if not decision.runs:
         return decision.reason
     return outside_contract(plan, "kernel", spec)  # nothing to decide where the kernel cannot run

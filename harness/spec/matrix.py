@@ -42,13 +42,22 @@ class Cell:
 
 @dataclass(frozen=True)
 class Decision:
-    """RUN and XFAIL execute; EXCLUDED and NOT_RUN are skipped with their reason."""
+    """What happens to a cell before it runs, as the status that decides it: EXCLUDED or NOT_RUN, it is skipped
+    and recorded so with its reason; XFAIL, it runs expecting a failure (recorded xfail, or xpass where it passes);
+    None, it runs and its outcome gives the status."""
 
-    kind: str
+    status: Status | None = None
     reason: str = ""
 
+    @property
+    def runs(self) -> bool:
+        return self.status in (None, Status.XFAIL)
 
-RUN, XFAIL, EXCLUDED, NOT_RUN = "run", "xfail", Status.EXCLUDED.value, Status.NOT_RUN.value
+    @property
+    def expects_failure(self) -> bool:
+        return self.status == Status.XFAIL
+
+
 # Graph modes a benchmark times (torch_compile is a numerics mode: its timing is the eager kernel's).
 BENCH_GRAPH_MODES = ("eager", "cuda_graph")
 
@@ -79,14 +88,14 @@ def excluded_by(plan: Plan, cell: Cell) -> str | None:
 def decide(plan: Plan, cell: Cell, hw: Hardware, max_cpu_ranks: int) -> Decision:
     excluded = excluded_by(plan, cell)
     if excluded:
-        return Decision(EXCLUDED, excluded)
+        return Decision(Status.EXCLUDED, excluded)
     why_not = not_runnable_here(cell, hw, max_cpu_ranks)
     if why_not:
-        return Decision(NOT_RUN, why_not)
+        return Decision(Status.NOT_RUN, why_not)
     for rule in plan.expects:
         if rule.matches(cell.axes()):
-            return Decision(XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
-    return Decision(RUN)
+            return Decision(Status.XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
+    return Decision()
 
 
 def not_runnable_here(cell: Cell, hw: Hardware, max_cpu_ranks: int) -> str:

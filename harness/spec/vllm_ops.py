@@ -2,9 +2,9 @@
 
 Each description says where the op lives in vLLM (its layer class and CustomOp registry name, its
 vLLM IR op, its in-tree `torch.ops._C` kernel and that kernel's schema), which tolerances vLLM IR
-checks it with, how one kernel call maps onto a call of vLLM's layer, and which plugin template
-(`harness/integration/plugins/<op>.py`, a real Python module) ships a kernel for it. Adding a vLLM op means
-adding one description here and one template there.
+checks it with, and how one kernel call maps onto a call of vLLM's layer. The plugin that ships a kernel for
+it is generated from its template (harness/rendering/plugin_templates/<op>.py.tmpl, filled by
+harness.rendering.python_source). Adding a vLLM op means adding one description here and one template there.
 
 The names a deployment types come from here too, so the report, the generated plugin and the
 integration items cannot disagree:
@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from harness.spec.plan import Plan, Tolerance
 from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
-
-TEMPLATES = Path(__file__).parents[1] / "integration" / "plugins"
 
 
 def _rms_norm_layer(out, x, weight, eps):
@@ -59,7 +56,8 @@ class VllmOp:
     # vLLM IR's tolerance for the op where it differs from the IR defaults (harness.spec.tolerances.ir_tolerance)
     tolerance_overrides: dict[str, Tolerance] = field(default_factory=dict)
     # per kernel arg (in call order), the template's supports_args parameter vLLM passes it as; None: not passed
-    # (an output the plugin allocates). The contract's checks are written on these (contract_checks).
+    # (an output the plugin allocates). The contract's checks are written on these
+    # (harness.rendering.python_source.contract_checks).
     supports_params: tuple[str | None, ...] = ()
 
     @property
@@ -75,10 +73,6 @@ class VllmOp:
     def oot_flag(self) -> str:
         """The custom_ops entry that turns on an out-of-tree replacement (renamed to the layer class)."""
         return f"+{self.layer_class}"
-
-    @property
-    def template(self) -> Path:
-        return TEMPLATES / f"{self.name}.py"
 
     @property
     def in_tree_schema(self) -> str:
@@ -230,97 +224,3 @@ def enable_setting(plan: Plan) -> str:
     if plugin_route(plan) == "ir":
         return f"""--ir-op-priority '{{"{op.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
     return f"""--compilation-config '{{"custom_ops": ["none", "{op.oot_flag}"]}}'"""
-
-
-# Lines of a template that rendering rewrites, by the marker comment that ends them.
-_MARKED = re.compile(r"^(?P<lhs>.*?)\s*# harness: (?P<what>\w+)$", re.M)
-# Cell dtypes as a plugin names them.
-_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3fn": "float8_e4m3fn",
-                 "fp8_e4m3fnuz": "float8_e4m3fnuz", "int8": "int8"}
-
-
-def contract_checks(plan: Plan, op: VllmOp) -> str:
-    """The statement that ends the plugin's supports_args: `return True`, or the kernel's contract (op.contract)
-    as checks on what vLLM passes, so that vLLM falls back on a call outside it. The template's own checks come
-    first, so these may assume what those establish (2-D rows, a weight)."""
-    contract = plan.contract
-    if contract.empty:
-        return "return True"
-    tensors = {a.name: a for a in plan.tensor_args}
-    passed = {a.name: p for a, p in zip(plan.args, op.supports_params) if p and a.is_tensor}
-
-    def size_of(sym: str) -> str | None:
-        """`sym` read off the shape of a tensor vLLM passes (None: none has it)."""
-        for name, param in passed.items():
-            shape = tensors[name].shape
-            for i, d in enumerate(shape):
-                if d.symbol == sym:
-                    dim = f"{param}.shape[{i - len(shape)}]"
-                    return dim if d.coeff == 1 else f"({dim} // {d.coeff})"
-        return None
-
-    checks, notes = [], []
-    for name in contract.contiguous:
-        if name in passed:
-            checks.append(f"{passed[name]}.is_contiguous()")
-        else:
-            notes.append(f"{name}: allocated contiguous by this plugin")
-    for name, n in contract.row_stride_multiple_of:
-        width = tensors[name].shape[-1]
-        if name in passed:
-            checks.append(f"{passed[name]}.stride(-2) % {n} == 0")
-        elif width.symbol and size_of(width.symbol):  # allocated contiguous by the plugin: rows are its width apart
-            factor = "" if width.coeff == 1 else f" * {width.coeff}"
-            checks.append(f"{size_of(width.symbol)}{factor} % {n} == 0")
-        elif width.symbol or width.coeff is None:
-            notes.append(f"{name}'s row stride: not checked here (no tensor vLLM passes has its width)")
-    for key, check in (("multiple_of", "{} % {} == 0"), ("at_least", "{} >= {}"), ("at_most", "{} <= {}")):
-        for sym, n in getattr(contract, key):
-            size = size_of(sym)
-            if size:
-                checks.append(check.format(size, n))
-            else:
-                notes.append(f"{sym} {key.replace('_', ' ')} {n}: not checked here (no tensor vLLM passes has it)")
-    if contract.dtypes:
-        act = next((p for name, p in passed.items() if tensors[name].dtype == "act"), None)
-        names = [f"torch.{_TORCH_DTYPES[d]}" for d in contract.dtypes]
-        if act:
-            checks.append(f"{act}.dtype in ({', '.join(names)}{',' if len(names) == 1 else ''})")
-        else:
-            notes.append(f"dtypes {', '.join(contract.dtypes)}: not checked here (no activation vLLM passes)")
-    why = f": {' '.join(contract.why.split())}" if contract.why else ""
-    lines = [f"# op.contract ({plan.path.name} line {contract.line}){why}", *(f"# {note}" for note in notes)]
-    lines.append("return (" + "\n        and ".join(checks) + ")" if checks else "return True")
-    return "\n".join(lines)
-
-
-def render_plugin(plan: Plan) -> str:
-    """The plan's vLLM general plugin: its op's template with the kernel, op name, provider and route filled in."""
-    why = unsupported(plan)
-    if why:
-        raise ValueError(f"{plan.path}: no vLLM plugin for this plan: {why}")
-    op = vllm_op(plan)
-    text = op.template.read_text()
-    module, _, attr = plan.kernel.partition(":")
-    values = {
-        "kernel": (f"from {module} import {attr} as kernel" if "." not in attr
-                   else f"import {module}  # noqa: E402\nkernel = {module}.{attr}"),
-        "op": f'OP = "{plan.op_qualname}"',
-        "provider": f'PROVIDER = "{provider_name(plan)}"',
-        "route": f'ROUTE = "{plugin_route(plan)}"',
-        "contract": contract_checks(plan, op),
-    }
-
-    def fill(m: re.Match) -> str:  # the marked line's own indentation on every line put in its place
-        indent = m["lhs"][: len(m["lhs"]) - len(m["lhs"].lstrip())]
-        return "\n".join(indent + line for line in values[m["what"]].split("\n"))
-
-    text = _MARKED.sub(fill, text)
-    note = "" if plugin_route(plan) == plan.vllm.route else \
-        f"\n(vllm.route is {plan.vllm.route}, but vLLM has no IR op for {plan.name}: the CustomOp route is used.)\n"
-    entry = plugin_entry_point(plan).strip().replace("\n", "\n    ")
-    doc = (f'"""vLLM general plugin: {op.layer_class} runs {plan.kernel} as {plan.op_qualname}.\n\n'
-           f"Generated from {plan.path.name} by the vllm-op-plan harness. vLLM loads it in every process\n"
-           f"through this entry point (pyproject.toml of the package that ships it):\n\n    {entry}\n\n"
-           f"Loading registers the kernel; a deployment selects it with\n    {enable_setting(plan)}\n{note}\"\"\"")
-    return re.sub(r'\A""".*?"""', lambda _: doc, text, count=1, flags=re.S)

@@ -1,0 +1,138 @@
+"""The decision per SM × dtype × regime × vLLM profile (Inductor on / off): enable the custom op, leave the layer to
+Inductor or to its native code, or keep vLLM's kernel, by the rules of docs/report.md. Plain Python, no Markdown."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from harness.decisions.reasons import first_line
+from harness.decisions.speedups import REGIMES, Interval, baselines, impl_order, interval, ratio, regime, spread, \
+    valid, why_untimed
+from harness.results.merge import Merged
+from harness.spec.hardware import Hardware
+from harness.spec.matrix import Cell, bench_graph_modes, decide
+from harness.spec.vllm_ops import is_vllm_default, profile_setting
+
+ENABLE, INDUCTOR, NATIVE, KEEP_VLLM = ("enable the custom op", "leave it to Inductor", "keep native",
+                                      "keep vLLM's kernel")
+# vLLM's two profiles and the baseline each compares with: Inductor compiles forward_native, or nothing does.
+VLLM_PROFILES = (("Inductor on", "compiled"), ("Inductor off", "native"))
+FALLBACK = {"compiled": INDUCTOR, "native": NATIVE}  # the choice where neither kernel qualifies
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The decision for one SM × dtype × regime × vLLM profile."""
+
+    sm: str
+    dtype: str
+    regime: str
+    profile: str  # VLLM_PROFILES: "Inductor on" (against compiled) or "Inductor off" (against native)
+    choice: str  # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM, or "" when the runs cannot say
+    why: str
+    baseline: str = ""
+    speedup: Interval | None = None  # the kernel against the profile's baseline
+    others: tuple = ()  # (name, Interval or None, why not timed) for vLLM's kernel and every named baseline
+    setting: str = ""  # the vLLM setting that applies the choice
+    default: bool = False  # the setting is what vLLM does in this profile anyway
+    gpu: str = ""
+    sizes: tuple = ()  # the benchmarked sizes, each as sorted (symbol, value) pairs
+
+    @property
+    def go(self) -> bool:
+        return self.choice == ENABLE
+
+
+def _use(choice: str) -> str:
+    return {ENABLE: "kernel", KEEP_VLLM: "vllm"}.get(choice, "native")
+
+
+def recommendations(res: Merged) -> list[Recommendation]:
+    """One decision per SM × dtype × regime × profile with benchmarks, in plan order."""
+    plan = res.plan
+    dtypes = list(plan.matrix["dtype"])
+    groups = defaultdict(list)
+    for _, rec in res.benchmarks:
+        dtype_key = (dtypes.index(rec.dtype), "") if rec.dtype in dtypes else (len(dtypes), str(rec.dtype))
+        groups[(plan.matrix["sm"].index(rec.sm), dtype_key, REGIMES.index(regime(rec.phase)))].append(rec)
+    out = []
+    for (si, _, ri), recs in sorted(groups.items()):
+        for profile, baseline in VLLM_PROFILES:
+            out.append(_decide(res, plan.matrix["sm"][si], recs[0].dtype, REGIMES[ri], profile, baseline, recs))
+    return out
+
+
+def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: str, recs: list) -> Recommendation:
+    plan = res.plan
+    inductor = profile == VLLM_PROFILES[0][0]
+    gpus = sorted({str(res.source(r).gpu) for r in recs if res.source(r)})
+    sizes = tuple(sorted({tuple(sorted((str(k), v) for k, v in r.sizes.items())) for r in recs}, key=str))
+
+    def made(choice: str, why: str, speedup=None, others=()) -> Recommendation:
+        setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
+        return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
+                              bool(choice) and is_vllm_default(inductor, _use(choice)), ", ".join(gpus), sizes)
+
+    if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
+        return made("", "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of speed")
+    failed = [r for r in recs if r.impls.get("kernel") is not None and r.impls["kernel"].error]
+    if failed:
+        return made("", f"the kernel failed at {len(failed)} of {len(recs)} shapes: "
+                        f"{first_line(failed[0].impls['kernel'].error, 160)}")
+    timed = [r for r in recs if valid(r.impls.get("kernel"))]
+    if not timed:
+        why = first_line(why_untimed(recs[0].impls.get("kernel")), 160)
+        return made("", f"the kernel has no valid timing: {why}")
+    speed = interval(ratio(r, baseline) for r in timed)
+    if speed is None:
+        return made("", f"{baseline} was not timed: {first_line(why_untimed(timed[0].impls.get(baseline)), 160)}")
+    names = sorted({n for r in timed for n in baselines(r)} - {"native", "compiled"}, key=impl_order)
+    others = []
+    for name in names:
+        iv = interval(ratio(r, name) for r in timed)
+        why = "" if iv else next((why_untimed(r.impls.get(name)) for r in timed), "no figures recorded")
+        others.append((name, iv, why))
+    untimed = [f"{name} ({first_line(why, 80)})" for name, iv, why in others if iv is None]
+    slower_than = [(name, iv) for name, iv, _ in others if iv is not None and iv.slower]
+    at = f"at all {speed.shapes} shapes" if speed.shapes > 1 else "at the one shape"
+    if speed.wholly_faster and not slower_than:
+        compared = [name for name, iv, _ in others if iv is not None]
+        why = f"faster than {baseline} {at}"
+        if compared:
+            why += f"; not slower than {', '.join(compared)} at any shape"
+        if untimed:
+            why += f"; not timed: {', '.join(untimed)}"
+        return made(ENABLE, why, speed, others)
+    reasons = []
+    if not speed.wholly_faster:
+        reasons.append(f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes")
+    reasons += [f"slower than {name} at {iv.slower} of {iv.shapes} shapes" for name, iv in slower_than]
+    # vLLM's kernel against the profile's baseline, at the shapes where the kernel and the baseline were timed
+    pairs = [(r.impls.get(baseline), r.impls.get("vllm")) for r in timed if valid(r.impls.get(baseline))]
+    vllm_vs = interval(spread(b, v) for b, v in pairs if valid(v))
+    if vllm_vs is not None and vllm_vs.shapes == len(pairs) and vllm_vs.wholly_faster:
+        return made(KEEP_VLLM, "; ".join(reasons) + f"; vLLM's kernel is faster than {baseline} {at} "
+                               f"({vllm_vs.text()})", speed, others)
+    return made(FALLBACK[baseline], "; ".join(reasons), speed, others)
+
+
+def wanted(res: Merged, sm: str) -> list[tuple[str, str]]:
+    """(dtype, regime) pairs the plan's benchmarks time on an SM: not excluded, not expected to fail, runnable on
+    one GPU of that SM."""
+    plan = res.plan
+    hw = Hardware(sm, "cpu" if sm == "cpu" else "cuda", sm, 0 if sm == "cpu" else 1, 1)
+    out = []
+    for dtype in plan.matrix["dtype"]:
+        for reg in REGIMES:
+            cells = [Cell(p, dtype, 1, m, sm) for p in plan.benchmark.shapes() if regime(p) == reg
+                     for m in bench_graph_modes(plan)]
+            if any(decide(plan, c, hw, 1).status is None for c in cells):  # runs, not expected to fail
+                out.append((dtype, reg))
+    return out
+
+
+def undecided(res: Merged, sm: str, recs: list[Recommendation]) -> list[tuple[str, str]]:
+    """The (dtype, regime) pairs an SM's benchmarks should time (`wanted`) that no recommendation decides yet."""
+    have = {(r.dtype, r.regime) for r in recs if r.sm == sm and r.choice}
+    return [pair for pair in wanted(res, sm) if pair not in have]

@@ -1,0 +1,110 @@
+"""The kernel against its baselines, from the benchmark records: valid timings, the speedup at one shape with its
+interval (the run-to-run noise floor included), and the interval over a regime's shapes. Plain Python."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from harness.results.store import NOISE_FLOOR, BenchRecord, ImplFigures
+
+REGIMES = ("decode-sized", "prefill-sized")
+IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
+
+
+def is_num(v) -> bool:
+    """A finite number (not a bool, not NaN, not infinite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def regime(phase: str) -> str:
+    return "decode-sized" if phase == "decode" else "prefill-sized"
+
+
+def impl_order(name: str) -> tuple:
+    """The kernel, then the plan's references, then vLLM's kernel, then named baselines by name."""
+    return (IMPL_ORDER.index(name) if name in IMPL_ORDER else len(IMPL_ORDER), name)
+
+
+def median(impl: ImplFigures | None) -> float | None:
+    return impl.median_us if impl is not None and impl.timed else None
+
+
+def valid(impl: ImplFigures | None) -> bool:
+    """Timed, with a positive median, and right after timing."""
+    return median(impl) is not None and impl.median_us > 0 and not impl.error
+
+
+def baselines(rec: BenchRecord) -> list[str]:
+    """What the kernel was compared with at one shape, in IMPL_ORDER."""
+    names = set(rec.impls) | set(rec.speedup)
+    names.discard("kernel")
+    return sorted(names, key=impl_order)
+
+
+def why_untimed(impl: ImplFigures | None) -> str:
+    if impl is None:
+        return "no figures recorded"
+    return str(impl.not_run or impl.error or "no figures recorded")
+
+
+def speedup_verdict(rec: BenchRecord, baseline: str) -> str | None:
+    """faster | slower | no difference for the kernel against one measured baseline (None: not measured)."""
+    kernel, base = median(rec.impls.get("kernel")), median(rec.impls.get(baseline))
+    if kernel is None or base is None or kernel <= 0:
+        return None
+    s = rec.speedup.get(baseline)
+    if s is not None and is_num(s.low) and is_num(s.high):
+        return "faster" if s.low > 1 else "slower" if s.high < 1 else "no difference"
+    if s is not None and s.verdict in ("faster", "slower", "no difference"):
+        return s.verdict
+    return "faster" if base > kernel else "slower" if base < kernel else "no difference"
+
+
+def spread(slow: ImplFigures, fast: ImplFigures) -> tuple[float, float, float]:
+    """slow's time over fast's (> 1: `fast` is faster), with an interval from both q20/q80 spreads widened by
+    the noise floor, as the benchmarks compute the kernel's speedups."""
+    value = slow.median_us / fast.median_us
+    low = slow.q20_us / fast.q80_us if is_num(slow.q20_us) and is_num(fast.q80_us) and fast.q80_us > 0 else value
+    high = slow.q80_us / fast.q20_us if is_num(slow.q80_us) and is_num(fast.q20_us) and fast.q20_us > 0 else value
+    return value, min(low, value / (1 + NOISE_FLOOR)), max(high, value * (1 + NOISE_FLOOR))
+
+
+def ratio(rec: BenchRecord, baseline: str) -> tuple[float, float, float] | None:
+    """The kernel's speedup over one baseline at one shape, (value, low, high), as the run recorded it (its
+    interval includes the run-to-run noise floor); None where either has no valid timing."""
+    kernel, base = rec.impls.get("kernel"), rec.impls.get(baseline)
+    if not (valid(kernel) and valid(base)):
+        return None
+    s = rec.speedup.get(baseline)
+    if s is not None and is_num(s.value) and is_num(s.low) and is_num(s.high):
+        return s.value, s.low, s.high
+    return spread(base, kernel)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One implementation against another over a regime's shapes: the median ratio, the lowest low and the
+    highest high of the per-shape intervals, and at how many shapes it is wholly faster or wholly slower."""
+
+    median: float
+    low: float
+    high: float
+    shapes: int
+    faster: int
+    slower: int
+
+    @property
+    def wholly_faster(self) -> bool:
+        return self.faster == self.shapes
+
+    def text(self) -> str:
+        return f"{self.median:.2f}× ({self.low:.2f}–{self.high:.2f})"
+
+
+def interval(ratios) -> Interval | None:
+    ratios = [r for r in ratios if r is not None]
+    if not ratios:
+        return None
+    return Interval(statistics.median(r[0] for r in ratios), min(r[1] for r in ratios), max(r[2] for r in ratios),
+                    len(ratios), sum(r[1] > 1 for r in ratios), sum(r[2] < 1 for r in ratios))

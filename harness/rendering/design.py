@@ -1,0 +1,151 @@
+"""How the op fits into vLLM: the high-level design (a Mermaid flowchart of the dispatch), the key interfaces (the
+torch.library custom op and the vLLM plugin, with whether the plugin was verified), and the critical path (a
+Mermaid sequence of one forward pass)."""
+
+from __future__ import annotations
+
+from harness.rendering.markdown import code, md, mm
+from harness.rendering.plan_words import capture_sizes, custom_op_name, ir_op, layer_class, layer_path
+from harness.rendering.python_source import custom_op_source, render_plugin
+from harness.results.store import IntegrationRecord
+from harness.spec.plan import Plan
+from harness.spec.status import Status
+from harness.spec.vllm_ops import enable_setting, plugin_entry_point, plugin_module_name, plugin_route, \
+    provider_name, unsupported, vllm_op
+from harness.spec.vllm_schemas import VLLM_KERNELS
+
+
+def design(plan: Plan) -> str:
+    if plan.vllm_kernel:
+        return "\n".join(["## High-level design", "",
+                          f"Nothing plugs into vLLM: {code(VLLM_KERNELS[plan.vllm_kernel].call)} is the kernel vLLM's "
+                          "own layer calls (forward_cuda, or forward_cpu on a CPU). This plan measures it the way a "
+                          "replacement is measured, so a replacement's plan can be read against this page."])
+    op = custom_op_name(plan)
+    layer = layer_path(plan)
+    layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"
+    op_desc = vllm_op(plan)
+    provider = provider_name(plan)
+    flag = op_desc.oot_flag if op_desc else f"+{plan.vllm.custom_op or plan.name}"
+    g = ["flowchart TD", f'    caller["{mm("decoder layer in the model file")}"]',
+         f'    layer["{mm(layer_label)}"]']
+    if plugin_route(plan) == "ir":
+        g += [f'    dispatch{{"{mm("vLLM IR dispatch: vllm.ir.ops." + ir_op(plan) + ", priority per platform")}"}}',
+              f'    provider["{mm("provider " + provider + " (register_impl)")}"]',
+              f'    native["{mm("native provider: forward_native")}"]']
+        edges = ["    caller --> layer --> dispatch",
+                 f'    dispatch -->|"{mm("priority: " + provider)}"| provider --> customop',
+                 f'    dispatch -->|"{mm("fallback: native")}"| native --> inductor']
+    else:
+        g += [f'    dispatch{{"{mm("CustomOp dispatch: custom_ops " + flag)}"}}',
+              f'    provider["{mm("forward_cuda of the register_oot subclass")}"]',
+              f'    native["{mm("forward_native")}"]']
+        edges = ["    caller --> layer --> dispatch",
+                 f'    dispatch -->|"{mm("enabled")}"| provider --> customop',
+                 f'    dispatch -->|"{mm("disabled (default)")}"| native --> inductor']
+    g += [f'    customop[["{mm(op + ": opaque torch.library custom op + fake")}"]]',
+          f'    kernel["{mm("kernel " + plan.kernel)}"]',
+          f'    inductor["{mm("Inductor: traces and fuses the native code")}"]',
+          f'    dynamo["{mm("torch.compile (Dynamo): one opaque node, shapes from the fake")}"]',
+          f'    cudagraph["{mm("CUDA graph: captured at the capture sizes, replayed (full for decode, piecewise for prefill)")}"]']
+    g += edges + ["    customop --> kernel", "    dynamo -.-> customop", "    dynamo -.-> inductor", "    cudagraph -.-> kernel"]
+    return "\n".join(["## High-level design", "",
+                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route {code(plan.vllm.route)}):",
+                      "", "```mermaid", *g, "```"])
+
+
+def interfaces(plan: Plan, integration: dict) -> str:
+    lines = ["## Key interfaces", "",
+             f"The kernel as an opaque {code('torch.library')} custom op, so torch.compile keeps it as one node and "
+             "CUDA graphs capture its launch (schema from the plan; outputs and mutated inputs declared):", "",
+             "```python", *custom_op_source(plan), "```", ""]
+    # The vLLM registration: the plugin module the integration items load through vLLM's own plugin loader.
+    lines += ["", plugin_markdown(plan, integration)]
+    return "\n".join(lines)
+
+
+def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None = None) -> str:
+    """The plugin as the report shows it: entry point, module, how to select it, and whether it was verified."""
+    why = unsupported(plan)
+    if why:
+        return f"No vLLM plugin: {why}.\n"
+    op = vllm_op(plan)
+    route = plugin_route(plan)
+    lines = [f"vLLM general plugin ({'IR provider' if route == 'ir' else 'out-of-tree CustomOp'} route). "
+             "Entry point, in the pyproject.toml of the package that ships the kernel:", "",
+             "```toml", plugin_entry_point(plan).rstrip(), "```", "",
+             f"Module `{plugin_module_name(plan)}.py`:", "", "```python", render_plugin(plan).rstrip(), "```", "",
+             f"Select it in a deployment: `{enable_setting(plan)}`. (`{op.in_tree_flag}` in `custom_ops` turns on "
+             f"vLLM's own kernel, `torch.ops._C.{op.in_tree}`, instead.)", ""]
+    if integration is not None:
+        plugin_items = {k: v for k, v in sorted(integration.items()) if k.startswith("vllm-plugin[")}
+        passed = [k for k, v in plugin_items.items() if v.status == Status.PASSED]
+        failed = [k for k, v in plugin_items.items() if v.status in (Status.FAILED, Status.XFAIL)]
+        if failed:
+            lines.append(f"Loading it through vLLM's plugin loader FAILED in {len(failed)} of {len(plugin_items)} "
+                         f"items: {plugin_items[failed[0]].reason}")
+        elif passed:
+            lines.append(f"Verified: loaded through vLLM's plugin loader, vLLM's layer called the kernel and matched "
+                         f"the reference in {len(passed)} items ({', '.join(passed)}).")
+        else:
+            lines.append("Not verified on any machine yet (vLLM not installed where the plan ran).")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def critical_path(plan: Plan) -> str:
+    op = custom_op_name(plan)
+    cs = capture_sizes(plan)
+    call = f"{op}({', '.join(a.name for a in plan.args)})"
+    sharded = max(plan.matrix["tp"]) > 1
+    s = ["sequenceDiagram",
+         f"    participant R as {mm('model runner')}",
+         f"    participant G as {mm('CUDA graph / compiled model')}",
+         *([f"    participant T as {mm('TP group (NCCL)')}"] if sharded else []),
+         f"    participant L as {mm(layer_class(plan))}",
+         f"    participant K as {mm(op)}"]
+
+    def collectives_before():
+        if not sharded:
+            return []
+        if plan.tp.sequence_parallel:
+            return [f"    G->>T: {mm('reduce-scatter of the previous layer output (tokens split over ranks)')}"]
+        if plan.tp.kind == "trivial":
+            return [f"    G->>T: {mm('all-reduce of the row-parallel linear output, before the op')}",
+                    f"    T-->>G: {mm('full hidden states, replicated on every rank')}"]
+        shards = ", ".join(f"{n} dim {d}" for n, d, _ in plan.tp.shard)
+        return [f"    Note over G,K: {mm('each rank holds its shard: ' + shards)}"]
+
+    def collectives_after():
+        if not sharded:
+            return []
+        out = []
+        for name, how, dim in plan.tp.combine:
+            if how == "gather":
+                out.append(f"    G->>T: {mm(f'all-gather {name} on dim {dim}')}")
+            elif how == "sum":
+                out.append(f"    G->>T: {mm(f'all-reduce (sum) {name}')}")
+        if plan.tp.sequence_parallel:
+            out.append(f"    G->>T: {mm('all-gather of the tokens')}")
+        return out
+
+    def forward(how: str):
+        return [*collectives_before(),
+                f"    G->>L: {mm('forward(hidden states)')}",
+                f"    L->>K: {mm(how + ': ' + call)}",
+                f"    K-->>L: {mm(', '.join(plan.outputs) + ' written')}",
+                f"    L-->>G: {mm('hidden states')}",
+                *collectives_after()]
+
+    s += [f"    Note over R,K: {mm(f'decode, up to {cs[-1]} tokens: full CUDA graph replay')}",
+          f"    R->>G: {mm('copy inputs into static buffers, pad to the next capture size')}",
+          f"    R->>G: {mm('replay')}",
+          *forward("captured launch"),
+          f"    G-->>R: {mm('outputs (the first num_tokens rows)')}",
+          f"    Note over R,K: {mm('prefill and chunked prefill: piecewise torch.compile')}",
+          f"    R->>G: {mm('run the compiled pieces (num_tokens dynamic)')}",
+          *forward("opaque op call"),
+          f"    G-->>R: {mm('outputs')}"]
+    if not sharded:
+        s.insert(len(s) - 1, f"    Note over G,K: {mm('TP 1 only: no collective')}")
+    return "\n".join(["## Critical path", "", "One forward pass through the op:", "", "```mermaid", *s, "```"])

@@ -1,0 +1,208 @@
+"""Where the op works: the support matrix (a mark per cell, per SM and TP size), its failures, expected failures and
+cells without a result by reason, and what the kernel accepted (the inputs of the examples that passed, and each
+failure with its minimal input)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
+from harness.rendering.markdown import LEGEND, MARKS, NO_RESULT, code, fmt, md, table
+from harness.rendering.plan_words import axis_value, describe
+from harness.results.merge import Merged
+from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen
+from harness.spec.matrix import Cell
+from harness.spec.status import RAN, Status
+from harness.spec.vllm_schemas import VLLM_KERNELS
+
+
+def mark_status(res: Merged, cell: Cell) -> Status | None:
+    """The cell's status where it has a mark, else None (no result)."""
+    s = res.status(cell)
+    return s if s in MARKS else None
+
+
+def mark(res: Merged, cell: Cell) -> str:
+    return MARKS.get(mark_status(res, cell), NO_RESULT)
+
+
+def support_matrix(res: Merged) -> str:
+    plan = res.plan
+    m = plan.matrix
+    lines = ["## Support matrix", "", f"Legend: {LEGEND}.", ""]
+    # Overview: one column per SM, in plan order.
+    head = ["", *m["sm"]]
+    source = ["source"]
+    rows = [source]
+    for sm in m["sm"]:
+        if sm in res.covered:
+            ps = [res.runs[r] for r in res.covered[sm]]
+            source.append("; ".join(dict.fromkeys(f"{md(p.host)} ({md(p.gpu)}, {md(p.commit or '?')})" for p in ps)))
+        else:
+            source.append("no results from this SM yet")
+    for status in (*MARKS, None):
+        row = [f"{MARKS.get(status, NO_RESULT)} {status.replace('_', ' ') if status else 'no result'}"]
+        for sm in m["sm"]:
+            if sm not in res.covered:
+                row.append(NO_RESULT)
+                continue
+            row.append(str(sum(1 for c in res.cells if c.sm == sm and mark_status(res, c) == status)))
+        rows.append(row)
+    lines += [table(rows, head), ""]
+    for sm in m["sm"]:
+        lines.append(f"### {sm}")
+        lines.append("")
+        if sm not in res.covered:
+            lines += ["No results from this SM yet.", ""]
+            continue
+        for tp in m["tp"]:
+            rows = []
+            for phase in m["phase"]:
+                for dtype in m["dtype"]:
+                    row = [phase, dtype]
+                    for mode in m["graph_mode"]:
+                        row.append(mark(res, Cell(phase, dtype, tp, mode, sm)))
+                    rows.append(row)
+            lines += [f"tp{tp}:", "", table(rows, ["phase", "dtype", *m["graph_mode"]]), ""]
+    lines += _failures(res)
+    lines += _not_run(res)
+    if res.ignored:
+        records = "1 stored record" if res.ignored == 1 else f"{res.ignored} stored records"
+        lines += [f"Not shown: {records} for cells, benchmarks or SMs this plan no longer has.", ""]
+    return "\n".join(lines).rstrip()
+
+
+def _error_fields(rec: CellRecord) -> tuple[str, str]:
+    err = rec.error
+    return (fmt(err.max_abs), fmt(err.max_ulp)) if err else (NO_RESULT, NO_RESULT)
+
+
+def _failures(res: Merged) -> list[str]:
+    out = []
+    failed = res.cells_with(Status.FAILED)
+    if failed:
+        rows = []
+        for c in failed:
+            rec = res.records[c.id]
+            max_abs, ulp = _error_fields(rec)
+            rows.append([code(c.id), md(first_line(rec.reason, 400)), max_abs, ulp,
+                         md(rec.minimal_example or "—"), code(rec.repro) if rec.repro else "—"])
+        out += ["Failed cells:", "", table(rows, ["cell", "reason", "max abs error", "ULP", "minimal input",
+                                                  "reproduce"]), ""]
+    xpass = res.cells_with(Status.XPASS)
+    if xpass:
+        rows = [[code(c.id), md(res.records[c.id].expectation or "—")] for c in xpass]
+        out += ["Unexpected passes (the plan expects these to fail):", "",
+                table(rows, ["cell", "the plan's expectation"]), ""]
+    xfail = res.cells_with(Status.XFAIL)
+    if xfail:
+        rows = []
+        for c in xfail:
+            rec = res.records[c.id]
+            rows.append([code(c.id), md(rec.expectation or "—"), md(first_line(rec.reason, 400)),
+                         code(rec.repro) if rec.repro else "—"])
+        out += ["Expected failures:", "", table(rows, ["cell", "the plan's expectation", "failure", "reproduce"]), ""]
+    return out
+
+
+def _not_run(res: Merged) -> list[str]:
+    rows = []
+    covered_not_run = [c for c in res.cells_with(Status.NOT_RUN) if c.sm in res.covered]
+    for reason, cells in by_reason(res, covered_not_run):
+        rows.append([md(reason), str(len(cells)), md(describe(res.plan, cells))])
+    missing = res.missing()
+    if missing:
+        rows.append(["no result recorded (sampled out, deselected with -k or -m, or the run stopped)", str(len(missing)),
+                     md(describe(res.plan, missing))])
+    uncovered = res.uncovered_cells()
+    if uncovered:
+        rows.append(["no results from this SM yet", str(len(uncovered)), md(describe(res.plan, uncovered))])
+    for reason, cells in excluded_by_reason(res):
+        rows.append([md(reason), str(len(cells)), md(describe(res.plan, cells))])
+    if not rows:
+        return []
+    return ["Cells without a pass or fail, by reason:", "", table(rows, ["reason", "cells", "which"]), ""]
+
+
+# ---------------------------------------------------------------- what the kernel accepts
+
+
+def _range(low_high) -> str:
+    low, high = low_high
+    return str(low) if low == high else f"{low} … {high}"
+
+
+def _seen_sizes(seen: InputsSeen) -> str:
+    return "; ".join(f"{md(sym)} {_range(seen.sizes[sym])} (alignment {', '.join(map(str, seen.alignments[sym]))})"
+                     for sym in sorted(seen.sizes)) or NO_RESULT
+
+
+def _seen_layouts(seen: InputsSeen) -> str:
+    parts = []
+    for name in sorted(seen.layouts):
+        text = f"{md(name)}: {', '.join(seen.layouts[name])}"
+        if seen.row_strides.get(name):
+            text += f" (row stride alignment {', '.join(map(str, seen.row_strides[name]))})"
+        parts.append(text)
+    return "; ".join(parts) or NO_RESULT
+
+
+def accepted_inputs(res: Merged) -> str:
+    """What the kernel accepted, per SM: the inputs of the examples that passed (each cell records them), the dtypes,
+    graph modes and TP sizes of the cells that passed, then each failure with its minimal input. Titled for vLLM's own
+    kernel (`op.kernel: vllm:<name>`), whose acceptances a replacement must match; "" for other kernels until a cell
+    has recorded its inputs."""
+    plan = res.plan
+    kernel = VLLM_KERNELS[plan.vllm_kernel] if plan.vllm_kernel else None
+    ran = [c for c in res.cells if res.status(c) in RAN]
+    if kernel is None and not any(res.records[c.id].passing for c in ran):
+        return ""
+    lines = ["## What vLLM's kernel accepts" if kernel else "## Inputs seen passing", ""]
+    if kernel:
+        lines += [f"{code(kernel.call)} under the matrix: the inputs it computed right are what a replacement must "
+                  "accept too; where it fails, a replacement may refuse the input (state it in `op.contract`) or do "
+                  "better.", ""]
+    alignments = ", ".join(map(str, ALIGNMENTS))
+    lines += [f"From the examples that passed in each cell (drawn by hypothesis; alignment: the largest of "
+              f"{alignments} dividing a size, or a row stride in elements). Dtypes, graph modes and TP sizes: of the "
+              "cells that passed.", ""]
+    rows = []
+    for sm in plan.matrix["sm"]:
+        mine = [c for c in ran if c.sm == sm]
+        if not mine:
+            continue
+        passed = [c for c in mine if res.status(c) in (Status.PASSED, Status.XPASS)]
+        seen = InputsSeen()
+        for c in mine:
+            if res.records[c.id].passing:
+                seen = seen.merge(res.records[c.id].passing)
+
+        def values(axis):
+            return ", ".join(axis_value(axis, v) for v in plan.matrix[axis]
+                             if any(getattr(c, axis) == v for c in passed)) or NO_RESULT
+
+        rows.append([sm, f"{len(passed)} of {len(mine)}", values("dtype"), values("graph_mode"), values("tp"),
+                     _range(seen.num_tokens) if seen.num_tokens else NO_RESULT, _seen_sizes(seen),
+                     _seen_layouts(seen), str(seen.examples)])
+    if rows:
+        lines += [table(rows, ["SM", "cells passed of run", "dtypes", "graph modes", "tp", "num_tokens",
+                               "sizes (alignments)", "layouts", "passing examples"]), ""]
+    else:
+        lines += ["No cell has run yet.", ""]
+    failed = [c for c in ran if res.status(c) in (Status.FAILED, Status.XFAIL)]
+    if failed:
+        groups = defaultdict(list)  # (reason, minimal input) -> the cells that failed so
+        for c in failed:  # every distinct failure of a cell, each with its minimal input
+            rec = res.records[c.id]
+            for reason, example in [(rec.reason, rec.minimal_example),
+                                    *((f.reason, f.minimal_example) for f in rec.more_failures or ())]:
+                groups[(first_line(reason, 300), example or NO_RESULT)].append(c)
+        rows = [[md(describe(plan, cells)), str(len(cells)), md(reason), md(example)]
+                for (reason, example), cells in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+        lines += ["Where it failed (each distinct failure of a cell, with its minimal input):", "",
+                  table(rows, ["cells", "count", "reason", "minimal input"]), ""]
+    not_run = [c for c in res.cells_with(Status.NOT_RUN) if c.sm in res.covered]
+    if not_run:
+        lines += ["Not run on machines of the cells' SM:", ""]
+        lines += [f"- {n_cells(len(cells))}: {md(reason)}" for reason, cells in by_reason(res, not_run)]
+    return "\n".join(lines).rstrip()

@@ -1,0 +1,117 @@
+"""One op's results from every machine, merged and narrowed to its plan: the plan's cells with their winning records
+(per cell the latest wins), the benchmarks of the plan's SMs, and where each record came from. Plain Python."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir
+from harness.spec.matrix import Cell, excluded_by, expand
+from harness.spec.plan import Plan
+from harness.spec.status import Status
+
+
+@dataclass
+class Merged:
+    """The plan's cells with their winning records, and where each record came from."""
+
+    plan: Plan
+    runs: dict[str, Provenance]
+    records: dict[str, CellRecord]  # cell id -> record, plan cells only
+    cells: list  # every plan cell, in plan order
+    benchmarks: list[tuple[str, BenchRecord]]  # for the plan's SMs, with at least one implementation timed
+    untimed: list[tuple[str, BenchRecord]]  # where nothing was timed (skipped on this machine)
+    problems: list  # results that could not be used, as returned to the caller
+    op_dir: Path = Path(".")
+    ignored: int = 0  # stored results for cells or SMs the plan no longer has
+    covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
+    sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
+    integration: dict[str, IntegrationRecord] = field(default_factory=dict)
+
+    def source(self, rec) -> Provenance | None:
+        return self.runs.get(rec.run)
+
+    def source_sm(self, rec) -> str | None:
+        prov = self.source(rec)
+        return prov.sm if prov else None
+
+    def status(self, cell: Cell) -> Status | None:
+        rec = self.records.get(cell.id)
+        return rec.status if rec else None
+
+    def cells_with(self, *statuses: Status) -> list:
+        return [c for c in self.cells if self.status(c) in statuses]
+
+    def missing(self) -> list:
+        """Plan cells on covered SMs without a result."""
+        return [c for c in self.cells if c.sm in self.covered and self.status(c) is None]
+
+    def excluded_by_plan(self, cell: Cell) -> str | None:
+        """The plan's reason when it excludes the cell (on every machine, with or without results)."""
+        return excluded_by(self.plan, cell)
+
+    def uncovered_cells(self) -> list:
+        """Cells the plan requires on SMs that no results cover yet."""
+        return [c for c in self.cells if c.sm not in self.covered and not self.excluded_by_plan(c)]
+
+    def shown_problems(self) -> list[str]:
+        """Problems with their files named relative to the op's folder, so the report does not depend on the cwd."""
+        results_dir = self.op_dir / "results"
+        prefixes = [str(results_dir.resolve()) + os.sep, str(results_dir) + os.sep]
+        out = []
+        for problem in self.problems:
+            prefix = next((p for p in prefixes if problem.startswith(p)), None)
+            out.append("results/" + problem[len(prefix):] if prefix else problem)
+        return out
+
+    def plan_display(self) -> str:
+        """The plan's path as a user types it at the project root (reports/<op>/ lies in the root), else its name."""
+        try:
+            return Path(self.plan.path).resolve().relative_to(self.op_dir.resolve().parent.parent).as_posix()
+        except ValueError:
+            return Path(self.plan.path).name
+
+
+def collect(plan: Plan, op_dir: Path) -> Merged:
+    """Every results file merged (per cell the latest wins), narrowed to the plan's cells and SMs."""
+    results_dir = Path(op_dir) / "results"
+    merged, problems = merge_dir(results_dir, plan.name)
+    for path in sorted(results_dir.glob("*.unreadable")):
+        problems.append(f"{path}: a results file a run could not read and set aside; inspect it, then delete it")
+    cells = expand(plan)
+    by_id = {c.id: c for c in cells}
+    records, ignored = {}, 0
+    for cid, rec in merged.cells.items():
+        if cid in by_id:
+            records[cid] = rec
+        else:
+            ignored += 1
+    benchmarks, untimed = [], []
+    for bid, rec in sorted(merged.benchmarks.items()):
+        if rec.sm not in plan.matrix["sm"]:
+            ignored += 1
+        elif any(t.timed for t in rec.impls.values()):
+            benchmarks.append((bid, rec))
+        else:
+            untimed.append((bid, rec))
+    res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
+                 integration=merged.integration)
+    unknown_runs = sorted({r.run for r in records.values() if r.run not in res.runs}
+                          | {r.run for _, r in benchmarks if r.run not in res.runs}, key=str)
+    for run in unknown_runs:
+        problems.append(f"results name run {run!r}, which no results file describes (provenance unknown)")
+    covered, sources = defaultdict(set), defaultdict(set)
+    for cid, rec in records.items():
+        sm = by_id[cid].sm
+        if res.source_sm(rec) == sm:
+            covered[sm].add(rec.run)
+            sources[sm].add(rec.run)
+    for _, rec in benchmarks + untimed:
+        if res.source_sm(rec) == rec.sm:
+            sources[rec.sm].add(rec.run)
+    res.covered = {sm: sorted(covered[sm]) for sm in plan.matrix["sm"] if sm in covered}
+    res.sources = {sm: sorted(sources[sm]) for sm in plan.matrix["sm"] if sm in sources}
+    return res
