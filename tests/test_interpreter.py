@@ -33,7 +33,7 @@ def still_unfaithful():
 
 def test_probe_finds_known_problems_of_an_unpatched_interpreter():
     # A fresh process: make_faithful() in this one must not hide what the interpreter does unpatched.
-    code = "import json; from harness import interpreter; print(json.dumps(interpreter.probe()))"
+    code = "import json; from harness.runtime import interpreter; print(json.dumps(interpreter.probe()))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

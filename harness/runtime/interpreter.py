@@ -1,5 +1,4 @@
-"""Probe Triton's CPU interpreter for low-precision arithmetic it gets wrong, and patch it to compute
-what a GPU computes.
+"""Probe Triton's CPU interpreter for what it computes unlike a GPU, and patch it to compute what a GPU computes.
 
 On a CPU machine kernels run in Triton's interpreter (TRITON_INTERPRET=1), which runs each op with
 numpy. numpy has no bf16 or fp8, so the interpreter keeps them as raw bits (uint16, uint8) and then
@@ -9,9 +8,23 @@ bit in ``_convert_float`` (a round-up carry is lost: 124.2 -> 64, not 128; NaN -
 480). fp16 elementwise ops are right, but ``tl.sum`` of fp16 keeps fp32 partial sums (np.sum); a GPU
 rounds each to fp16. Kernels that are right on an H200 then fail on CPU, and some fp16 bugs hide.
 
+Beyond arithmetic, what public libraries' kernels do on a GPU and the interpreter does not (found running
+Liger-Kernel's and flash-linear-attention's kernels, tests/thirdparty/survey.py):
+- a float argument stays a Python float (a GPU kernel gets an fp32 scalar), so ``eps.to(tl.float32)`` raises
+  and ``x_bf16 * eps`` stays bf16; an int of 2^31..2^32 is stored as uint32 under an int64 type;
+- ``triton.language.extra.libdevice`` functions are stubs that return None (the compiler maps them to the
+  target's library), ``triton.language.extra.cuda.libdevice`` ones raise NotImplementedError, and a
+  builtin imported by name (``from triton.language.math import rsqrt``) raises "Did you forget to add
+  @triton.jit": harness.runtime.interpreter_libdevice binds and computes them;
+- ``@triton.autotune`` with several configs times them with a GPU benchmarker, which a CPU machine lacks;
+- ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` (programmatic dependent launch) are missing.
+What cannot be computed as a GPU does (inline PTX, ``tl.inline_asm_elementwise``; libdevice's jn, yn,
+rcp64h) raises InterpreterUnfaithful: a result on a CPU machine would say nothing of the kernel.
+
 ``probe()`` measures each of these on chosen values; ``make_faithful()`` replaces the responsible
 interpreter functions, in this process, with versions that compute what an H200 computes. Importing
-this module does nothing; on a CUDA machine both return {} without running anything.
+this module does nothing; on a CUDA machine, or without TRITON_INTERPRET, both return {} without
+running or patching anything.
 """
 
 from __future__ import annotations
@@ -25,6 +38,22 @@ import torch
 # module must not import triton at import time.
 triton = None
 tl = None
+libdevice = None  # triton.language.extra.libdevice, for the probe kernels
+
+
+class InterpreterUnfaithful(RuntimeError):
+    """A kernel used a construct that Triton's interpreter cannot compute as a GPU does (``construct`` names
+    it): its result on a CPU machine says nothing of the kernel, so the cell is inconclusive, not failed.
+    Raised from the kernel's launch (unwrapped from the interpreter's InterpreterError)."""
+
+    def __init__(self, construct: str):
+        super().__init__(construct)
+        self.construct = construct
+
+    def __str__(self) -> str:
+        return (f"{self.construct}: Triton's interpreter cannot compute this as a GPU does, so the kernel is "
+                "inconclusive on a CPU machine")
+
 
 # Name of each patch point not found in the installed triton (left unpatched; the re-probe reports).
 MISSING_PATCH_POINTS: list[str] = []
@@ -59,12 +88,13 @@ def _interpreter_in_use() -> bool:
 
 def _triton():
     # Imported here, not at module import, so TRITON_INTERPRET can still be set before triton loads.
-    global triton, tl
+    global triton, tl, libdevice
     if triton is None:
         import triton as _t
         import triton.language as _tl
+        from triton.language.extra import libdevice as _libdevice
 
-        triton, tl = _t, _tl
+        triton, tl, libdevice = _t, _tl, _libdevice
     return triton
 
 
@@ -296,7 +326,98 @@ def _patch_reduce_min_max(interp, original):
     return min_max
 
 
+def _patch_implicit_cvt(interp, original):
+    TensorHandle = interp.TensorHandle
+    mangle_type = triton.runtime.jit.mangle_type
+
+    def _implicit_cvt(arg):
+        # A Python float or int argument becomes the scalar a GPU kernel gets: fp32 (rounded to it), or
+        # int32 / int64 / uint64 by value, as Triton's specialisation types it (mangle_type).
+        if isinstance(arg, float) or (isinstance(arg, int) and not isinstance(arg, bool)):
+            ty = tl.str_to_ty(mangle_type(arg), None)
+            with np.errstate(over="ignore"):
+                data = np.array([arg], dtype=interp._get_np_dtype(ty))
+            return tl.tensor(TensorHandle(data, ty), ty)
+        return original(arg)
+
+    return _implicit_cvt
+
+
+def _patch_extern_elementwise(interp, original):
+    from harness.runtime import interpreter_libdevice
+
+    TensorHandle = interp.TensorHandle
+
+    def create_extern_elementwise(self, libName, libPath, symbol, argList, retType, isPure):
+        # libdevice's __nv_* functions, computed with numpy (harness.runtime.interpreter_libdevice).
+        scalar = retType.scalar
+        out = interpreter_libdevice.call(symbol, [h.data for h in argList], interp._get_np_dtype(scalar))
+        return TensorHandle(out, scalar)
+
+    return create_extern_elementwise
+
+
+_IDENTITY_ASM = {"mov.b32 $0, $1;", "mov.f32 $0, $1;", "mov.u32 $0, $1;", "mov.s32 $0, $1;"}
+
+
+def _patch_inline_asm(interp, original):
+    TensorHandle = interp.TensorHandle
+
+    def create_inline_asm(self, inlineAsm, constraints, values, type, isPure, pack):
+        # A move of one 32-bit value to itself (a workaround that keeps the compiler from fusing, e.g.
+        # flash-linear-attention's safe_dot on Blackwell) is the identity; any other PTX is not computable here.
+        asm = " ".join(str(inlineAsm).split())
+        if asm in _IDENTITY_ASM and len(values) == 1 and pack == 1 and not isinstance(type, (list, tuple)):
+            data = values[0].data
+            if data.dtype.itemsize == 4:
+                return TensorHandle(data.view(interp._get_np_dtype(type.scalar)), type.scalar)
+        first = asm if len(asm) <= 60 else asm[:57] + "..."
+        raise InterpreterUnfaithful(f"tl.inline_asm_elementwise({first!r})")
+
+    return create_inline_asm
+
+
+def _patch_no_op(interp, original):
+    def no_op(self):
+        # Programmatic dependent launch (gdc_wait, gdc_launch_dependents) orders launches that overlap on a
+        # GPU; the interpreter runs each launch to its end before the next, so there is nothing to wait for.
+        return None
+
+    return no_op
+
+
+def _patch_autotune_bench(interp, original):
+    def _bench(self, *args, config, **meta):
+        # Timing a config needs a GPU; in the interpreter its time means nothing. Every config ties, so the
+        # autotuner keeps the first of its (pruned) configs, as it does for a single one, and runs the
+        # kernel once with it. Any config of a correct kernel computes the same values.
+        return [0.0, 0.0, 0.0]
+
+    return _bench
+
+
+def _patch_interpreted_run(interp, original):
+    def run(self, *args, grid, warmup, **kwargs):
+        # The interpreter wraps whatever a kernel raises in InterpreterError; InterpreterUnfaithful is
+        # raised as itself, so a caller can tell "inconclusive" from a kernel's own error.
+        try:
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        except interp.InterpreterError as e:
+            cause = e
+            while cause is not None and not isinstance(cause, InterpreterUnfaithful):
+                cause = cause.__cause__
+            if cause is None:
+                raise
+            raise cause from None
+
+    return run
+
+
 def _patch_points(interp):
+    from triton.runtime import autotuner
+
+    from harness.runtime import interpreter_libdevice
+
     builder = getattr(interp, "InterpreterBuilder", None)
     reduce_ops = getattr(interp, "ReduceOps", None)
     return [
@@ -309,7 +430,19 @@ def _patch_points(interp):
         (builder, "cast_impl", _patch_cast_impl),
         (reduce_ops, "sum", _patch_reduce_sum),
         (reduce_ops, "min_max", _patch_reduce_min_max),
+        (interp, "_implicit_cvt", _patch_implicit_cvt),
+        (interp, "_patch_lang", interpreter_libdevice.patch_lang),
+        (builder, "create_extern_elementwise", _patch_extern_elementwise),
+        (builder, "create_inline_asm", _patch_inline_asm),
+        (builder, "create_grid_dependency_wait", _patch_no_op),
+        (builder, "create_grid_dependency_launch_dependents", _patch_no_op),
+        (getattr(autotuner, "Autotuner", None), "_bench", _patch_autotune_bench),
+        (getattr(interp, "InterpretedFunction", None), "run", _patch_interpreted_run),
     ]
+
+
+# Patch points the interpreter may lack altogether (added, not replaced).
+_ADDED = {"create_grid_dependency_wait", "create_grid_dependency_launch_dependents"}
 
 
 def _install_patches() -> None:
@@ -320,7 +453,7 @@ def _install_patches() -> None:
         if getattr(current, "_harness_faithful", False):
             continue  # already patched in this process
         try:
-            if owner is None or not callable(current):
+            if owner is None or not (callable(current) or (current is None and attr in _ADDED)):
                 raise AttributeError(attr)
             patched = make(interp, current)
         except AttributeError:
@@ -329,7 +462,7 @@ def _install_patches() -> None:
             if label not in MISSING_PATCH_POINTS:
                 MISSING_PATCH_POINTS.append(label)
             continue
-        patched.__doc__ = f"harness.runtime.interpreter: {attr} computing low-precision values as an H200 does."
+        patched.__doc__ = f"harness.runtime.interpreter: {attr} computing as an H200 does."
         patched.__wrapped__ = current
         patched._harness_faithful = True
         setattr(owner, attr, patched)
