@@ -326,97 +326,11 @@ def _patch_reduce_min_max(interp, original):
     return min_max
 
 
-def _patch_implicit_cvt(interp, original):
-    TensorHandle = interp.TensorHandle
-    mangle_type = triton.runtime.jit.mangle_type
-
-    def _implicit_cvt(arg):
-        # A Python float or int argument becomes the scalar a GPU kernel gets: fp32 (rounded to it), or
-        # int32 / int64 / uint64 by value, as Triton's specialisation types it (mangle_type).
-        if isinstance(arg, float) or (isinstance(arg, int) and not isinstance(arg, bool)):
-            ty = tl.str_to_ty(mangle_type(arg), None)
-            with np.errstate(over="ignore"):
-                data = np.array([arg], dtype=interp._get_np_dtype(ty))
-            return tl.tensor(TensorHandle(data, ty), ty)
-        return original(arg)
-
-    return _implicit_cvt
-
-
-def _patch_extern_elementwise(interp, original):
-    from harness.runtime import interpreter_libdevice
-
-    TensorHandle = interp.TensorHandle
-
-    def create_extern_elementwise(self, libName, libPath, symbol, argList, retType, isPure):
-        # libdevice's __nv_* functions, computed with numpy (harness.runtime.interpreter_libdevice).
-        scalar = retType.scalar
-        out = interpreter_libdevice.call(symbol, [h.data for h in argList], interp._get_np_dtype(scalar))
-        return TensorHandle(out, scalar)
-
-    return create_extern_elementwise
-
-
-_IDENTITY_ASM = {"mov.b32 $0, $1;", "mov.f32 $0, $1;", "mov.u32 $0, $1;", "mov.s32 $0, $1;"}
-
-
-def _patch_inline_asm(interp, original):
-    TensorHandle = interp.TensorHandle
-
-    def create_inline_asm(self, inlineAsm, constraints, values, type, isPure, pack):
-        # A move of one 32-bit value to itself (a workaround that keeps the compiler from fusing, e.g.
-        # flash-linear-attention's safe_dot on Blackwell) is the identity; any other PTX is not computable here.
-        asm = " ".join(str(inlineAsm).split())
-        if asm in _IDENTITY_ASM and len(values) == 1 and pack == 1 and not isinstance(type, (list, tuple)):
-            data = values[0].data
-            if data.dtype.itemsize == 4:
-                return TensorHandle(data.view(interp._get_np_dtype(type.scalar)), type.scalar)
-        first = asm if len(asm) <= 60 else asm[:57] + "..."
-        raise InterpreterUnfaithful(f"tl.inline_asm_elementwise({first!r})")
-
-    return create_inline_asm
-
-
-def _patch_no_op(interp, original):
-    def no_op(self):
-        # Programmatic dependent launch (gdc_wait, gdc_launch_dependents) orders launches that overlap on a
-        # GPU; the interpreter runs each launch to its end before the next, so there is nothing to wait for.
-        return None
-
-    return no_op
-
-
-def _patch_autotune_bench(interp, original):
-    def _bench(self, *args, config, **meta):
-        # Timing a config needs a GPU; in the interpreter its time means nothing. Every config ties, so the
-        # autotuner keeps the first of its (pruned) configs, as it does for a single one, and runs the
-        # kernel once with it. Any config of a correct kernel computes the same values.
-        return [0.0, 0.0, 0.0]
-
-    return _bench
-
-
-def _patch_interpreted_run(interp, original):
-    def run(self, *args, grid, warmup, **kwargs):
-        # The interpreter wraps whatever a kernel raises in InterpreterError; InterpreterUnfaithful is
-        # raised as itself, so a caller can tell "inconclusive" from a kernel's own error.
-        try:
-            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        except interp.InterpreterError as e:
-            cause = e
-            while cause is not None and not isinstance(cause, InterpreterUnfaithful):
-                cause = cause.__cause__
-            if cause is None:
-                raise
-            raise cause from None
-
-    return run
-
-
 def _patch_points(interp):
     from triton.runtime import autotuner
 
-    from harness.runtime import interpreter_libdevice
+    from harness.runtime import interpreter_lang as lang
+    from harness.runtime import interpreter_libdevice as libdevice_
 
     builder = getattr(interp, "InterpreterBuilder", None)
     reduce_ops = getattr(interp, "ReduceOps", None)
@@ -430,14 +344,16 @@ def _patch_points(interp):
         (builder, "cast_impl", _patch_cast_impl),
         (reduce_ops, "sum", _patch_reduce_sum),
         (reduce_ops, "min_max", _patch_reduce_min_max),
-        (interp, "_implicit_cvt", _patch_implicit_cvt),
-        (interp, "_patch_lang", interpreter_libdevice.patch_lang),
-        (builder, "create_extern_elementwise", _patch_extern_elementwise),
-        (builder, "create_inline_asm", _patch_inline_asm),
-        (builder, "create_grid_dependency_wait", _patch_no_op),
-        (builder, "create_grid_dependency_launch_dependents", _patch_no_op),
-        (getattr(autotuner, "Autotuner", None), "_bench", _patch_autotune_bench),
-        (getattr(interp, "InterpretedFunction", None), "run", _patch_interpreted_run),
+        # What kernels of public libraries do beyond arithmetic (module docstring).
+        (interp, "_implicit_cvt", lang.patch_implicit_cvt),
+        (interp, "_patch_lang", lang.patch_lang),
+        (getattr(interp, "FunctionRewriter", None), "_transform_ast", lang.patch_transform_ast),
+        (builder, "create_extern_elementwise", libdevice_.patch_extern_elementwise),
+        (builder, "create_inline_asm", lang.patch_inline_asm),
+        (builder, "create_grid_dependency_wait", lang.patch_no_op),
+        (builder, "create_grid_dependency_launch_dependents", lang.patch_no_op),
+        (getattr(autotuner, "Autotuner", None), "_bench", lang.patch_autotune_bench),
+        (getattr(interp, "InterpretedFunction", None), "run", lang.patch_interpreted_run),
     ]
 
 

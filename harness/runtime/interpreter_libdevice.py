@@ -17,6 +17,7 @@ fractions). A function with no faithful numpy form (`jn`, `yn`, `rcp64h`) raises
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import math
 from fractions import Fraction
@@ -416,13 +417,9 @@ def _is_builtin(value) -> bool:
 
 
 def _binding(value, cuda_libdevice):
-    """What a global of a kernel's module means on an H200: the libdevice stub module -> CUDA's libdevice; a stub
-    function -> CUDA's function of that name; a builtin (``from triton.language.math import rsqrt``) -> itself,
-    called with the interpreter's semantic. None when the global needs nothing."""
-    import triton.language.extra.libdevice as stubs
-
-    if value is stubs:
-        return "module"
+    """What a global of a kernel's module means on an H200: a stub function (imported before binder() ran) ->
+    CUDA's function of that name; a builtin (``from triton.language.math import rsqrt``) -> itself, called with
+    the interpreter's semantic. None when the global needs nothing."""
     if callable(value) and getattr(value, "__module__", "") == _STUBS and hasattr(cuda_libdevice, value.__name__):
         return "stub"
     if _is_builtin(value):
@@ -430,24 +427,39 @@ def _binding(value, cuda_libdevice):
     return None
 
 
-def patch_lang(interp, original):
-    """Wraps the interpreter's _patch_lang (run at each launch and device-function call with the function):
-    also binds libdevice, as the compiler's module map does for the CUDA target, and builtins imported by name."""
+def _with_semantic(member, semantic):
+    """A builtin that a kernel calls as on a GPU, given the interpreter's semantic (as the interpreter's own
+    _patch_attr does for triton.language, but kept: libdevice's stubs and functions mean nothing else here)."""
+    @functools.wraps(member)
+    def call(*args, **kwargs):
+        kwargs.pop("_semantic", None)
+        return member(*args, **kwargs, _semantic=semantic)
+
+    del call.__triton_builtin__  # copied by wraps: a builtin is patched again at each launch, this need not be
+    call._harness_faithful = True
+    return call
+
+
+def binder(interp):
+    """Binds libdevice as the compiler's module map does for the CUDA target, once: CUDA's functions (and
+    triton.language.extra.cuda's) take the interpreter's semantic, and the stubs become them. Returns
+    bind(fn, scope), which binds, in the patch scope of a launch or device-function call of `fn`, the names
+    its module imported by name: stub functions (imported before this ran), builtins."""
     from triton.language.extra import cuda
     from triton.language.extra import libdevice as stubs
     from triton.language.extra.cuda import libdevice as cuda_libdevice
 
-    builder = interp.interpreter_builder
+    builder, semantic = interp.interpreter_builder, interp.interpreter_semantic
+    for module in (cuda_libdevice, cuda):
+        for name, member in list(vars(module).items()):
+            if _is_builtin(member):
+                setattr(module, name, _with_semantic(member, semantic))
+    for name, stub in list(vars(stubs).items()):
+        if callable(stub) and getattr(stub, "__module__", "") == _STUBS and hasattr(cuda_libdevice, name):
+            setattr(stubs, name, getattr(cuda_libdevice, name))
     kinds: dict[int, list[tuple[str, str]]] = {}  # id(globals) -> [(name, kind)], computed once per module
 
-    def _patch_lang(fn):
-        scope = original(fn)
-        if _is_builtin(getattr(cuda_libdevice, "rsqrt", None)):  # not yet bound in an enclosing launch
-            interp._patch_builtin(cuda_libdevice, builder, scope)
-            interp._patch_builtin(cuda, builder, scope)
-            for name, stub in list(vars(stubs).items()):
-                if callable(stub) and getattr(stub, "__module__", "") == _STUBS and hasattr(cuda_libdevice, name):
-                    scope.set_attr(stubs, name, getattr(cuda_libdevice, name))
+    def bind(fn, scope):
         namespace = fn.__globals__
         if id(namespace) not in kinds:
             kinds[id(namespace)] = [(k, kind) for k, v in list(namespace.items())
@@ -455,15 +467,23 @@ def patch_lang(interp, original):
         target = _Globals(namespace)
         for name, kind in kinds[id(namespace)]:
             value = namespace.get(name)
-            if kind == "module" and value is stubs:
-                scope.set_attr(target, name, cuda_libdevice)
-            elif kind == "stub" and getattr(value, "__module__", "") == _STUBS:
+            if kind == "stub" and getattr(value, "__module__", "") == _STUBS:
                 scope.set_attr(target, name, getattr(cuda_libdevice, value.__name__))
             elif kind == "builtin" and _is_builtin(value):
                 interp._patch_attr(target, name, value, builder, scope)
-        return scope
 
-    return _patch_lang
+    return bind
+
+
+def patch_extern_elementwise(interp, original):
+    TensorHandle = interp.TensorHandle
+
+    def create_extern_elementwise(self, libName, libPath, symbol, argList, retType, isPure):
+        # libdevice's __nv_* functions, computed with numpy (this module's call()).
+        scalar = retType.scalar
+        return TensorHandle(call(symbol, [h.data for h in argList], interp._get_np_dtype(scalar)), scalar)
+
+    return create_extern_elementwise
 
 
 # ----------------------------------------------------------------------------- values

@@ -168,6 +168,37 @@ def liger_cross_entropy_softcap(dt):
     return loss.float(), F.cross_entropy(xf, t)
 
 
+@case("liger_kernel")
+def liger_group_norm(dt):
+    from liger_kernel.ops.group_norm import group_norm_forward
+    x = _g(2, 8, 40, dtype=dt)
+    w, b = (1 + 0.1 * _g(8, dtype=torch.float32)).to(dt), _g(8, dtype=dt, scale=0.1)
+    ref = F.group_norm(x.float(), 4, w.float(), b.float(), 1e-5).to(dt)
+    return group_norm_forward(x, 8, 4, w, b, 1e-5)[0].view(2, 8, 40), ref
+
+
+@case("liger_kernel", dtypes=(torch.float32, torch.bfloat16))
+def liger_kl_div(dt):
+    from liger_kernel.ops.kl_div import kldiv_forward_triton
+    p = torch.log_softmax(_g(6, 300, dtype=torch.float32, scale=2), -1).to(dt)
+    q = torch.softmax(_g(6, 300, dtype=torch.float32, scale=2, seed=1), -1).to(dt)
+    ref = F.kl_div(p.float(), q.float(), reduction="sum", log_target=False)
+    return kldiv_forward_triton(p, q, False, "sum", 1e-10).float(), ref
+
+
+@case("liger_kernel", dtypes=(torch.float32,))
+def liger_sparsemax(dt):
+    from liger_kernel.ops.sparsemax import _sparsemax_forward
+    x = _g(6, 64, dtype=dt, scale=2)
+    srt, _ = torch.sort(x, -1, descending=True)
+    k = torch.arange(1, 65, dtype=dt)
+    cs = srt.cumsum(-1)
+    support = (1 + k * srt) > cs
+    kz = support.sum(-1, keepdim=True)
+    tau = (cs.gather(-1, kz - 1) - 1) / kz
+    return _sparsemax_forward(x, -1)[0], torch.clamp(x - tau, min=0)
+
+
 # ----------------------------------------------------------------------------- flash-linear-attention (fla)
 
 
@@ -248,6 +279,43 @@ def fla_rotary(dt):
     x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
     ref = torch.cat([x1 * cf - x2 * sf, x1 * sf + x2 * cf], -1).to(dt)
     return rotary_embedding(x, cos, sin), ref
+
+
+@case("fla", dtypes=(torch.float32, torch.bfloat16))
+def fla_softmax(dt):
+    from fla.ops.utils.softmax import softmax_fwd
+    x = _g(6, 100, dtype=dt, scale=3)
+    return softmax_fwd(x), torch.softmax(x.float(), -1)
+
+
+@case("fla", dtypes=(torch.float32, torch.bfloat16))
+def fla_chunk_local_cumsum(dt):
+    from fla.ops.utils.cumsum import chunk_local_cumsum
+    g = _g(2, 40, 3, dtype=dt)
+    gf = torch.nn.functional.pad(g.float(), (0, 0, 0, 24)).view(2, 4, 16, 3).cumsum(2).view(2, 64, 3)[:, :40]
+    return chunk_local_cumsum(g, 16), gf
+
+
+@case("fla", dtypes=(torch.float32, torch.bfloat16))
+def fla_chunk_simple_gla(dt):
+    from fla.ops.simple_gla import chunk_simple_gla
+    from fla.ops.simple_gla.naive import naive_chunk_simple_gla
+    B, T, H, K = 1, 40, 2, 32
+    q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
+    g = F.logsigmoid(_g(B, T, H, dtype=torch.float32, seed=3)).to(dt)
+    o = chunk_simple_gla(q, k, v, g)[0]
+    ref = naive_chunk_simple_gla(q, k, v, g, chunk_size=64)[0]
+    return o, ref.to(dt)
+
+
+@case("fla", dtypes=(torch.float32, torch.bfloat16))
+def fla_fused_recurrent_simple_gla(dt):
+    from fla.ops.simple_gla import fused_recurrent_simple_gla
+    from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
+    B, T, H, K = 1, 12, 2, 16
+    q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
+    g = F.logsigmoid(_g(B, T, H, dtype=torch.float32, seed=3)).to(dt)
+    return fused_recurrent_simple_gla(q, k, v, g)[0], naive_recurrent_simple_gla(q, k, v, g)[0].to(dt)
 
 
 # ----------------------------------------------------------------------------- driver
