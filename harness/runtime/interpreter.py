@@ -569,7 +569,9 @@ def probe() -> dict[str, str]:
         f8 = bits.view(dtype)
         got = run(7, f8, f8, torch.empty(n, dtype=torch.float32))
         result[name] = _verdict(name, got, f8.float(), lambda j: f"0x{int(bits[j]):02x}")
-    return result
+    from harness.runtime import interpreter_lang  # what public libraries' kernels do beyond arithmetic
+
+    return {**result, **interpreter_lang.probe()}
 
 
 def make_faithful() -> dict[str, str]:

@@ -48,17 +48,28 @@ def patch_implicit_cvt(interp, original):
 _IDENTITY_ASM = {"mov.b32 $0, $1;", "mov.f32 $0, $1;", "mov.u32 $0, $1;", "mov.s32 $0, $1;"}
 
 
+class _Results:
+    """What create_inline_asm returns to triton.language: results by index."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def get_result(self, i):
+        return self.handles[i]
+
+
 def patch_inline_asm(interp, original):
     TensorHandle = interp.TensorHandle
 
-    def create_inline_asm(self, inlineAsm, constraints, values, type, isPure, pack):
+    def create_inline_asm(self, inlineAsm, constraints, values, types, isPure, pack):
         # A move of one 32-bit value to itself (a workaround that keeps the compiler from fusing, e.g.
         # flash-linear-attention's safe_dot on Blackwell) is the identity; any other PTX is not computable here.
         asm = " ".join(str(inlineAsm).split())
-        if asm in _IDENTITY_ASM and len(values) == 1 and pack == 1 and not isinstance(type, (list, tuple)):
-            data = values[0].data
-            if data.dtype.itemsize == 4:
-                return TensorHandle(data.view(interp._get_np_dtype(type.scalar)), type.scalar)
+        types = list(types) if isinstance(types, (list, tuple)) else [types]
+        if asm in _IDENTITY_ASM and len(values) == 1 and len(types) == 1 and pack == 1:
+            data, scalar = values[0].data, types[0].scalar
+            if data.dtype.itemsize == 4 and scalar.primitive_bitwidth == 32:
+                return _Results([TensorHandle(data.view(interp._get_np_dtype(scalar)), scalar)])
         first = asm if len(asm) <= 60 else asm[:57] + "..."
         raise InterpreterUnfaithful(f"tl.inline_asm_elementwise({first!r})")
 
@@ -139,6 +150,8 @@ def patch_transform_ast(interp, original):
     # module's names that are missing there: the loop range goes in with them.
     if getattr(interp, LOOP_RANGE, None) is None:
         setattr(interp, LOOP_RANGE, _loop_range(interp))
+    # Functions the interpreter rewrote before this patch ran are rewritten again, with the loop ranges.
+    getattr(getattr(interp, "InterpretedFunction", None), "rewritten_fn", {}).clear()
 
     def _transform_ast(self, src):
         return ast.fix_missing_locations(_LoopRanges().visit(original(self, src)))
@@ -165,3 +178,176 @@ def patch_lang(interp, original):
         return scope
 
     return _patch_lang
+
+
+# ----------------------------------------------------------------------------- probe
+
+_KERNELS: dict = {}
+# Module globals the probe kernels use, bound when they are made (triton must not load at import).
+tl = cuda = cuda_libdevice = libdevice = rsqrt = None
+
+
+def _kernels() -> dict:
+    global tl, cuda, cuda_libdevice, libdevice, rsqrt
+    if _KERNELS:
+        return _KERNELS
+    import triton
+    import triton.language as _tl
+    from triton.language.extra import cuda as _cuda
+    from triton.language.extra import libdevice as _libdevice
+    from triton.language.extra.cuda import libdevice as _cuda_libdevice
+    from triton.language.math import rsqrt as _rsqrt
+
+    tl, cuda, cuda_libdevice, libdevice, rsqrt = _tl, _cuda, _cuda_libdevice, _libdevice, _rsqrt
+
+    @triton.jit
+    def scalars(x_ptr, out_ptr, s, n, N: tl.constexpr, OP: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(x_ptr + i)
+        if OP == 0:  # fp16 * fp32 scalar: fp32 on a GPU
+            tl.store(out_ptr + i, x * s + (s.to(tl.float32) - s))
+        else:  # loop indices are int32 tensors on a GPU
+            acc = tl.zeros([N], dtype=tl.float32)
+            for j in range(0, n):
+                acc += j.to(tl.float32)
+            for j in tl.range(0, n, 2):
+                acc += j.to(tl.float32)
+            tl.store(out_ptr + i, acc)
+
+    @triton.jit
+    def math(x_ptr, y_ptr, out_ptr, N: tl.constexpr, OP: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(x_ptr + i)
+        y = tl.load(y_ptr + i)
+        if OP == 0:
+            r = libdevice.rsqrt(x)
+        elif OP == 1:
+            r = libdevice.tanh(y)
+        elif OP == 2:
+            r = libdevice.erf(y)
+        elif OP == 3:
+            r = libdevice.pow(x, y)
+        elif OP == 4:
+            r = libdevice.exp2(y)
+        elif OP == 5:
+            r = libdevice.log2(x)
+        elif OP == 6:
+            r = libdevice.fast_expf(y)
+        elif OP == 7:
+            r = libdevice.isnan(tl.where(x > 1.0, float("nan"), x)).to(tl.float32)
+        elif OP == 8:
+            r = cuda_libdevice.tanh(y)
+        else:
+            r = rsqrt(x)  # a builtin imported by name
+        tl.store(out_ptr + i, r)
+
+    @triton.autotune(configs=[triton.Config({"B": 8}), triton.Config({"B": 16})], key=["n"])
+    @triton.jit
+    def autotuned(x_ptr, out_ptr, n, B: tl.constexpr):
+        i = tl.program_id(0) * B + tl.arange(0, B)
+        tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+    @triton.jit
+    def device(x_ptr, out_ptr, N: tl.constexpr, OP: tl.constexpr):
+        i = tl.arange(0, N)
+        x = tl.load(x_ptr + i)
+        if OP == 0:
+            cuda.gdc_wait()
+            cuda.gdc_launch_dependents()
+            r = x
+        elif OP == 1:
+            r = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+        else:
+            r = tl.inline_asm_elementwise("ex2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                          pack=1)
+        tl.store(out_ptr + i, r)
+
+    _KERNELS.update(scalars=scalars, math=math, autotuned=autotuned, device=device)
+    return _KERNELS
+
+
+def _attempt(fn) -> str:
+    """'' when fn returns '', else its line; what it raises, in one line."""
+    try:
+        with np.errstate(all="ignore"):
+            return fn()
+    except Exception as e:  # noqa: BLE001 - the probe reports whatever the interpreter raises
+        cause = e
+        while cause.__cause__ is not None and not isinstance(cause, InterpreterUnfaithful):
+            cause = cause.__cause__
+        return f"raised {type(cause).__name__}: {str(cause).splitlines()[0][:120] if str(cause) else ''}"
+
+
+def _close(got, want, rel=2.0 ** -20) -> str:
+    got, want = got.double(), want.double()
+    bad = ~((got - want).abs() <= rel * want.abs() + 1e-30) & ~(got.isnan() & want.isnan())
+    if not bool(bad.any()):
+        return ""
+    j = int(bad.nonzero()[0, 0])
+    return f"{int(bad.sum())} of {bad.numel()} differ, [{j}] -> {float(got[j]):.6g} (torch {float(want[j]):.6g})"
+
+
+def probe() -> dict[str, str]:
+    """{construct: '' if the interpreter in use runs it as an H200 does, else one line}: typed scalar arguments,
+    loop indices, libdevice (stubs, CUDA's module, a builtin imported by name), autotune, grid dependency
+    control, inline asm (a 32-bit move is the identity, any other raises InterpreterUnfaithful)."""
+    import torch
+
+    k = _kernels()
+    n = 64
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(n, generator=gen) * 4 + 0.01
+    y = torch.randn(n, generator=gen) * 3
+    out = torch.empty(n)
+    result: dict[str, str] = {}
+
+    def scalar():
+        x16 = y.half()
+        k["scalars"][(1,)](x16, out, 1 / 3, 5, N=n, OP=0)
+        return _close(out, x16.float() * torch.tensor(1 / 3, dtype=torch.float32), rel=0)
+
+    def loop():
+        k["scalars"][(1,)](y, out, 0.0, 5, N=n, OP=1)
+        return _close(out, torch.full((n,), 10.0 + 6.0), rel=0)
+
+    result["float scalar argument"] = _attempt(scalar)
+    result["loop index"] = _attempt(loop)
+    xd, yd = x.double(), y.double()
+    refs = [1 / xd.sqrt(), yd.tanh(), torch.special.erf(yd), xd.pow(yd), torch.exp2(yd), xd.log2(), yd.exp(),
+            (xd > 1).double(), yd.tanh(), 1 / xd.sqrt()]
+    names = ["rsqrt", "tanh", "erf", "pow", "exp2", "log2", "fast_expf", "isnan", "cuda.libdevice.tanh",
+             "math.rsqrt imported by name"]
+    for op, (name, ref) in enumerate(zip(names, refs)):
+        def run(op=op, ref=ref):
+            k["math"][(1,)](x, y, out, N=n, OP=op)
+            return _close(out, ref.float())
+        result[f"libdevice {name}" if "." not in name else name] = _attempt(run)
+
+    def autotune():
+        k["autotuned"][lambda meta: (triton_cdiv(n, meta["B"]),)](y, out, n)
+        return _close(out, y * 2, rel=0)
+
+    result["autotune"] = _attempt(autotune)
+
+    def gdc():
+        k["device"][(1,)](y, out, N=n, OP=0)
+        return _close(out, y, rel=0)
+
+    def asm():
+        k["device"][(1,)](y, out, N=n, OP=1)
+        line = _close(out, y, rel=0)
+        if line:
+            return f"mov.b32: {line}"
+        try:
+            k["device"][(1,)](y, out, N=n, OP=2)
+        except InterpreterUnfaithful:
+            return ""
+        return "ex2.approx.f32 ran, where it cannot be computed as a GPU does"
+
+    result["grid dependency control"] = _attempt(gdc)
+    result["inline asm"] = _attempt(asm)
+    return result
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)

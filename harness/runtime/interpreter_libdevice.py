@@ -96,6 +96,10 @@ def _to_int(x, dtype, rounding):
     return out
 
 
+def _to_int_as(dtype, rounding, ret, x):
+    return _to_int(x, dtype, rounding)
+
+
 def _frac(v) -> Fraction:
     return Fraction(int(v)) if isinstance(v, (int, np.integer)) else Fraction(float(v))
 
@@ -381,7 +385,7 @@ for _m, _rounding in _INT_ROUNDING.items():
         IMPLS[f"{_src}2double_{_m}"] = _i2f(_m)
     for _src in ("float", "double"):
         for _dst, _dt in (("int", np.int32), ("uint", np.uint32), ("ll", np.int64), ("ull", np.uint64)):
-            IMPLS[f"{_src}2{_dst}_{_m}"] = (lambda dt, rnd: lambda r, x: _to_int(x, dt, rnd))(_dt, _rounding)
+            IMPLS[f"{_src}2{_dst}_{_m}"] = functools.partial(_to_int_as, _dt, _rounding)
 
 
 # ----------------------------------------------------------------------------- binding, as the compiler does
