@@ -350,15 +350,28 @@ def _asm_kernel(x_ptr, out_ptr, N: tl.constexpr, ASM: tl.constexpr):
     tl.store(out_ptr + i, y)
 
 
+@triton.jit
+def _griddepcontrol_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    # flash-linear-attention's cyfa kernels: programmatic dependent launch in PTX, with a dummy output.
+    tl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, tl.load(x_ptr + i) * 2)
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 def test_inline_ptx_raises_interpreter_unfaithful_at_the_launch(still_unfaithful):
     x = torch.randn(8)
     out = torch.empty(8)
     _asm_kernel[(1,)](x, out, N=8, ASM="mov.b32 $0, $1;")  # a move is the identity
     assert torch.equal(out, x)
+    _griddepcontrol_kernel[(1,)](x, out, N=8)  # nothing to wait for in the interpreter
+    assert torch.equal(out, x * 2)
     with pytest.raises(InterpreterUnfaithful) as info:
         _asm_kernel[(1,)](x, out, N=8, ASM="ex2.approx.f32 $0, $1;")
     msg = str(info.value)
-    assert "tl.inline_asm_elementwise('ex2.approx.f32 $0, $1;')" in msg and "inconclusive on a CPU machine" in msg
+    assert "tl.inline_asm_elementwise('ex2.approx.f32 $0, $1;') at test_interpreter.py:" in msg  # the kernel's line
+    assert "inconclusive on a CPU machine" in msg
     assert info.value.construct.startswith("tl.inline_asm_elementwise")
     # It crosses a worker's pipe: pickles with its construct.
     import pickle

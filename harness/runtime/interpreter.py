@@ -55,6 +55,21 @@ class InterpreterUnfaithful(RuntimeError):
                 "inconclusive on a CPU machine")
 
 
+def kernel_site() -> str:
+    """' at file:line' of the innermost kernel source line on the stack (outside triton and this harness's
+    interpreter modules), for an InterpreterUnfaithful's construct; '' when there is none."""
+    import traceback
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    skip = (os.path.dirname(os.path.abspath(_triton().__file__)) + os.sep, os.path.dirname(np.__file__) + os.sep)
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(skip) or (os.path.dirname(path) == here and "interpreter" in os.path.basename(path)):
+            continue
+        return f" at {os.path.basename(path)}:{frame.lineno}"
+    return ""
+
+
 # Name of each patch point not found in the installed triton (left unpatched; the re-probe reports).
 MISSING_PATCH_POINTS: list[str] = []
 

@@ -8,8 +8,9 @@ installs these patches; its docstring lists what they fix).
   it unrolls on a GPU (``patch_transform_ast``, ``patch_lang``);
 - libdevice and builtins imported by name (harness.runtime.interpreter_libdevice);
 - ``@triton.autotune``: the first of the pruned configs runs (``patch_autotune_bench``);
-- grid dependency control is a no-op; ``tl.inline_asm_elementwise`` raises InterpreterUnfaithful unless it is
-  a 32-bit move; InterpreterUnfaithful leaves a launch as itself (``patch_interpreted_run``).
+- grid dependency control is a no-op (``gdc_wait``, ``gdc_launch_dependents`` and their PTX, griddepcontrol);
+  ``tl.inline_asm_elementwise`` raises InterpreterUnfaithful unless it is that or a 32-bit move;
+  InterpreterUnfaithful leaves a launch as itself (``patch_interpreted_run``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import operator
 
 import numpy as np
 
-from harness.runtime.interpreter import InterpreterUnfaithful
+from harness.runtime.interpreter import InterpreterUnfaithful, kernel_site
 from harness.runtime.interpreter_libdevice import binder
 
 LOOP_RANGE = "_harness_loop_range"  # the name `for i in range(...)` in kernel source is rewritten to
@@ -46,6 +47,7 @@ def patch_implicit_cvt(interp, original):
 
 
 _IDENTITY_ASM = {"mov.b32 $0, $1;", "mov.f32 $0, $1;", "mov.u32 $0, $1;", "mov.s32 $0, $1;"}
+_GRID_DEPENDENCY_ASM = {"griddepcontrol.wait", "griddepcontrol.launch_dependents"}
 
 
 class _Results:
@@ -63,15 +65,20 @@ def patch_inline_asm(interp, original):
 
     def create_inline_asm(self, inlineAsm, constraints, values, types, isPure, pack):
         # A move of one 32-bit value to itself (a workaround that keeps the compiler from fusing, e.g.
-        # flash-linear-attention's safe_dot on Blackwell) is the identity; any other PTX is not computable here.
+        # flash-linear-attention's safe_dot on Blackwell) is the identity, griddepcontrol (its cyfa kernels)
+        # a no-op; any other PTX is not computable here.
         asm = " ".join(str(inlineAsm).split())
         types = list(types) if isinstance(types, (list, tuple)) else [types]
+        if asm.split(";")[0] in _GRID_DEPENDENCY_ASM and not values:
+            # Programmatic dependent launch in PTX (as tl.extra.cuda.gdc_*): nothing to order here; the
+            # output is a dummy register.
+            return _Results([TensorHandle(np.zeros(1, interp._get_np_dtype(t.scalar)), t.scalar) for t in types])
         if asm in _IDENTITY_ASM and len(values) == 1 and len(types) == 1 and pack == 1:
             data, scalar = values[0].data, types[0].scalar
             if data.dtype.itemsize == 4 and scalar.primitive_bitwidth == 32:
                 return _Results([TensorHandle(data.view(interp._get_np_dtype(scalar)), scalar)])
         first = asm if len(asm) <= 60 else asm[:57] + "..."
-        raise InterpreterUnfaithful(f"tl.inline_asm_elementwise({first!r})")
+        raise InterpreterUnfaithful(f"tl.inline_asm_elementwise({first!r}){kernel_site()}")
 
     return create_inline_asm
 

@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from harness.runtime.interpreter import InterpreterUnfaithful
+from harness.runtime.interpreter import InterpreterUnfaithful, kernel_site
 
 _SYMBOLS: dict[str, str] | None = None  # "__nv_rsqrtf" -> "rsqrt"
 # Functions that cannot be computed faithfully here (see the module docstring).
@@ -497,10 +497,10 @@ def call(symbol: str, args: list[np.ndarray], ret_np_dtype) -> np.ndarray:
     """The value of libdevice's `symbol` on `args` (numpy arrays of one shape), as `ret_np_dtype`."""
     name = symbols().get(symbol)
     if name in UNFAITHFUL:
-        raise InterpreterUnfaithful(f"libdevice.{name} ({UNFAITHFUL[name]})")
+        raise InterpreterUnfaithful(f"libdevice.{name} ({UNFAITHFUL[name]}){kernel_site()}")
     impl = IMPLS.get(name)
     if impl is None:
-        raise InterpreterUnfaithful(f"libdevice symbol {symbol}, which the harness does not compute")
+        raise InterpreterUnfaithful(f"libdevice symbol {symbol}, which the harness does not compute{kernel_site()}")
     ret = np.dtype(ret_np_dtype).type
     with np.errstate(all="ignore"):
         out = np.asarray(impl(ret, *args))

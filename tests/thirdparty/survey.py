@@ -199,6 +199,26 @@ def liger_sparsemax(dt):
     return _sparsemax_forward(x, -1)[0], torch.clamp(x - tau, min=0)
 
 
+@case("liger_kernel", dtypes=(torch.float32, torch.bfloat16))
+def liger_fused_linear_cross_entropy(dt):
+    from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
+    x, w = _g(8, 64, dtype=dt), _g(200, 64, dtype=dt, scale=0.2, seed=1)
+    t = torch.randint(0, 200, (8,), generator=torch.Generator().manual_seed(0))
+    loss = fused_linear_cross_entropy_forward(x, w, t)[0]
+    return loss.float(), F.cross_entropy((x.float() @ w.float().T), t)
+
+
+@case("liger_kernel", dtypes=(torch.float32,))
+def liger_jsd(dt):
+    from liger_kernel.ops.jsd import jsd_forward
+    logq = torch.log_softmax(_g(6, 128, dtype=dt, scale=2), -1)
+    logp = torch.log_softmax(_g(6, 128, dtype=dt, scale=2, seed=1), -1)
+    m = 0.5 * (logp.exp() + logq.exp())
+    ref = 0.5 * (F.kl_div(m.log(), logp, reduction="sum", log_target=True)
+                 + F.kl_div(m.log(), logq, reduction="sum", log_target=True)) / 6
+    return jsd_forward(logq, logp, None, 0.5, -100, False)[0].float(), ref
+
+
 # ----------------------------------------------------------------------------- flash-linear-attention (fla)
 
 
@@ -316,6 +336,16 @@ def fla_fused_recurrent_simple_gla(dt):
     q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
     g = F.logsigmoid(_g(B, T, H, dtype=torch.float32, seed=3)).to(dt)
     return fused_recurrent_simple_gla(q, k, v, g)[0], naive_recurrent_simple_gla(q, k, v, g)[0].to(dt)
+
+
+@case("fla", dtypes=(torch.float32, torch.bfloat16))
+def fla_chunk_gla(dt):
+    from fla.ops.gla import chunk_gla
+    from fla.ops.gla.naive import naive_recurrent_gla
+    B, T, H, K = 1, 20, 2, 16
+    q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
+    g = F.logsigmoid(_g(B, T, H, K, dtype=torch.float32, seed=3)).to(dt)
+    return chunk_gla(q, k, v, g)[0], naive_recurrent_gla(q, k, v, g)[0].to(dt)
 
 
 # ----------------------------------------------------------------------------- driver
