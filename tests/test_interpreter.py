@@ -336,6 +336,17 @@ def test_libdevice_is_reached_every_way_a_kernel_names_it(still_unfaithful):
     assert out[32:].tolist() == [0, 0, 0, 0, 0, 0, 0, 0]
 
 
+@pytest.mark.parametrize("name", ["exp", "exp2", "log2", "rsqrt", "sqrt_rn", "erf"])
+def test_a_builtin_passed_as_an_argument_runs(still_unfaithful, name):
+    # FN=tl.math.exp as a constexpr argument: the compiler calls it with its semantic, and so does the interpreter.
+    x = _domain(0.1, 10, 64)
+    out = torch.empty_like(x)
+    _unary_kernel[(1,)](x, out, N=64, FN=getattr(tl.math, name))
+    want = {"exp": torch.exp, "exp2": torch.exp2, "log2": torch.log2, "rsqrt": torch.rsqrt, "sqrt_rn": torch.sqrt,
+            "erf": torch.special.erf}[name](x.double())
+    assert torch.allclose(out.double(), want, rtol=2e-7)
+
+
 def test_a_libdevice_call_a_gpu_rejects_is_rejected(still_unfaithful):
     # libdevice has no bf16 tanh: the compiler rejects the call, and so does the interpreter.
     x = torch.randn(8).to(torch.bfloat16)
@@ -416,3 +427,28 @@ def test_nothing_is_patched_without_triton_interpret():
     faithful, probed, patched, stub_module = json.loads(proc.stdout.strip().splitlines()[-1])
     assert faithful == {} and probed == {} and patched == [False] * 5
     assert stub_module == "triton.language.extra.libdevice"
+
+
+def test_every_libdevice_symbol_is_computed_or_named_unfaithful(still_unfaithful):
+    # Each of the __nv_* symbols Triton's CUDA libdevice table calls, on a few values of its argument types:
+    # a value of the result type for every element, or InterpreterUnfaithful for the few without a faithful form.
+    from harness.runtime import interpreter_libdevice as ld
+
+    samples = {"fp32": np.array([0.5, 1.5, -2.25, 3.0], np.float32), "fp64": np.array([0.5, 1.5, -2.25, 3.0]),
+               "int32": np.array([1, 7, -3, 2], np.int32), "uint32": np.array([1, 7, 3, 2], np.uint32),
+               "int64": np.array([1, 7, -3, 2], np.int64), "uint64": np.array([1, 7, 3, 2], np.uint64)}
+    np_of = {"fp32": np.float32, "fp64": np.float64, "int32": np.int32, "uint32": np.uint32, "int64": np.int64,
+             "uint64": np.uint64}
+    sigs = ld.signatures()
+    assert len(sigs) >= 300 and len(set(ld.symbols().values())) >= 190
+    unfaithful = set()
+    for symbol, (name, arg_types, ret) in sigs.items():
+        args = [samples[t] for t in arg_types]
+        try:
+            out = ld.call(symbol, args, np_of[ret])
+        except InterpreterUnfaithful as e:
+            assert "inconclusive on a CPU machine" in str(e)
+            unfaithful.add(name)
+            continue
+        assert out.dtype == np_of[ret] and out.shape == (4,), (symbol, out)
+    assert unfaithful == set(ld.UNFAITHFUL) == {"jn", "yn", "rcp64h"}

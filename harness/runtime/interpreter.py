@@ -12,14 +12,18 @@ Beyond arithmetic, what public libraries' kernels do on a GPU and the interprete
 Liger-Kernel's and flash-linear-attention's kernels, tests/thirdparty/survey.py):
 - a float argument stays a Python float (a GPU kernel gets an fp32 scalar), so ``eps.to(tl.float32)`` raises
   and ``x_bf16 * eps`` stays bf16; an int of 2^31..2^32 is stored as uint32 under an int64 type;
+- the index of ``for i in range(n)`` / ``tl.range`` is a Python int (scf.for's is an int32 / int64 tensor),
+  so ``i.to(tl.int64)`` raises;
 - ``triton.language.extra.libdevice`` functions are stubs that return None (the compiler maps them to the
   target's library), ``triton.language.extra.cuda.libdevice`` ones raise NotImplementedError, and a
-  builtin imported by name (``from triton.language.math import rsqrt``) raises "Did you forget to add
-  @triton.jit": harness.runtime.interpreter_libdevice binds and computes them;
+  builtin imported by name (``from triton.language.math import rsqrt``) or passed as an argument
+  (``FN=tl.exp``) raises "Did you forget to add @triton.jit": harness.runtime.interpreter_libdevice binds
+  libdevice and computes its 197 functions;
 - ``@triton.autotune`` with several configs times them with a GPU benchmarker, which a CPU machine lacks;
-- ``tl.extra.cuda.gdc_wait`` / ``gdc_launch_dependents`` (programmatic dependent launch) are missing.
-What cannot be computed as a GPU does (inline PTX, ``tl.inline_asm_elementwise``; libdevice's jn, yn,
-rcp64h) raises InterpreterUnfaithful: a result on a CPU machine would say nothing of the kernel.
+- grid dependency control (``tl.extra.cuda.gdc_wait``, PTX ``griddepcontrol``) is missing.
+harness.runtime.interpreter_lang holds these patches. What cannot be computed as a GPU does (inline PTX,
+``tl.inline_asm_elementwise``, other than a 32-bit move; libdevice's jn, yn, rcp64h) raises
+InterpreterUnfaithful: a result on a CPU machine would say nothing of the kernel.
 
 ``probe()`` measures each of these on chosen values; ``make_faithful()`` replaces the responsible
 interpreter functions, in this process, with versions that compute what an H200 computes. Importing

@@ -103,9 +103,16 @@ def patch_autotune_bench(interp, original):
 
 
 def patch_interpreted_run(interp, original):
+    from harness.runtime.interpreter_libdevice import _is_builtin, _with_semantic
+
+    semantic = interp.interpreter_semantic
+
     def run(self, *args, grid, warmup, **kwargs):
-        # The interpreter wraps whatever a kernel raises in InterpreterError; InterpreterUnfaithful is
-        # raised as itself, so a caller can tell "inconclusive" from a kernel's own error.
+        # A builtin passed as a (constexpr) argument, e.g. FN=tl.exp, is called with the interpreter's semantic,
+        # as the compiler calls it. The interpreter wraps whatever a kernel raises in InterpreterError;
+        # InterpreterUnfaithful is raised as itself, so a caller can tell "inconclusive" from a kernel's error.
+        args = [_with_semantic(a, semantic) if _is_builtin(a) else a for a in args]
+        kwargs = {k: _with_semantic(v, semantic) if _is_builtin(v) else v for k, v in kwargs.items()}
         try:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         except interp.InterpreterError as e:

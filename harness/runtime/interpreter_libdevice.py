@@ -27,27 +27,38 @@ import torch
 
 from harness.runtime.interpreter import InterpreterUnfaithful, kernel_site
 
-_SYMBOLS: dict[str, str] | None = None  # "__nv_rsqrtf" -> "rsqrt"
+_SIGNATURES: dict[str, tuple[str, tuple[str, ...], str]] | None = None  # symbol -> (function, arg types, result)
 # Functions that cannot be computed faithfully here (see the module docstring).
 UNFAITHFUL = {"jn": "Bessel function of order n", "yn": "Bessel function of order n",
               "rcp64h": "reciprocal of the high word of an fp64"}
 
 
-def symbols() -> dict[str, str]:
-    """{libdevice symbol: the function of triton.language.extra.cuda.libdevice that calls it}, read from
-    that module's source (its table of argument types -> symbol)."""
-    global _SYMBOLS
-    if _SYMBOLS is None:
+def signatures() -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """{libdevice symbol: (the function of triton.language.extra.cuda.libdevice that calls it, its argument
+    types, its result type)}, read from that module's source (its table of argument types -> symbol)."""
+    global _SIGNATURES
+    if _SIGNATURES is None:
         from triton.language.extra.cuda import libdevice
 
-        table: dict[str, str] = {}
-        for node in ast.parse(inspect.getsource(libdevice)).body:
-            if isinstance(node, ast.FunctionDef):
-                for sub in ast.walk(node):
-                    if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value.startswith("__nv_"):
-                        table[sub.value] = node.name
-        _SYMBOLS = table
-    return _SYMBOLS
+        def dtype(node):  # core.dtype("fp32") -> "fp32"
+            return node.args[0].value
+
+        table = {}
+        for fn in ast.parse(inspect.getsource(libdevice)).body:
+            if isinstance(fn, ast.FunctionDef):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Dict):
+                        for key, value in zip(node.keys, node.values, strict=True):
+                            table[value.elts[0].value] = (fn.name, tuple(dtype(e) for e in key.elts),
+                                                          dtype(value.elts[1]))
+        _SIGNATURES = table
+    return _SIGNATURES
+
+
+@functools.cache
+def symbols() -> dict[str, str]:
+    """{libdevice symbol: the function of triton.language.extra.cuda.libdevice that calls it}."""
+    return {symbol: sig[0] for symbol, sig in signatures().items()}
 
 
 # ----------------------------------------------------------------------------- helpers
