@@ -38,6 +38,11 @@ def _g(*shape, dtype, scale=1.0, seed=0):
     return (torch.randn(*shape, generator=gen) * scale).to(dtype)
 
 
+def _qkv(B, T, H, K, dt):
+    return (_g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1),
+            _g(B, T, H, K, dtype=dt, seed=2))
+
+
 def _rms_ref(x, w, eps, offset=0.0):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * (w + offset)
@@ -321,7 +326,7 @@ def fla_chunk_simple_gla(dt):
     from fla.ops.simple_gla import chunk_simple_gla
     from fla.ops.simple_gla.naive import naive_chunk_simple_gla
     B, T, H, K = 1, 40, 2, 32
-    q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
+    q, k, v = _qkv(B, T, H, K, dt)
     g = F.logsigmoid(_g(B, T, H, dtype=torch.float32, seed=3)).to(dt)
     o = chunk_simple_gla(q, k, v, g)[0]
     ref = naive_chunk_simple_gla(q, k, v, g, chunk_size=64)[0]
@@ -333,7 +338,7 @@ def fla_fused_recurrent_simple_gla(dt):
     from fla.ops.simple_gla import fused_recurrent_simple_gla
     from fla.ops.simple_gla.naive import naive_recurrent_simple_gla
     B, T, H, K = 1, 12, 2, 16
-    q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
+    q, k, v = _qkv(B, T, H, K, dt)
     g = F.logsigmoid(_g(B, T, H, dtype=torch.float32, seed=3)).to(dt)
     return fused_recurrent_simple_gla(q, k, v, g)[0], naive_recurrent_simple_gla(q, k, v, g)[0].to(dt)
 
@@ -343,7 +348,7 @@ def fla_chunk_gla(dt):
     from fla.ops.gla import chunk_gla
     from fla.ops.gla.naive import naive_recurrent_gla
     B, T, H, K = 1, 20, 2, 16
-    q, k, v = _g(B, T, H, K, dtype=dt, scale=0.5), _g(B, T, H, K, dtype=dt, scale=0.5, seed=1), _g(B, T, H, K, dtype=dt, seed=2)
+    q, k, v = _qkv(B, T, H, K, dt)
     g = F.logsigmoid(_g(B, T, H, K, dtype=torch.float32, seed=3)).to(dt)
     return chunk_gla(q, k, v, g)[0], naive_recurrent_gla(q, k, v, g)[0].to(dt)
 
