@@ -338,7 +338,7 @@ def probe() -> dict[str, str]:
         result[f"libdevice {name}" if "." not in name else name] = _attempt(run)
 
     def autotune():
-        k["autotuned"][lambda meta: (triton_cdiv(n, meta["B"]),)](y, out, n)
+        k["autotuned"][lambda meta: (_cdiv(n, meta["B"]),)](y, out, n)
         return _close(out, y * 2, rel=0)
 
     result["autotune"] = _attempt(autotune)
@@ -363,5 +363,5 @@ def probe() -> dict[str, str]:
     return result
 
 
-def triton_cdiv(a, b):
+def _cdiv(a, b):
     return -(-a // b)
