@@ -23,6 +23,10 @@ if [ "$gpu" = 0 ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 if [ "$want_test" = test ]; then
   "${pip[@]}" -e ".[test]"
+  # Liger-Kernel's kernels for tests/thirdparty/: a pure-Python wheel whose only requirements are torch and
+  # triton, which the venv already has. --no-deps, so pip never resolves torch anew from its wide range
+  # (a multi-GB CUDA build on a machine without a GPU, or a second torch beside the GPU machine's own).
+  "${pip[@]}" --no-deps "liger-kernel==0.8.5"
   if [ "$gpu" = 0 ] && ! .venv/bin/python -c "import vllm" 2>/dev/null; then
     PYTHON=.venv/bin/python bash .ci/install-vllm.sh
   fi

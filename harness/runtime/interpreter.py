@@ -1,5 +1,4 @@
-"""Probe Triton's CPU interpreter for low-precision arithmetic it gets wrong, and patch it to compute
-what a GPU computes.
+"""Probe Triton's CPU interpreter for what it computes unlike a GPU, and patch it to compute what a GPU computes.
 
 On a CPU machine kernels run in Triton's interpreter (TRITON_INTERPRET=1), which runs each op with
 numpy. numpy has no bf16 or fp8, so the interpreter keeps them as raw bits (uint16, uint8) and then
@@ -9,9 +8,27 @@ bit in ``_convert_float`` (a round-up carry is lost: 124.2 -> 64, not 128; NaN -
 480). fp16 elementwise ops are right, but ``tl.sum`` of fp16 keeps fp32 partial sums (np.sum); a GPU
 rounds each to fp16. Kernels that are right on an H200 then fail on CPU, and some fp16 bugs hide.
 
+Beyond arithmetic, what public libraries' kernels do on a GPU and the interpreter does not (found running
+Liger-Kernel's and flash-linear-attention's kernels, tests/thirdparty/survey.py):
+- a float argument stays a Python float (a GPU kernel gets an fp32 scalar), so ``eps.to(tl.float32)`` raises
+  and ``x_bf16 * eps`` stays bf16; an int of 2^31..2^32 is stored as uint32 under an int64 type;
+- the index of ``for i in range(n)`` / ``tl.range`` is a Python int (scf.for's is an int32 / int64 tensor),
+  so ``i.to(tl.int64)`` raises;
+- ``triton.language.extra.libdevice`` functions are stubs that return None (the compiler maps them to the
+  target's library), ``triton.language.extra.cuda.libdevice`` ones raise NotImplementedError, and a
+  builtin imported by name (``from triton.language.math import rsqrt``) or passed as an argument
+  (``FN=tl.exp``) raises "Did you forget to add @triton.jit": harness.runtime.interpreter_libdevice binds
+  libdevice and computes its 197 functions;
+- ``@triton.autotune`` with several configs times them with a GPU benchmarker, which a CPU machine lacks;
+- grid dependency control (``tl.extra.cuda.gdc_wait``, PTX ``griddepcontrol``) is missing.
+harness.runtime.interpreter_lang holds these patches. What cannot be computed as a GPU does (inline PTX,
+``tl.inline_asm_elementwise``, other than a 32-bit move; libdevice's jn, yn, rcp64h) raises
+InterpreterUnfaithful: a result on a CPU machine would say nothing of the kernel.
+
 ``probe()`` measures each of these on chosen values; ``make_faithful()`` replaces the responsible
 interpreter functions, in this process, with versions that compute what an H200 computes. Importing
-this module does nothing; on a CUDA machine both return {} without running anything.
+this module does nothing; on a CUDA machine, or without TRITON_INTERPRET, both return {} without
+running or patching anything.
 """
 
 from __future__ import annotations
@@ -25,6 +42,37 @@ import torch
 # module must not import triton at import time.
 triton = None
 tl = None
+libdevice = None  # triton.language.extra.libdevice, for the probe kernels
+
+
+class InterpreterUnfaithful(RuntimeError):
+    """A kernel used a construct that Triton's interpreter cannot compute as a GPU does (``construct`` names
+    it): its result on a CPU machine says nothing of the kernel, so the cell is inconclusive, not failed.
+    Raised from the kernel's launch (unwrapped from the interpreter's InterpreterError)."""
+
+    def __init__(self, construct: str):
+        super().__init__(construct)
+        self.construct = construct
+
+    def __str__(self) -> str:
+        return (f"{self.construct}: Triton's interpreter cannot compute this as a GPU does, so the kernel is "
+                "inconclusive on a CPU machine")
+
+
+def kernel_site() -> str:
+    """' at file:line' of the innermost kernel source line on the stack (outside triton and this harness's
+    interpreter modules), for an InterpreterUnfaithful's construct; '' when there is none."""
+    import traceback
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    skip = (os.path.dirname(os.path.abspath(_triton().__file__)) + os.sep, os.path.dirname(np.__file__) + os.sep)
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(skip) or (os.path.dirname(path) == here and "interpreter" in os.path.basename(path)):
+            continue
+        return f" at {os.path.basename(path)}:{frame.lineno}"
+    return ""
+
 
 # Name of each patch point not found in the installed triton (left unpatched; the re-probe reports).
 MISSING_PATCH_POINTS: list[str] = []
@@ -59,12 +107,13 @@ def _interpreter_in_use() -> bool:
 
 def _triton():
     # Imported here, not at module import, so TRITON_INTERPRET can still be set before triton loads.
-    global triton, tl
+    global triton, tl, libdevice
     if triton is None:
         import triton as _t
         import triton.language as _tl
+        from triton.language.extra import libdevice as _libdevice
 
-        triton, tl = _t, _tl
+        triton, tl, libdevice = _t, _tl, _libdevice
     return triton
 
 
@@ -297,6 +346,11 @@ def _patch_reduce_min_max(interp, original):
 
 
 def _patch_points(interp):
+    from triton.runtime import autotuner
+
+    from harness.runtime import interpreter_lang as lang
+    from harness.runtime import interpreter_libdevice as libdevice_
+
     builder = getattr(interp, "InterpreterBuilder", None)
     reduce_ops = getattr(interp, "ReduceOps", None)
     return [
@@ -309,7 +363,21 @@ def _patch_points(interp):
         (builder, "cast_impl", _patch_cast_impl),
         (reduce_ops, "sum", _patch_reduce_sum),
         (reduce_ops, "min_max", _patch_reduce_min_max),
+        # What kernels of public libraries do beyond arithmetic (module docstring).
+        (interp, "_implicit_cvt", lang.patch_implicit_cvt),
+        (interp, "_patch_lang", lang.patch_lang),
+        (getattr(interp, "FunctionRewriter", None), "_transform_ast", lang.patch_transform_ast),
+        (builder, "create_extern_elementwise", libdevice_.patch_extern_elementwise),
+        (builder, "create_inline_asm", lang.patch_inline_asm),
+        (builder, "create_grid_dependency_wait", lang.patch_no_op),
+        (builder, "create_grid_dependency_launch_dependents", lang.patch_no_op),
+        (getattr(autotuner, "Autotuner", None), "_bench", lang.patch_autotune_bench),
+        (getattr(interp, "InterpretedFunction", None), "run", lang.patch_interpreted_run),
     ]
+
+
+# Patch points the interpreter may lack altogether (added, not replaced).
+_ADDED = {"create_grid_dependency_wait", "create_grid_dependency_launch_dependents"}
 
 
 def _install_patches() -> None:
@@ -320,7 +388,7 @@ def _install_patches() -> None:
         if getattr(current, "_harness_faithful", False):
             continue  # already patched in this process
         try:
-            if owner is None or not callable(current):
+            if owner is None or not (callable(current) or (current is None and attr in _ADDED)):
                 raise AttributeError(attr)
             patched = make(interp, current)
         except AttributeError:
@@ -329,7 +397,7 @@ def _install_patches() -> None:
             if label not in MISSING_PATCH_POINTS:
                 MISSING_PATCH_POINTS.append(label)
             continue
-        patched.__doc__ = f"harness.runtime.interpreter: {attr} computing low-precision values as an H200 does."
+        patched.__doc__ = f"harness.runtime.interpreter: {attr} computing as an H200 does."
         patched.__wrapped__ = current
         patched._harness_faithful = True
         setattr(owner, attr, patched)
@@ -520,7 +588,9 @@ def probe() -> dict[str, str]:
         f8 = bits.view(dtype)
         got = run(7, f8, f8, torch.empty(n, dtype=torch.float32))
         result[name] = _verdict(name, got, f8.float(), lambda j: f"0x{int(bits[j]):02x}")
-    return result
+    from harness.runtime import interpreter_lang  # what public libraries' kernels do beyond arithmetic
+
+    return {**result, **interpreter_lang.probe()}
 
 
 def make_faithful() -> dict[str, str]:
