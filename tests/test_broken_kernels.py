@@ -79,3 +79,10 @@ def test_correct_kernel_passes(tmp_path, cell_id):
 def test_functional_correct_kernel_passes_both_modes(tmp_path):
     for cell_id in ("decode-bf16-tp1-eager-cpu", "decode-bf16-tp1-torch_compile-cpu"):
         assert _run(tmp_path, f"{BUGS}:functional", cell_id, True, examples=10)["status"] == "passed"
+
+
+@pytest.mark.parametrize("mode", ["eager", "torch_compile"])
+def test_a_construct_the_interpreter_cannot_compute_is_inconclusive_on_a_cpu_machine_not_failed(tmp_path, mode):
+    outcome = _run(tmp_path, f"{BUGS}:rsqrt_in_ptx", f"decode-fp32-tp1-{mode}-cpu", False, examples=5)
+    assert outcome["status"] == "not_run", outcome
+    assert outcome["reason"].startswith("inconclusive on a CPU machine: tl.inline_asm_elementwise"), outcome["reason"]

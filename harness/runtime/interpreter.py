@@ -59,6 +59,16 @@ class InterpreterUnfaithful(RuntimeError):
                 "inconclusive on a CPU machine")
 
 
+def unfaithful(exc: BaseException) -> InterpreterUnfaithful | None:
+    """The InterpreterUnfaithful behind `exc` (raised as it is, or as the cause of a wrapper: torch.library, a
+    custom op's call), if any."""
+    while exc is not None:
+        if isinstance(exc, InterpreterUnfaithful):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def kernel_site() -> str:
     """' at file:line' of the innermost kernel source line on the stack (outside triton and this harness's
     interpreter modules), for an InterpreterUnfaithful's construct; '' when there is none."""

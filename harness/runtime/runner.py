@@ -24,6 +24,7 @@ from harness.runtime import numerics
 from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
+from harness.runtime.interpreter import unfaithful
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
@@ -97,6 +98,11 @@ def kernel_error(exc: Exception, ex: Example, device: str) -> KernelRaised:
     return KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} ({where})")
 
 
+class Inconclusive(BaseException):
+    """The kernel used a construct Triton's interpreter cannot compute as a GPU does: the cell says nothing of the
+    kernel on this machine. A BaseException, so that hypothesis stops at once instead of shrinking it."""
+
+
 class CellCheck:
     """Checks one example: the op in the cell's graph mode against the reference."""
 
@@ -126,6 +132,9 @@ class CellCheck:
         except Mismatch:
             raise
         except Exception as exc:
+            if unfaithful(exc):
+                raise Inconclusive(f"inconclusive on a CPU machine: {unfaithful(exc)} (at {ex.describe()})") \
+                    from None
             raise kernel_error(exc, ex, self.device) from None
 
     def _check(self, ex: Example) -> None:
@@ -234,6 +243,8 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     device_fault = False
     try:
         test()
+    except Inconclusive as exc:  # not failed: a GPU judges this cell (README: inconclusive on a CPU machine)
+        rec.status, rec.reason = Status.NOT_RUN, str(exc)
     except Exception as exc:  # hypothesis re-raises the minimal example's failure
         more = []
         if isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # flaky (failed once, not on replay), or several

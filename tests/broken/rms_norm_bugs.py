@@ -259,6 +259,32 @@ def returns_nan(out, x, weight, eps):
 
 
 @triton.jit
+def _rsqrt_in_ptx_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    var = tl.sum(x * x, axis=0) / hidden + eps
+    rstd = tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=r,r", [var], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rsqrt_in_ptx(out, x, weight, eps):
+    """Not a bug: rsqrt in inline PTX, right on a GPU; Triton's interpreter cannot run PTX, so on a CPU machine
+    the cell is inconclusive (not run here), never failed."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _rsqrt_in_ptx_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps)
+
+
+@triton.jit
 def _reads_far_out_of_bounds_kernel(
     out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
 ):
