@@ -7,10 +7,14 @@ plugin's workers use.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.results.store import to_json
+from harness.runtime.inputs import poisoned
+from harness.runtime.numerics import Mismatch, compare
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
+from harness.spec.plan import Tolerance
 from tests.plans import rms_norm_plan
 
 BUGS = "tests.broken.rms_norm_bugs"
@@ -22,14 +26,15 @@ WRONG_RESULTS = [
     ("eps_dropped", "decode-fp32-tp1-eager-cpu", False, "output 'out'"),
     ("mean_over_block", "decode-fp32-tp1-eager-cpu", False, "max abs error"),
     ("fp16_square_sum", "decode-fp16-tp1-eager-cpu", False, "output 'out'"),
-    ("row_stride_ignored", "decode-fp32-tp1-eager-cpu", False, "NaN/Inf where the reference is finite"),  # padding
-    ("tail_rows_dropped", "decode-fp32-tp1-eager-cpu", False, "were these elements written?"),
+    ("row_stride_ignored", "decode-fp32-tp1-eager-cpu", False, "poisoned padding of a strided input"),
+    ("tail_rows_dropped", "decode-fp32-tp1-eager-cpu", False, "were never written"),
     ("writes_input", "decode-fp32-tp1-eager-cpu", False, "input 'x' was modified"),
     ("wrong_out_dtype_functional", "decode-bf16-tp1-eager-cpu", True,
      "dtype torch.float32, reference torch.bfloat16"),
     ("cached_output", "decode-fp32-tp1-eager-cpu", True, "changed when the op was called again"),
     ("raises", "decode-fp32-tp1-eager-cpu", False, "the kernel raised ValueError: unsupported hidden size"),
-    ("returns_nan", "decode-fp32-tp1-eager-cpu", False, "NaN/Inf where the reference is finite"),
+    ("returns_nan", "decode-fp32-tp1-eager-cpu", False, "where the reference is finite, computed by the kernel"),
+    ("zero_over_zero", "decode-bf16-tp1-eager-cpu", False, "where the reference is finite, computed by the kernel"),
     ("allocates_too_much", "decode-fp32-tp1-eager-cpu", False, "out of memory at num_tokens="),
     # torch.compile cells: the registration itself is checked before anything runs
     ("writes_input", "decode-fp32-tp1-torch_compile-cpu", False, "opcheck failed"),
@@ -86,3 +91,15 @@ def test_a_construct_the_interpreter_cannot_compute_is_inconclusive_on_a_cpu_mac
     outcome = _run(tmp_path, f"{BUGS}:rsqrt_in_ptx", f"decode-fp32-tp1-{mode}-cpu", False, examples=5)
     assert outcome["status"] == "not_run", outcome
     assert outcome["reason"].startswith("inconclusive on a CPU machine: tl.inline_asm_elementwise"), outcome["reason"]
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_an_element_never_written_and_a_computed_nan_are_told_apart(dtype):
+    expected = torch.ones(4, 8, dtype=getattr(torch, dtype))
+    out = poisoned((4, 8), expected.dtype, "cpu")
+    out[:3] = 1.0
+    out[0, 5] = float("nan")  # what a kernel computing 0 / 0 writes
+    with pytest.raises(Mismatch) as failure:
+        compare("out", out, expected, Tolerance(1e-3, 1e-3), None)
+    reason = str(failure.value)
+    assert "8 of 32 elements were never written" in reason and "first at index (3, 0)" in reason, reason
+    assert "1 of 32 elements are NaN/Inf where the reference is finite, computed by the kernel, first at index (0, 5)" \
+        in reason, reason

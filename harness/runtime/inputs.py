@@ -252,18 +252,50 @@ def _structured(arg: Arg, batch: Batch, device) -> torch.Tensor:
     return torch.tensor(data, dtype=torch.int64, device=device)
 
 
+# Unwritten output memory holds a quiet NaN with a payload (bit pattern) that no arithmetic makes: a GPU computes the
+# canonical NaN and a CPU propagates an operand's, so an element still holding this pattern was never written, and any
+# other NaN was computed. The padding of strided inputs holds another payload, so that (where arithmetic propagates
+# it) a value computed from padding the kernel should not have read says so. fp8 has no room for a payload.
+POISON_BITS = {torch.float16: 0x7E5A, torch.bfloat16: 0x7FDA, torch.float32: 0x7FC0DEAD,
+               torch.float64: 0x7FF80000DEADBEEF}
+PADDING_BITS = {torch.float16: 0x7EA5, torch.bfloat16: 0x7FE5, torch.float32: 0x7FC0BEEF,
+                torch.float64: 0x7FF80000BEEFDEAD}
+_BITS_DTYPE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def poison_pattern(dtype: torch.dtype, patterns: dict = POISON_BITS) -> int | None:
+    """The poison's bit pattern for a floating dtype, read as the same-width signed integer (None for fp8)."""
+    return patterns.get(dtype)
+
+
+def holds_poison(t: torch.Tensor, patterns: dict = POISON_BITS) -> torch.Tensor:
+    """Where `t` holds the given poison (all False where the dtype has no payload)."""
+    pattern = poison_pattern(t.dtype, patterns) if t.is_floating_point() else None
+    if pattern is None:
+        return torch.zeros_like(t, dtype=torch.bool)
+    return t.view(_BITS_DTYPE[t.itemsize]) == pattern
+
+
 def poison_value(dtype: torch.dtype) -> float | int:
     """What unwritten memory holds: NaN, or the largest integer (no valid index or count is that large)."""
     return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
 
 
-def poisoned(shape, dtype: torch.dtype, device) -> torch.Tensor:
+def poison_(t: torch.Tensor, patterns: dict = POISON_BITS) -> torch.Tensor:
+    """Fill `t` with the poison (in place; a payload NaN for fp16, bf16, fp32 and fp64)."""
+    pattern = poison_pattern(t.dtype, patterns) if t.is_floating_point() else None
+    if pattern is not None:
+        return t.view(_BITS_DTYPE[t.itemsize]).fill_(pattern).view(t.dtype)
+    if t.is_floating_point():  # fp8: filled through fp32 (fill_ has no fp8 kernel on CPU)
+        return t.copy_(torch.full(t.shape, float("nan"), device=t.device))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    return t.fill_(poison_value(t.dtype))
+
+
+def poisoned(shape, dtype: torch.dtype, device, patterns: dict = POISON_BITS) -> torch.Tensor:
     """An output buffer whose unwritten elements cannot pass a comparison."""
-    if dtype.is_floating_point and dtype.itemsize == 1:  # fp8: filled through fp32 (fill_ has no fp8 kernel on CPU)
-        return torch.full(shape, float("nan"), device=device).to(dtype)
-    if dtype == torch.bool:
-        return torch.ones(shape, dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device).fill_(poison_value(dtype))
+    return poison_(torch.empty(shape, dtype=dtype, device=device), patterns)
 
 
 def in_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
@@ -271,7 +303,7 @@ def in_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
     slice of a fused QKV or gate_up output is; the padding is poisoned, so a kernel reading it fails."""
     if layout != "strided" or t.dim() < 2:
         return t
-    buf = poisoned(list(t.shape[:-1]) + [t.shape[-1] + pad], t.dtype, t.device)
+    buf = poisoned(list(t.shape[:-1]) + [t.shape[-1] + pad], t.dtype, t.device, PADDING_BITS)
     view = buf[..., : t.shape[-1]]
     view.copy_(t)
     return view

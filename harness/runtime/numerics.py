@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE
+from harness.runtime.inputs import PADDING_BITS, holds_poison, poison_pattern
 from harness.spec.plan import Tolerance
 from harness.results.store import ErrorStats, finite_number
 
@@ -105,6 +106,29 @@ def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, 
     return float(diff.max()), float(rel.max()), ulp
 
 
+def not_finite_reason(name: str, actual: torch.Tensor, bad: torch.Tensor) -> str:
+    """Why `bad` elements are NaN/Inf: never written (they still hold the output's poison), computed from a strided
+    input's poisoned padding (where arithmetic kept its payload, as on a CPU), or computed."""
+    total = actual.numel()
+    unwritten = holds_poison(actual) & bad
+    from_padding = holds_poison(actual, PADDING_BITS) & bad
+    computed = bad & ~unwritten & ~from_padding
+    where = lambda mask: tuple(int(i) for i in mask.nonzero()[0])  # noqa: E731
+    parts = []
+    if unwritten.any():
+        parts.append(f"{int(unwritten.sum())} of {total} elements were never written (they still hold the NaN the "
+                     f"output was poisoned with before the call), first at index {where(unwritten)}")
+    if from_padding.any():
+        parts.append(f"{int(from_padding.sum())} of {total} elements are NaN computed from the poisoned padding of a "
+                     f"strided input (the kernel read past the end of a row), first at index {where(from_padding)}")
+    if computed.any():
+        what = "computed by the kernel" if poison_pattern(actual.dtype) is not None else \
+            f"written or left unwritten ({actual.dtype} has a single NaN, so the two cannot be told apart)"
+        parts.append(f"{int(computed.sum())} of {total} elements are NaN/Inf where the reference is finite, {what}, "
+                     f"first at index {where(computed)}")
+    return f"output '{name}': " + "; ".join(parts)
+
+
 def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: Stats | None,
             exact64: torch.Tensor | None = None, check_strides: bool = False) -> None:
     """Raise Mismatch unless `actual` matches `expected` in metadata and values within `tol`. The errors (in fp64,
@@ -122,12 +146,7 @@ def compare(name: str, actual, expected: torch.Tensor, tol: Tolerance, stats: St
         stats.add(name, *errors(actual, expected))
     bad = ~finite(actual) & finite(expected)
     if bad.any():
-        n, total = int(bad.sum()), actual.numel()
-        hint = " (the output was poisoned with NaN before the call: were these elements written?)" \
-            if actual.dtype.is_floating_point and torch.isnan(actual[bad]).all() else ""
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        raise Mismatch(f"output '{name}': {n} of {total} elements are NaN/Inf where the reference is finite, "
-                       f"first at index {first}{hint}", ErrorStats("nan", "nan", None, name))
+        raise Mismatch(not_finite_reason(name, actual, bad), ErrorStats("nan", "nan", None, name))
     if tol.of_max and expected.numel():  # atol_of: max: a fraction of the output's largest magnitude
         tol = Tolerance(tol.atol * max(1.0, float(expected.abs().float().nan_to_num(0.0).max())), tol.rtol)
     try:

@@ -259,6 +259,33 @@ def returns_nan(out, x, weight, eps):
 
 
 @triton.jit
+def _zero_over_zero_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    # BUG: a correction term that is always 0 / 0 (as a softmax's overflow gives inf / inf): every element NaN.
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    zero = tl.sum(x * 0.0, axis=0)
+    y = (x * rstd * (zero / zero + 1.0)).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def zero_over_zero(out, x, weight, eps):
+    """Bug: computes 0 / 0, so every element is a NaN the kernel wrote (not left unwritten)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _zero_over_zero_kernel[(n,)](
+        out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block, num_warps=warps
+    )
+
+
+@triton.jit
 def _rsqrt_in_ptx_kernel(
     out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
 ):
