@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -114,3 +117,37 @@ def test_report_command_rebuilds_from_stored_results(pytester, run_plan):
                           str(pytester.path / "reports"))
     assert result.ret == 0 and "broken.json: not valid JSON" in result.stderr.str()
     assert "decode-fp32-tp1-eager-cpu" in json.dumps(cells(pytester))
+
+
+def test_a_plan_outside_the_repository_imports_from_its_own_folder_and_its_reproduce_command_runs_as_printed(
+        tmp_path):
+    """A user's plan beside a module of their own, run from another folder with the installed plugin: the plan's
+    folder is on the import path, and the reproduce command a failure prints runs, as printed, from there."""
+    user = tmp_path / "my_op"
+    user.mkdir()
+    (user / "my_kernels.py").write_text(
+        "import torch\n\n"
+        "def rms_norm(out, x, weight, eps):  # drops eps: wrong on all-zero and tiny rows\n"
+        "    xf = x.float()\n"
+        "    out.copy_((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True))).to(x.dtype) * weight)\n\n"
+        "def rms_norm_ref(x, weight, eps):\n"
+        "    xf = x.float()\n"
+        "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight\n")
+    text = (ROOT / "plan.yaml").read_text()
+    text = text.replace("kernels.rms_norm:rms_norm_ref", "my_kernels:rms_norm_ref").replace(
+        "kernels.rms_norm:rms_norm ", "my_kernels:rms_norm ", 1)
+    (user / "plan.yaml").write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cmd = [sys.executable, "-m", "pytest", "--plan", "../my_op/plan.yaml", "--plan-profile", "ci",
+           "-p", "no:cacheprovider", "-k", "decode-fp32-tp1-eager-cpu"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
+    first = subprocess.run(cmd, cwd=elsewhere, capture_output=True, text=True, env=env, timeout=600)
+    out = first.stdout + first.stderr
+    assert first.returncode == 1 and "1 failed" in out, out[-3000:]
+    assert "ModuleNotFoundError" not in out, out[-3000:]
+    printed = next(line.split("reproduce: ", 1)[1] for line in out.splitlines() if "reproduce: " in line)
+    assert printed.startswith("pytest --plan ../my_op/plan.yaml"), printed
+    again = subprocess.run([sys.executable, "-m", *shlex.split(printed)], cwd=elsewhere, capture_output=True,
+                           text=True, env=env, timeout=600)
+    assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]

@@ -225,7 +225,7 @@ def reference_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
 
 def named_call(plan: Plan, path: str) -> Callable[[dict], dict] | str:
     """A named baseline as a kernel-style call, or why it cannot run here (its package missing, a bad path)."""
-    fn = named_baseline(path)
+    fn = named_baseline(plan, path)
     return fn if isinstance(fn, str) else kernel_call(plan, fn)
 
 

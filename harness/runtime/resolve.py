@@ -84,6 +84,14 @@ class Resolved:
         return self._get("op.generate", self.plan.generate)
 
 
+def plan_folder_on_import_path(plan: Plan) -> None:
+    """A plan's own modules import from the plan's folder, as a script's do from its own: the folder goes on the
+    import path (last, so it never shadows an installed package)."""
+    folder = str(Path(plan.path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
 _resolved: dict[int, tuple[Plan, Resolved]] = {}  # id(plan) -> (plan, its code): the plan kept, so ids stay unique
 
 
@@ -92,6 +100,7 @@ def resolve(plan: Plan) -> Resolved:
     hit = _resolved.get(id(plan))
     if hit and hit[0] is plan:
         return hit[1]
+    plan_folder_on_import_path(plan)
     resolved = Resolved(plan)
     callables = [("op.kernel", plan.kernel if not plan.vllm_kernel else None), ("op.reference", plan.reference),
                  ("op.fake", plan.fake), ("op.generate", plan.generate)]
@@ -139,8 +148,9 @@ def _check_vllm_schema(plan: Plan) -> None:
         raise plan.error("op.args" if index is None else f"op.args.{plan.args[index].name}", expected, found)
 
 
-def named_baseline(path: str) -> Callable | str:
+def named_baseline(plan: Plan, path: str) -> Callable | str:
     """A named benchmark baseline's callable, or why it cannot run here (its package missing, not callable)."""
+    plan_folder_on_import_path(plan)
     try:
         fn = import_object(path)
     except Exception as exc:  # a package installed on another machine only: reported, never a crash
