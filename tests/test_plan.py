@@ -219,3 +219,38 @@ def test_every_cell_dtype_has_a_default_tolerance_and_a_torch_dtype():
     assert set(DEFAULT_TOLERANCE) == set(CELL_DTYPES)
     assert set(CELL_DTYPES) | set(ARG_DTYPES) == set(DTYPE)
     assert all(DTYPE[name].fp8_max for name in DTYPE if DTYPE[name].kind == "fp8")
+
+
+# Plans that parse and would then run silently wrong: each is a file:line error before anything runs.
+MISLEADING = [
+    ("integer range reversed (every int8 weight one value)", "kernels/plans/int8_linear_column.yaml",
+     "{integers: [-127, 128]}", "{integers: [128, -127]}", "op.args.weight.init.integers", "low below high"),
+    ("uniform range reversed", "kernels/plans/int8_linear_column.yaml", "{integers: [-127, 128]}",
+     "{uniform: [2.0, -2.0]}", "op.args.weight.init.uniform", "low below high"),
+    ("decode batch larger than max_num_seqs", "plan.yaml", "decode: [1, 8,", "decode: [1, 100000,",
+     "benchmark.decode[1]", "at most numerics.max_num_seqs (256)"),
+    ("named baseline with a typo in an installed package", "plan.yaml", "baselines: [native,",
+     "baselines: [{liger: kernels.rms_norm:rms_nrm}, native,", "benchmark.baselines[0].liger",
+     "has no attribute 'rms_nrm'"),
+]
+
+
+@pytest.mark.parametrize("what, plan, old, new, field, words", MISLEADING, ids=[m[0] for m in MISLEADING])
+def test_a_plan_that_would_mislead_is_an_error_at_its_line(tmp_path, what, plan, old, new, field, words):
+    text = (ROOT / plan).read_text()
+    assert old in text, what
+    path, changed = tmp_path / "plan.yaml", text.replace(old, new, 1)
+    path.write_text(changed)
+    line = changed[:changed.index(new)].count("\n") + 1
+    with pytest.raises(PlanError) as err:
+        resolve(load_plan(path))
+    assert str(err.value).startswith(f"{path}:{line}: {field}: expected"), str(err.value)
+    assert words in str(err.value), str(err.value)
+
+
+def test_a_named_baseline_whose_package_is_not_installed_here_still_validates(tmp_path):
+    """Installed on the GPU machine only: timed there, reported "cannot be imported here" elsewhere."""
+    path = tmp_path / "plan.yaml"
+    path.write_text((ROOT / "plan.yaml").read_text().replace("baselines: [native,",
+                                                            "baselines: [{other: not_installed_pkg.ops:rms}, native,"))
+    assert resolve(load_plan(path)).plan.benchmark.named == (("other", "not_installed_pkg.ops:rms"),)

@@ -18,6 +18,7 @@ Plain Python at import (importlib, inspect): torch comes with the user's modules
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -120,8 +121,27 @@ def resolve(plan: Plan) -> Resolved:
         _check_signature(resolved, "op.kernel", names)
     _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
     _check_signature(resolved, "op.fake", names, positional=True)
+    _check_named_baselines(plan)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
+
+
+def _check_named_baselines(plan: Plan) -> None:
+    """A named baseline whose package is installed here must resolve: a typo in its module or function is the
+    plan's error, not a baseline silently "not run". Where its package is not installed, it is timed where it is."""
+    for name, path in plan.benchmark.named:
+        top = path.split(":")[0].split(".")[0]
+        try:
+            installed = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
+            continue
+        found = named_baseline(plan, path)
+        if isinstance(found, str):
+            field_name = next((k for k in plan.lines if k.startswith("benchmark.baselines[") and
+                               k.endswith(f"].{name}")), "benchmark.baselines")
+            raise plan.error(field_name, f"a callable baseline ({top} is installed here)", found)
 
 
 def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False) -> None:

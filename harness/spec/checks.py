@@ -83,7 +83,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         description=op.description, replaces=op.replaces, args=args, outputs=outputs, mutates=mutates, sizes=sizes,
         size_specs=size_specs, matrix=matrix, excludes=_rules(w, "exclude", spec.exclude, matrix),
         expects=_rules(w, "expect", spec.expect, matrix), tolerance=tolerance, output_tolerance=output_tolerance,
-        numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, contract_of),
+        numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, contract_of, numerics),
         tp=_tp(w, spec.tp, args, outputs, matrix["tp"], tuple(sizes)),
         quantization=_quantization(w, spec.quantization, args, outputs), generate=op.generate,
         vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider),
@@ -158,7 +158,12 @@ def _init(w: Where, loc: Loc, init: str | S.ParamInit, symbols: set[str]) -> tup
     kind = given[0]
     if kind == "cos_sin_cache":
         return kind, {"base": float(init.cos_sin_cache.base)}
-    return kind, tuple(_expr(w, loc + (kind, i), v, symbols) for i, v in enumerate(getattr(init, kind)))
+    low, high = (_expr(w, loc + (kind, i), v, symbols) for i, v in enumerate(getattr(init, kind)))
+    if not (names_in(low) or names_in(high)) and evaluate(low, {}) >= evaluate(high, {}):
+        # [high, low] would draw a single value (every int8 weight -128) and every cell would still pass
+        raise w.fail(loc + (kind,), "[low, high] with low below high" + (" (high is excluded)" if kind == "integers"
+                     else ""), [evaluate(low, {}), evaluate(high, {})])
+    return kind, (low, high)
 
 
 def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
@@ -314,9 +319,13 @@ def _contract(w: Where, loc: Loc, c: S.Contract, args: tuple[Arg, ...], sizes: d
 # ---------------------------------------------------------------- benchmark
 
 
-def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of) -> Benchmark:
+def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of, numerics: Numerics) -> Benchmark:
     if b is None:
         return Benchmark()
+    for i, tokens in enumerate(many(b.decode) if b.decode is not None else ()):
+        if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
+            raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
+                         f"({numerics.max_num_seqs}) tokens, one per sequence", tokens)
     builtin, named, contracts = [], [], []
     for i, item in enumerate(many(b.baselines) if b.baselines is not None else ("native", "compiled")):
         loc = ("benchmark", "baselines", i)
