@@ -49,9 +49,11 @@ def main(argv=None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             status = 2
     if status or args.command == "validate":
-        resolved = resolve_in_child([str(plan.path) for plan in loaded]) if args.command == "validate" else {}
+        warned: dict[str, list[str]] = {}
+        resolved = resolve_in_child([str(plan.path) for plan in loaded], warnings=warned) \
+            if args.command == "validate" else {}
         for plan in loaded:
-            for warning in plan.warnings:
+            for warning in (*plan.warnings, *warned.get(str(plan.path), ())):
                 print(f"warning: {warning}", file=sys.stderr)
             error = resolved.get(str(plan.path))
             if error:

@@ -187,6 +187,7 @@ BROKEN = [
     ("rotary_embedding", "tests.broken.rotary_bugs:always_gptj", "output 'query'"),
     ("rotary_embedding", "tests.broken.rotary_bugs:key_unrotated", "output 'key'"),
     ("rms_norm_static_fp8_quant", "tests.broken.fp8_quant_bugs:scale_multiplied", "quantized elements"),
+    ("dynamic_per_token_fp8_quant", "tests.broken.fp8_quant_bugs:scale_ub_ignored", "quantized elements"),
     ("paged_attention", "tests.broken.paged_attention_bugs:attends_whole_blocks", "output 'out'"),
     ("int8_linear_column", "tests.broken.int8_linear_bugs:scale_per_row", "output 'out'"),
 ]
@@ -267,3 +268,20 @@ def test_a_plans_own_generator_replaces_inputs_and_replays_from_the_seed(tmp_pat
     ex = examples(plan, cell, "cpu").example()
     first, again = build_args(plan, cell, ex, "cpu")["x"], build_args(plan, cell, ex, "cpu")["x"]
     assert bool((first == first.flatten()[0]).all()) and torch.equal(first, again)  # the hook's, and seeded
+
+
+def test_an_optional_input_is_drawn_with_and_without_a_value(tmp_path):
+    """`optional: true`: examples pass the tensor and None, and the fake/schema say `Tensor?`."""
+    plan = load_plan(ROOT / "kernels/plans/dynamic_per_token_fp8_quant.yaml")
+    assert "Tensor? scale_ub" in plan.schema()
+    cell, seen = Cell.from_id("decode-bf16-tp1-eager-cpu"), set()
+
+    @settings(max_examples=40, database=None, deadline=None)
+    @given(examples(plan, cell, "cpu"))
+    def draw(ex):
+        value = build_args(plan, cell, ex, "cpu")["scale_ub"]
+        seen.add(value is None)
+        assert (value is None) == ("scale_ub" in ex.omitted) and ("scale_ub=None" in ex.describe()) == (value is None)
+
+    draw()
+    assert seen == {True, False}

@@ -69,6 +69,7 @@ class Session:
     report_problems: list = field(default_factory=list)
     verdict: str = ""  # the report's verdict line, and per SM
     verdicts: list[SmVerdict] = field(default_factory=list)
+    plan_warnings: list[str] = field(default_factory=list)  # file:line: what the plan leaves idle, said at the end
 
     def run_settings(self, examples: int | None = None) -> RunSettings:
         return RunSettings(examples=examples or self.examples, profile=self.profile, database=self.database)
@@ -105,7 +106,7 @@ def pytest_configure(config):
     plan_path = Path(config.getoption("--plan")).resolve()
     try:
         plan = load_plan(plan_path)
-        resolve(plan)  # a bad import path is a usage error at its line, before anything runs
+        plan_warnings = [*plan.warnings, *resolve(plan).warnings]  # a bad import path: a usage error, at its line
         if config.getoption("--bench"):
             check_models(plan)
     except PlanError as exc:
@@ -122,7 +123,8 @@ def pytest_configure(config):
     cells = config.getoption("--cells") or ("all" if profile == "nightly" else "sampled")
     config.stash[_SESSION] = Session(plan, plan_path, profile, examples, reports / plan.name,
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
-                                     str(config.rootpath / ".hypothesis" / "examples"), cells=cells)
+                                     str(config.rootpath / ".hypothesis" / "examples"), cells=cells,
+                                     plan_warnings=plan_warnings)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not _xdist_worker(config)
     if config.getoption("--bench") and not config.option.collectonly and not xdist_controller:
@@ -566,6 +568,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(line)
     if s.precompiled.startswith("precompile"):
         terminalreporter.write_line(f"benchmarks: {s.precompiled}")
+    for warning in s.plan_warnings:
+        terminalreporter.write_line(f"plan warning: {warning}", yellow=True)
     if s.report_path is None:
         return
     for problem in s.report_problems:

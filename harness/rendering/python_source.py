@@ -40,6 +40,8 @@ TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e
 
 def _tensor_type(plan: Plan, name: str) -> str:
     a = plan.arg(name)
+    if (a.is_tensor and a.optional) or (not a.is_tensor and a.value is None):  # schema: Tensor?
+        return "torch.Tensor | None"
     return "torch.Tensor" if a.is_tensor else type(a.value).__name__
 
 

@@ -38,6 +38,7 @@ class Example:
     scale: str = "normal"
     seed: int = 0
     decode_tokens: int = 0  # chunked prefill: how many of num_tokens are decode tokens
+    omitted: tuple[str, ...] = ()  # optional inputs passed as None in this call
 
     def layout(self, name: str) -> tuple[str, int]:
         """(layout, padding) drawn for an argument; contiguous where none was drawn."""
@@ -53,6 +54,7 @@ class Example:
             parts.append(f"(decode {self.decode_tokens} + prefill {self.num_tokens - self.decode_tokens})")
         parts += [f"{k}={v}" for k, v in sorted(self.sizes.items())]
         parts += [f"{k}:{lay}" + (f"+{pad}" if pad else "") for k, (lay, pad) in sorted(self.layouts.items())]
+        parts += [f"{name}=None" for name in self.omitted]
         parts += [f"scale={self.scale}", f"seed={self.seed}"]
         return " ".join(parts)
 
@@ -208,6 +210,8 @@ def examples(draw, plan: Plan, cell: Cell, device: str, tp_multiple: dict | None
         layouts=draw(layouts(plan, sizes), label="layouts"),
         scale=draw(st.sampled_from(VALUE_SCALES), label="scale"),
         seed=draw(st.integers(0, 2**31 - 1), label="seed"),
+        # an optional input is given or None; shrinking prefers given, so a minimal failure without it means None
+        omitted=tuple(a.name for a in plan.tensor_args if a.optional and draw(st.booleans(), label=f"{a.name}=None")),
     )
 
 
@@ -222,7 +226,7 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
     sizes = {**ex.sizes, **batch.symbols(), "num_tokens": ex.num_tokens}
     values = {}
     for arg in plan.args:
-        if not arg.is_tensor:
+        if not arg.is_tensor or arg.name in ex.omitted:
             values[arg.name] = int(evaluate(arg.value_expr, sizes)) if arg.value_expr else arg.value
             continue
         dtype = act if arg.dtype == "act" else TORCH_DTYPES[arg.dtype]

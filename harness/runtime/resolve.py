@@ -55,6 +55,7 @@ class Resolved:
 
     plan: Plan
     objects: dict[str, Any] = field(default_factory=dict)  # field (op.kernel, ...) -> what its path names
+    warnings: list[str] = field(default_factory=list)  # file:line: field: what the run leaves out, though it runs
 
     def _get(self, field_name: str, path: str | None) -> Any:
         if path is None:
@@ -122,8 +123,28 @@ def resolve(plan: Plan) -> Resolved:
     _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
+    resolved.warnings = _pinned_optional_arguments(resolved)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
+
+
+def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
+    """The kernel's optional arguments (default None) the plan pins to null: no cell ever passes them a value, so a
+    kernel that ignores them passes (a per-token quant ignoring scale_ub). Warned, as the run itself stays right."""
+    kernel, plan = resolved.objects.get("op.kernel"), resolved.plan
+    try:
+        params = inspect.signature(kernel).parameters if kernel is not None else {}
+    except (TypeError, ValueError):
+        return []
+    out = []
+    for a in plan.args:
+        p = params.get(a.name)
+        if p is not None and p.default is None and not a.is_tensor and a.value is None and not a.value_expr:
+            field_name = f"op.args.{a.name}"
+            out.append(f"{plan.path}:{plan.where(field_name)}: {field_name}: the kernel's optional argument is pinned "
+                       "to null, so no cell passes it a value: give it a shape and `optional: true` to draw it with "
+                       "and without one")
+    return out
 
 
 def _check_named_baselines(plan: Plan) -> None:
@@ -187,9 +208,11 @@ RESOLVE_TIMEOUT_S = 300.0  # per plan: importing a kernel module compiles nothin
 _ANSWER = "harness-resolve: "  # marks the child's answers among whatever the user's modules print
 
 
-def resolve_in_child(paths: list[str], timeout_s: float = RESOLVE_TIMEOUT_S) -> dict[str, str]:
-    """Each plan's code resolved in a child process: path -> "" (it resolves) or why not. A child that crashes or
-    hangs on a plan is that plan's answer; the plans after it are resolved in a fresh child."""
+def resolve_in_child(paths: list[str], timeout_s: float = RESOLVE_TIMEOUT_S,
+                     warnings: dict[str, list[str]] | None = None) -> dict[str, str]:
+    """Each plan's code resolved in a child process: path -> "" (it resolves) or why not; `warnings`, where given,
+    gets each plan's resolve-time warnings. A child that crashes or hangs on a plan is that plan's answer; the plans
+    after it are resolved in a fresh child."""
     answers: dict[str, str] = {}
     root = str(Path(__file__).resolve().parents[2])  # where harness is, for the child's `-m`
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
@@ -217,6 +240,8 @@ def resolve_in_child(paths: list[str], timeout_s: float = RESOLVE_TIMEOUT_S) -> 
                 break
             answer = json.loads(line.removeprefix(_ANSWER))
             answers[answer["path"]] = answer["error"]
+            if warnings is not None:
+                warnings[answer["path"]] = answer.get("warnings", [])
         proc.wait()
     return answers
 
@@ -231,12 +256,13 @@ def main(argv: list[str]) -> int:
     """One answer line per plan: {"path": ..., "error": "" or why its code does not resolve}."""
     status = 0
     for path in argv:
+        warned: list[str] = []
         try:
-            resolve(load_plan(path))
+            warned = resolve(load_plan(path)).warnings
             error = ""
         except PlanError as exc:
             error, status = str(exc), 1
-        print(_ANSWER + json.dumps({"path": path, "error": error}), flush=True)
+        print(_ANSWER + json.dumps({"path": path, "error": error, "warnings": warned}), flush=True)
     return status
 
 

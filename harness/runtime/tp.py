@@ -118,7 +118,7 @@ def local_values(plan: Plan, ex: Example, full: dict, rank: int, size: int) -> d
     local = {}
     for arg in plan.args:
         value = full[arg.name]
-        if not arg.is_tensor:
+        if not arg.is_tensor or value is None:  # a scalar, or an optional input left out
             local[arg.name] = value
             continue
         tdim = plan.token_dim(arg.name)
@@ -191,7 +191,7 @@ class RankRun:
             full = full if full is not None else build_args(plan, self.cell, ex, self.device)
             local = local_values(plan, ex, full, self.rank, self.size)
             untouched = {a.name: local[a.name].clone() for a in plan.tensor_args
-                         if a.role == "input" and a.name not in plan.mutates}
+                         if a.role == "input" and a.name not in plan.mutates and a.name not in ex.omitted}
         except Exception as exc:
             return {"error": _error("raised", f"building this rank's inputs failed: {_short(exc)}")}, {}
         try:

@@ -189,8 +189,10 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
                              f"({', '.join(sorted(symbols))})", unknown[0])
             dims.append(dim)
         init, init_args = _init(w, loc + ("init",), spec.init, symbols)
+        if spec.optional and spec.role == "output":
+            raise w.fail(loc + ("optional",), "an input (an output buffer is always passed)", True)
         args.append(Arg(name=name, shape=tuple(dims), dtype=spec.dtype, layouts=many(spec.layout), init=init,
-                        init_args=init_args, role=spec.role, pad=spec.pad, line=line))
+                        init_args=init_args, role=spec.role, pad=spec.pad, optional=spec.optional, line=line))
     return tuple(args)
 
 

@@ -96,6 +96,7 @@ class Arg:
     value: Any = None  # scalars only (None: an optional tensor left out)
     value_expr: str | None = None  # a scalar computed from the sizes (`head_size`)
     pad: float = 0  # what CUDA-graph padding rows hold (a value valid for the op: a position, a length)
+    optional: bool = False  # an input the kernel also takes as None: drawn with and without a value
     line: int = 0
 
     @property
@@ -410,7 +411,8 @@ class Plan:
         params = []
         for i, a in enumerate(self.args):
             if a.is_tensor:
-                params.append(f"Tensor(a{i}!) {a.name}" if a.name in written else f"Tensor {a.name}")
+                params.append(f"Tensor(a{i}!) {a.name}" if a.name in written else
+                              f"Tensor{'?' if a.optional else ''} {a.name}")
             elif a.value_expr:
                 params.append(f"int {a.name}")
             elif a.value is None:  # an optional tensor left out

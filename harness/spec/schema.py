@@ -118,6 +118,8 @@ class TensorArg(Section):
     init: Init = "normal"
     role: Literal[ROLES] = "input"
     pad: Number = Field(0, description="a number (the CUDA-graph padding value)")
+    optional: bool = Field(False, description="true: the kernel also takes None here; every cell draws examples "
+                           "with a value and without (None)")
 
 
 class SizeArg(Section):

@@ -7,7 +7,7 @@ docstring names. The kernels are copies of the real ones with that bug planted.
 import triton
 import triton.language as tl
 
-from kernels.fp8_quant import fp8_max
+from kernels.fp8_quant import dynamic_per_token_scaled_fp8_quant, fp8_max
 from kernels.silu_and_mul import MAX_BLOCK
 
 # The real kernels, for "a correct kernel passes": one per signature below.
@@ -71,3 +71,9 @@ def no_clamp(out, x, scale):
         return
     block = min(triton.next_power_of_2(d), MAX_BLOCK)
     _no_clamp_kernel[(n, triton.cdiv(d, block))](out, x, scale, out.stride(0), x.stride(0), d, BLOCK=block)
+
+
+def scale_ub_ignored(out, x, scales, scale_ub=None):
+    """Bug: never passes scale_ub on, so rows whose amax exceeds the bound get too large a scale (a plan that pins
+    scale_ub: null never sees it)."""
+    dynamic_per_token_scaled_fp8_quant(out, x, scales, None)
