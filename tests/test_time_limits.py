@@ -246,3 +246,23 @@ def test_a_worker_started_ahead_keeps_its_start_outside_the_first_calls_limit():
         assert worker.starts == 1
     finally:
         worker.stop()
+
+
+def test_every_replay_after_a_fault_runs_in_a_process_of_its_own():
+    """A replay that corrupts memory without crashing must not decide the next: no process serves two replays."""
+    from harness.runtime.workers import Fault, Replays, Worker
+
+    class NoTask:  # each replay calls os.getpid() alone
+        def replaying(self, example):
+            return None
+
+    worker = Worker()
+    replays = Replays(worker, os.getpid, NoTask(), 60.0, Fault("crashed", kind="crashed"), max_replays=3)
+    seen = []
+    replays.same_fault = lambda value: seen.append(value) or False
+    try:
+        assert [replays(None) for _ in range(3)] == [False, False, False]
+    finally:
+        replays.close()
+        worker.stop(kill=True)
+    assert len(set(seen)) == 3 and os.getpid() not in seen, seen

@@ -265,7 +265,10 @@ def describe_exit(code: int | None) -> str:
 class Worker:
     """A child process that runs calls; restarted on demand after it dies, hangs or reports a fatal value."""
 
-    def __init__(self):
+    def __init__(self, start_method: str = "spawn"):
+        # spawn: fork after CUDA init is unsafe, and a spawned process gets a clean device context. Replays use
+        # "forkserver" (REPLAY_START): forked from a server that has imported torch but touched no device.
+        self.start_method = start_method
         self.proc = None
         self.conn = None
         self.starts = 0
@@ -282,7 +285,9 @@ class Worker:
         process that dies is restarted without `prepare`."""
         if self.proc is not None and self.proc.is_alive():
             return
-        ctx = mp.get_context("spawn")  # fork after CUDA init is unsafe; spawn gives a clean device context
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "forkserver":
+            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         parent, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(child, _inherited_env(), prepare), daemon=True,
                                 name="harness-worker")
@@ -605,10 +610,19 @@ def fault_example(value: Any, progress: CallProgress | None) -> Any:
     return (progress.first_faulted or progress.first_failed) if progress else None
 
 
+# A replay's process is forked from a server that has imported these (and initialised no device), so a fresh
+# process per replay costs a fork, not a Python start and torch's import (4.5 s on a 2-core CPU machine).
+REPLAY_START = "forkserver"
+FORKSERVER_PRELOAD = ["torch", "triton", "hypothesis", "harness.runtime.runner", "harness.runtime.tp"]
+
+
 class Replays:
     """`reproduces(example)` for a shrinker: replays the faulted call on `example` (the task's
-    `replaying(example)`) in the worker, which restarts itself after each fault, within a budget of replays and
-    seconds. Once the budget is spent every further candidate counts as not reproducing."""
+    `replaying(example)`), each replay in a fresh process, within a budget of replays and seconds. A replay that
+    corrupted memory without crashing must not decide the next one, so no process serves two replays: a single
+    worker's replays run in workers of their own, the next one started while the current one runs (its start
+    costs no waiting); a TP group is restarted, every rank fresh. Once the budget is spent every further
+    candidate counts as not reproducing."""
 
     def __init__(self, worker, fn: Callable, task: Any, timeout_s: float, fault: Any,
                  max_replays: int = SHRINK_REPLAYS, budget_s: float = SHRINK_BUDGET_S):
@@ -617,6 +631,19 @@ class Replays:
         self.started = time.monotonic()
         self.count = 0
         self.spent = False  # the budget ran out before the shrinker was done
+        self.spare: Worker | None = None  # the next replay's worker, starting
+
+    def _fresh(self) -> Worker:
+        worker, self.spare = self.spare or Worker(REPLAY_START), Worker(REPLAY_START)
+        worker.start()
+        if self.count < self.max_replays:
+            self.spare.start()
+        return worker
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.stop(kill=True)
+            self.spare = None
 
     def left_s(self) -> float:
         return self.budget_s - (time.monotonic() - self.started)
@@ -626,7 +653,16 @@ class Replays:
             self.spent = True
             return False
         self.count += 1
-        value = self.worker.call(self.fn, self.task.replaying(example), min(self.timeout_s, self.left_s()))
+        limit = min(self.timeout_s, self.left_s())
+        if isinstance(self.worker, Worker):
+            worker = self._fresh()
+            try:
+                value = worker.call(self.fn, self.task.replaying(example), limit)
+            finally:
+                worker.stop(kill=True)
+        else:
+            self.worker.stop(kill=True)  # restarted by the call, every rank in a fresh process
+            value = self.worker.call(self.fn, self.task.replaying(example), limit)
         return self.same_fault(value)
 
     def same_fault(self, value: Any) -> bool:
@@ -662,5 +698,8 @@ def shrink_fault(worker, fn: Callable, task: Any, timeout_s: float, value: Any,
     if not faulted(value) or first is None:
         return None
     replays = Replays(worker, fn, task, timeout_s, value)
-    smallest = shrink(first, replays)
+    try:
+        smallest = shrink(first, replays)
+    finally:
+        replays.close()
     return Shrunk(smallest, first, replays.count, time.monotonic() - replays.started, replays.spent)
