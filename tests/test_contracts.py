@@ -16,7 +16,8 @@ from harness.runtime import bench
 from harness.rendering import report
 from harness.spec.hardware import Hardware
 from harness.runtime.inputs import build_args, examples, within_contract
-from harness.spec.matrix import EXCLUDED, RUN, Cell, decide
+from harness.spec.matrix import Cell, decide
+from harness.spec.status import Status
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
 from harness.results.store import to_json
@@ -241,9 +242,9 @@ def test_cells_of_a_dtype_outside_the_contract_are_excluded(tmp_path):
                          extra="benchmark: {decode: [4], baselines: [native]}\n")
     plan = load_plan(path)
     fp32 = decide(plan, Cell("decode", "fp32", 1, "eager", "cpu"), CPU, 4)
-    assert fp32.kind == EXCLUDED
+    assert fp32.status == Status.EXCLUDED
     assert fp32.reason == f"outside the kernel's contract (line {CONTRACT_LINE}): dtypes bf16 (bf16 loads only)"
-    assert decide(plan, Cell("decode", "bf16", 1, "eager", "cpu"), CPU, 4).kind == RUN
+    assert decide(plan, Cell("decode", "bf16", 1, "eager", "cpu"), CPU, 4).status is None
     specs = {s.dtype: s for s in bench.bench_specs(plan, "cpu")}
     assert bench.skip_reason(plan, specs["fp32"], CPU) == fp32.reason
     assert bench.skip_reason(plan, specs["bf16"], CPU) == ""

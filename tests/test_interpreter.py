@@ -170,7 +170,7 @@ from triton.language.extra import libdevice  # noqa: E402
 from triton.language.extra.cuda import libdevice as cuda_libdevice  # noqa: E402
 from triton.language.math import rsqrt as rsqrt_by_name  # noqa: E402
 
-from harness.runtime.interpreter import InterpreterUnfaithful  # noqa: E402
+from harness.runtime.interpreter_unfaithful import InterpreterUnfaithful  # noqa: E402
 
 
 @triton.jit

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.spec.hardware import Hardware
-from harness.spec.matrix import RUN, XFAIL, Cell, decide, expand, pairwise_sample
+from harness.spec.matrix import Cell, decide, expand, pairwise_sample
 from harness.spec.load import load_plan
 from harness.spec.plan import AXES
 from harness.rendering.report import write_report
@@ -34,7 +34,7 @@ def value_pairs(cells) -> set:
 
 
 def runnable(plan, hw=CPU) -> list[Cell]:
-    return [c for c in expand(plan) if decide(plan, c, hw, 4).kind in (RUN, XFAIL)]
+    return [c for c in expand(plan) if decide(plan, c, hw, 4).runs]
 
 
 # ---------------------------------------------------------------- the sample
@@ -165,7 +165,7 @@ def test_the_summary_counts_cells_by_mode_and_tp_and_groups_the_reasons():
     cells = []
     for c in expand(plan):
         d = decide(plan, c, CPU, 4)
-        status = "passed" if d.kind == RUN and c.tp == 1 else "sampled_out" if d.kind == RUN else d.kind
+        status = "passed" if d.status is None and c.tp == 1 else "sampled_out" if d.status is None else d.status
         cells.append((c, status, d.reason))
     lines = cells_summary(plan, cells)
     table = summary_table(lines)

@@ -19,6 +19,7 @@ import torch
 
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell
+from harness.runtime.tasks import CellTask
 from tests.plans import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +100,8 @@ def test_wrong_adapter_of_the_same_kernel_fails_for_its_reason(tmp_path, plan, w
     kernel = next(line.split()[1] for line in text.splitlines() if line.strip().startswith("kernel:"))
     wrong_plan = tmp_path / plan
     wrong_plan.write_text(text.replace(f"kernel: {kernel}", f"kernel: {kernel.split(':')[0]}:{wrong}"))
-    rec = to_json(run_cell(str(wrong_plan), "decode-bf16-tp1-eager-cpu",
-                           RunSettings(examples=6, profile="ci", database=None)).record)
+    rec = to_json(run_cell(CellTask.load(wrong_plan, "decode-bf16-tp1-eager-cpu",
+                                         RunSettings(examples=6, profile="ci", database=None))).record)
     assert rec["status"] == "failed", rec
     assert words in rec["reason"], rec["reason"]
     assert rec["minimal_example"].startswith("num_tokens="), rec

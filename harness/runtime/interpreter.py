@@ -38,50 +38,13 @@ import os
 import numpy as np
 import torch
 
+from harness.runtime import interpreter_lang, interpreter_libdevice
+
 # Bound lazily (see _triton): TRITON_INTERPRET must be set before triton's first import, so this
 # module must not import triton at import time.
 triton = None
 tl = None
 libdevice = None  # triton.language.extra.libdevice, for the probe kernels
-
-
-class InterpreterUnfaithful(RuntimeError):
-    """A kernel used a construct that Triton's interpreter cannot compute as a GPU does (``construct`` names
-    it): its result on a CPU machine says nothing of the kernel, so the cell is inconclusive, not failed.
-    Raised from the kernel's launch (unwrapped from the interpreter's InterpreterError)."""
-
-    def __init__(self, construct: str):
-        super().__init__(construct)
-        self.construct = construct
-
-    def __str__(self) -> str:
-        return (f"{self.construct}: Triton's interpreter cannot compute this as a GPU does, so the kernel is "
-                "inconclusive on a CPU machine")
-
-
-def unfaithful(exc: BaseException) -> InterpreterUnfaithful | None:
-    """The InterpreterUnfaithful behind `exc` (raised as it is, or as the cause of a wrapper: torch.library, a
-    custom op's call), if any."""
-    while exc is not None:
-        if isinstance(exc, InterpreterUnfaithful):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def kernel_site() -> str:
-    """' at file:line' of the innermost kernel source line on the stack (outside triton and this harness's
-    interpreter modules), for an InterpreterUnfaithful's construct; '' when there is none."""
-    import traceback
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    skip = (os.path.dirname(os.path.abspath(_triton().__file__)) + os.sep, os.path.dirname(np.__file__) + os.sep)
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        path = os.path.abspath(frame.filename)
-        if path.startswith(skip) or (os.path.dirname(path) == here and "interpreter" in os.path.basename(path)):
-            continue
-        return f" at {os.path.basename(path)}:{frame.lineno}"
-    return ""
 
 
 # Name of each patch point not found in the installed triton (left unpatched; the re-probe reports).
@@ -358,9 +321,7 @@ def _patch_reduce_min_max(interp, original):
 def _patch_points(interp):
     from triton.runtime import autotuner
 
-    from harness.runtime import interpreter_lang as lang
-    from harness.runtime import interpreter_libdevice as libdevice_
-
+    lang, libdevice_ = interpreter_lang, interpreter_libdevice
     builder = getattr(interp, "InterpreterBuilder", None)
     reduce_ops = getattr(interp, "ReduceOps", None)
     return [
@@ -598,8 +559,6 @@ def probe() -> dict[str, str]:
         f8 = bits.view(dtype)
         got = run(7, f8, f8, torch.empty(n, dtype=torch.float32))
         result[name] = _verdict(name, got, f8.float(), lambda j: f"0x{int(bits[j]):02x}")
-    from harness.runtime import interpreter_lang  # what public libraries' kernels do beyond arithmetic
-
     return {**result, **interpreter_lang.probe()}
 
 

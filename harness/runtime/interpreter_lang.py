@@ -20,8 +20,8 @@ import operator
 
 import numpy as np
 
-from harness.runtime.interpreter import InterpreterUnfaithful, kernel_site
-from harness.runtime.interpreter_libdevice import binder
+from harness.runtime.interpreter_unfaithful import InterpreterUnfaithful, kernel_site
+from harness.runtime.interpreter_libdevice import _is_builtin, _with_semantic, binder
 
 LOOP_RANGE = "_harness_loop_range"  # the name `for i in range(...)` in kernel source is rewritten to
 
@@ -103,8 +103,6 @@ def patch_autotune_bench(interp, original):
 
 
 def patch_interpreted_run(interp, original):
-    from harness.runtime.interpreter_libdevice import _is_builtin, _with_semantic
-
     semantic = interp.interpreter_semantic
 
     def run(self, *args, grid, warmup, **kwargs):

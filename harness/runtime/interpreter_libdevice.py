@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from harness.runtime.interpreter import InterpreterUnfaithful, kernel_site
+from harness.runtime.interpreter_unfaithful import InterpreterUnfaithful, kernel_site
 
 _SIGNATURES: dict[str, tuple[str, tuple[str, ...], str]] | None = None  # symbol -> (function, arg types, result)
 # Functions that cannot be computed faithfully here (see the module docstring).

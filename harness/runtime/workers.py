@@ -26,8 +26,7 @@ whole call.
 
 Faults and their examples. The parent remembers the example in flight and the first that failed, so
 a call that crashed its worker (or poisoned the device) still names its input: `shrink_fault` then
-replays smaller inputs (the task's `replaying(example)`), each in a fresh worker (or the same one while
-it survives), within a budget (SHRINK_REPLAYS replays, SHRINK_BUDGET_S seconds), and returns the
+replays smaller inputs (the task's `replaying(example)`), each in a process of its own, within a budget (SHRINK_REPLAYS replays, SHRINK_BUDGET_S seconds), and returns the
 smallest that still faults.
 
 Tensor-parallel cells run in a WorkerGroup: N processes joined by torch.distributed (gloo on CPU,
@@ -266,8 +265,7 @@ class Worker:
     """A child process that runs calls; restarted on demand after it dies, hangs or reports a fatal value."""
 
     def __init__(self, start_method: str = "spawn"):
-        # spawn: fork after CUDA init is unsafe, and a spawned process gets a clean device context. Replays use
-        # "forkserver" (REPLAY_START): forked from a server that has imported torch but touched no device.
+        # spawn: a clean device context (fork after CUDA init is unsafe); replays use REPLAY_START
         self.start_method = start_method
         self.proc = None
         self.conn = None
@@ -610,19 +608,16 @@ def fault_example(value: Any, progress: CallProgress | None) -> Any:
     return (progress.first_faulted or progress.first_failed) if progress else None
 
 
-# A replay's process is forked from a server that has imported these (and initialised no device), so a fresh
-# process per replay costs a fork, not a Python start and torch's import (4.5 s on a 2-core CPU machine).
+# Replays fork from a server that imported these (no device touched): a fork, not a Python start and torch import.
 REPLAY_START = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "triton", "hypothesis", "harness.runtime.runner", "harness.runtime.tp"]
 
 
 class Replays:
-    """`reproduces(example)` for a shrinker: replays the faulted call on `example` (the task's
-    `replaying(example)`), each replay in a fresh process, within a budget of replays and seconds. A replay that
-    corrupted memory without crashing must not decide the next one, so no process serves two replays: a single
-    worker's replays run in workers of their own, the next one started while the current one runs (its start
-    costs no waiting); a TP group is restarted, every rank fresh. Once the budget is spent every further
-    candidate counts as not reproducing."""
+    """`reproduces(example)` for a shrinker: the faulted call replayed on `example`, within a budget of replays
+    and seconds (spent: every further candidate counts as not reproducing). No process serves two replays (one
+    that corrupted memory without crashing must not decide the next): a worker's replays run in workers of their
+    own, the next started while one runs; a TP group is restarted, every rank fresh."""
 
     def __init__(self, worker, fn: Callable, task: Any, timeout_s: float, fault: Any,
                  max_replays: int = SHRINK_REPLAYS, budget_s: float = SHRINK_BUDGET_S):
