@@ -163,5 +163,5 @@ def detected_facts(res: Merged) -> str:
                   f"{per}.", ""]
     if facts:
         rows = [[plan.matrix["graph_mode"][g], md(key), md(value), str(n)] for (g, key, value), n in sorted(facts.items())]
-        lines += ["Facts the graph-mode runners reported:", "", table(rows, ["graph mode", "fact", "value", "cells"]), ""]
+        lines += ["Facts the cells reported (graph-mode runners, the examples past each `op.paths` path, int32-overflow examples):", "", table(rows, ["graph mode", "fact", "value", "cells"]), ""]
     return "\n".join(lines).rstrip()

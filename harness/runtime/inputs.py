@@ -63,11 +63,11 @@ def token_cap(plan: Plan, sizes: dict, device: str) -> int | None:
     """On CPU, the most tokens whose activations fit the plan's element budget (None: no cap)."""
     if device != "cpu":
         return None
-    per_token = max((_per_token_elements(a, sizes) for a in plan.tensor_args), default=1)
+    per_token = max((per_token_elements(a, sizes) for a in plan.tensor_args), default=1)
     return max(1, plan.numerics.cpu_element_budget // max(per_token, 1))
 
 
-def _per_token_elements(arg: Arg, sizes: dict) -> int:
+def per_token_elements(arg: Arg, sizes: dict) -> int:
     """Elements per token of a tensor with a num_tokens dimension (dims of the batch's own symbols excluded)."""
     if not any(d.symbol == "num_tokens" for d in arg.shape):
         return 0

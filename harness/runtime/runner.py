@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure, HypothesisException
 
@@ -28,6 +28,7 @@ from harness.runtime.interpreter_unfaithful import unfaithful
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
+from harness.runtime.required_examples import required_examples
 from harness.runtime.resolve import resolve
 from harness.spec.plan import Plan, Tolerance
 from harness.results.store import CellRecord, Failure, InputsSeen, Status
@@ -232,11 +233,15 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
 
     # A distinct name per plan and cell gives each cell its own entry in hypothesis's example database.
     test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__{cell.id}")
+    required, required_facts = required_examples(plan, cell, device) if replay is None and not tp_multiple \
+        else ([], {})
     if replay is None:
+        test = given(examples(plan, cell, device, tp_multiple))(test)
+        for ex in required:  # past each size-selected path, at int32-overflow sizes: checked before any draw
+            test = example(ex)(test)
         # vLLM's own kernel: every distinct failure is shrunk and kept, so that one (a size it refuses) does not hide
         # another (a strided input it reads wrong): the run is there to find what it accepts.
-        test = hypothesis_settings(run, multiple_bugs=bool(plan.vllm_kernel))(
-            given(examples(plan, cell, device, tp_multiple))(test))
+        test = hypothesis_settings(run, multiple_bugs=bool(plan.vllm_kernel))(test)
     else:
         test = partial(test, replay)
     rec = CellRecord(**cell.axes(), status=Status.PASSED)
@@ -271,7 +276,7 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     rec.examples = check.count
     rec.duration_s = round(time.monotonic() - start, 3)
     rec.tolerance = Tolerance(check.tol.atol, check.tol.rtol)
-    rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {})}
+    rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {}), **required_facts}
     rec.passing = check.passing if check.passing.examples else None
     if not plan.contract.empty:  # what the inputs were drawn within (results outlive a plan's edits)
         rec.facts["contract"] = plan.contract.describe()

@@ -15,7 +15,7 @@ from typing import Any
 
 from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
-from harness.spec.expressions import evaluate, names_in
+from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
     Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
 from harness.spec.yaml_lines import Loc, dotted, line_of
@@ -91,6 +91,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         accumulation=op.accumulation, raw_text=text,
         contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(),
         lines={dotted(loc): line for loc, line in w.lines.items() if loc},
+        paths=_paths(w, op.paths, sizes),
     )
     if plan.vllm_kernel and "vllm" in plan.benchmark.baselines:
         raise w.fail(("benchmark", "baselines"), f"native, compiled or named baselines (the kernel is vLLM's own "
@@ -122,6 +123,24 @@ def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str,
                          bad[0], field=dotted(loc))
         sizes[sym], out[sym] = spec.values, spec
     return sizes, out
+
+
+def _paths(w: Where, paths: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
+    """op.paths: each a condition over the sizes, num_tokens and act_bytes (a plain number would always hold)."""
+    known = set(sizes) | {"num_tokens", "act_bytes"}
+    for name, expr in paths.items():
+        loc = ("op", "paths", name)
+        try:
+            if not is_condition(expr):
+                raise ValueError("an expression that is not a comparison")
+            unknown = names_in(expr) - known
+            if unknown:
+                raise ValueError(f"unknown name {sorted(unknown)[0]!r}")
+            condition(expr, {k: 1 for k in known})
+        except ValueError as exc:
+            raise w.fail(loc, f"a condition over {', '.join(sorted(known))} (e.g. num_tokens * hidden * act_bytes "
+                         f">= 192 * 2**20): {exc}", expr) from None
+    return tuple(paths.items())
 
 
 def _dim(entry: int | str) -> Dim | None:
@@ -207,7 +226,7 @@ def _numerics(w: Where, n: S.NumericsSection | None, sizes: dict) -> Numerics:
     keys_of(w, ("numerics", "cpu_sizes"), n.cpu_sizes, tuple(sizes))
     return Numerics(n.examples, n.max_num_seqs, n.max_num_batched_tokens, tuple(n.prefill_tokens),
                     float(n.timeout_s), n.cpu_element_budget, n.max_model_len,
-                    tuple((sym, many(v)) for sym, v in n.cpu_sizes.items()), n.awkward_sizes)
+                    tuple((sym, many(v)) for sym, v in n.cpu_sizes.items()), n.awkward_sizes, n.int32_overflow)
 
 
 def _tolerance(t: S.Tolerance) -> Tolerance:

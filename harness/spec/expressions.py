@@ -1,7 +1,8 @@
-"""Plain arithmetic over named sizes, for the plan's byte and flop models (`benchmark.bytes`, `benchmark.flops`).
+"""Plain arithmetic over named sizes, for the plan's byte and flop models (`benchmark.bytes`, `benchmark.flops`),
+and conditions over them, for the kernel's size-selected code paths (`op.paths`).
 
-Parsed with `ast` and walked by hand: numbers, names, + - * / // % ** and parentheses, nothing else,
-so a plan file can never run code.
+Parsed with `ast` and walked by hand: numbers, names, + - * / // % ** and parentheses, comparisons and
+`and`/`or`/`not`, nothing else, so a plan file can never run code.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import operator
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_COMPARE = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+            ast.Eq: operator.eq, ast.NotEq: operator.ne}
 
 
 def evaluate(expr: str, names: dict[str, float]) -> float:
@@ -40,9 +43,35 @@ def evaluate(expr: str, names: dict[str, float]) -> float:
             return _BINARY[type(node.op)](left, right)
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             return _UNARY[type(node.op)](value(node.operand))
-        raise ValueError(f"{ast.unparse(node)!r} is not allowed: use numbers, size names and + - * / // % ** ( )")
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return not value(node.operand)
+        if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+            left, ok = value(node.left), True
+            for op, comparator in zip(node.ops, node.comparators):
+                right = value(comparator)
+                ok, left = ok and _COMPARE[type(op)](left, right), right
+            return ok
+        if isinstance(node, ast.BoolOp):
+            values = [bool(value(v)) for v in node.values]
+            return all(values) if isinstance(node.op, ast.And) else any(values)
+        raise ValueError(f"{ast.unparse(node)!r} is not allowed: use numbers, size names, + - * / // % ** ( ), "
+                         "comparisons and and/or/not")
 
     return value(tree.body)
+
+
+def condition(expr: str, names: dict[str, float]) -> bool:
+    """Whether a condition (`num_tokens * hidden * act_bytes >= 192 * 2**20`) holds; ValueError as evaluate."""
+    return bool(evaluate(expr, names))
+
+
+def is_condition(expr: str) -> bool:
+    """Whether an expression's outermost operation is a comparison or and/or/not (ValueError if it does not parse)."""
+    try:
+        body = ast.parse(expr, mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression ({exc.msg})") from None
+    return isinstance(body, (ast.Compare, ast.BoolOp)) or isinstance(body, ast.UnaryOp) and isinstance(body.op, ast.Not)
 
 
 def names_in(expr: str) -> set[str]:

@@ -254,6 +254,9 @@ class Numerics:
     # Draw odd, non-power-of-two sizes besides the plan's own (off only for a kernel that is
     # exact for the listed sizes alone).
     awkward_sizes: bool = True
+    # On a GPU, one example per prefill eager cell whose largest tensor holds more than 2**31 elements, the sizes
+    # at which vLLM's kernels have overflowed int32 index arithmetic.
+    int32_overflow: bool = False
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,8 @@ class Plan:
     warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
     contract: Contract = Contract()  # the kernel's preconditions (op.contract)
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # dotted field -> its line
+    # The kernel's size-selected code paths (op.paths): (name, condition); each GPU cell checks one example past each.
+    paths: tuple[tuple[str, str], ...] = ()
 
     @property
     def vllm_kernel(self) -> str | None:

@@ -161,6 +161,8 @@ class Op(Section):
     fake: Optional[import_path()] = None
     generate: Optional[import_path()] = None
     contract: Optional[Contract] = None
+    paths: dict[str, str] = Field({}, description="path name: a condition over the sizes, num_tokens and "
+                                  "act_bytes under which the kernel takes that code path")
 
 
 # ---------------------------------------------------------------- the matrix and its rules
@@ -200,6 +202,7 @@ class NumericsSection(Section):
     max_model_len: PositiveInt = Numerics.max_model_len
     cpu_sizes: dict[str, one_or_list(PositiveInt)] = Field({}, description="size symbol: the sizes a CPU draws")
     awkward_sizes: bool = Field(Numerics.awkward_sizes, description="true or false")
+    int32_overflow: bool = Field(Numerics.int32_overflow, description="true or false")
 
 
 # ---------------------------------------------------------------- benchmark, vLLM, TP, quantization

@@ -457,3 +457,21 @@ def unmasked_load(out, x, weight, eps):
     block, warps = _config(hidden)
     _unmasked_load_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block,
                                 num_warps=warps)
+
+
+# The size from which two_pass_short_loop takes its two-pass path: small, so a CPU machine's cells can reach it.
+SHORT_LOOP_TWO_PASS_BYTES = 64 << 10
+
+
+def two_pass_short_loop(out, x, weight, eps):
+    """Bug in the size-selected path only: from SHORT_LOOP_TWO_PASS_BYTES of x on, the real kernel's two-pass
+    loops run to hidden - 1 (the last column is never written, the variance misses it); smaller inputs are
+    right."""
+    from kernels.rms_norm import _launch_config, _rms_norm_kernel
+
+    n, hidden = x.shape
+    if n == 0 or n * hidden * x.element_size() < SHORT_LOOP_TWO_PASS_BYTES:
+        return correct(out, x, weight, eps)
+    block, _, warps = _launch_config(n, hidden, x.element_size(), two_pass_bytes=0)
+    _rms_norm_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden - 1, eps, BLOCK=block,
+                           SINGLE_PASS=False, num_warps=warps)
