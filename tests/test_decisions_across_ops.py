@@ -3,9 +3,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 
+import pytest
+
+from harness.decisions.recommendations import VLLM_PROFILES
+from harness.rendering.overview import render_overview
 from harness.spec.load import load_plan
+from harness.spec.vllm_defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, SWITCHES, vllm_default
+from harness.spec.vllm_ops import profile_setting
+from harness.spec.vllm_schemas import VLLM_KERNELS
 from tests.test_report import bench, cell, machine, render, write_results
 
 FAST = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0), "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
@@ -104,3 +113,98 @@ def test_several_tp_sizes_not_run_here_are_named_once_per_sm(tmp_path):
     assert verdict_line(text) == "- **Verdict:** sm90 tp1: go · sm90 tp2, tp4: not run here"
     lines = verdict_lines(text)  # each TP size keeps its own reason
     assert "needs 2 GPUs" in lines["sm90 tp2"] and "needs 4 GPUs" in lines["sm90 tp4"]
+
+
+# ---------------------------------------------------------------- vLLM's own defaults, decided
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def own_bench(phase: str, tokens: int, kernel: float, native: float, compiled: float) -> dict:
+    """A benchmark of a plan whose kernel is vLLM's own: no `vllm` baseline (it is not its own baseline)."""
+    rec = bench(phase, tokens, kernel, native, compiled)
+    rec["sizes"] = {"intermediate": 14336}
+    del rec["impls"]["vllm"], rec["speedup"]["vllm"]
+    return rec
+
+
+def own_silu(tmp_path: Path):
+    """vllm_silu_and_mul's plan with an H200's benchmarks: decode faster than Inductor's code and native eager,
+    prefill slower than Inductor's code and faster than native eager."""
+    plan = load_plan(ROOT / "kernels" / "plans" / "vllm_silu_and_mul.yaml")
+    reports = tmp_path / "reports"
+    write_results(reports / plan.name, "sm90-nvidia-h200.json", plan.name, "run-h200", machine("sm90", "h200"), {},
+                  {"decode-64": own_bench("decode", 64, 5.0, 9.0, 8.0),
+                   "prefill-2048": own_bench("prefill", 2048, 60.0, 90.0, 30.0)})
+    return plan, reports
+
+
+def defaults_table(text: str) -> dict:
+    """The overview's defaults table: (kernel, SM, profile) -> {column: cell}."""
+    part = text.split("## vLLM's defaults, as measured here\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in part.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in lines[0].split("|")[1:-1]]
+    rows = {}
+    for line in lines[2:]:
+        if line.startswith("|--") or line.startswith("| vLLM's kernel"):
+            break  # the second table: how to turn each kernel on or off
+        cells = dict(zip(head, (c.strip() for c in line.split("|")[1:-1])))
+        rows[(cells["vLLM's kernel"], cells["SM"], cells["vLLM profile"])] = cells
+    return rows
+
+
+def test_the_defaults_table_sets_vllms_default_beside_the_measured_decision(tmp_path):
+    plan, reports = own_silu(tmp_path)
+    text, _ = render_overview([plan], reports)
+    rows = defaults_table(text)
+    kernel = "`torch.ops._C.silu_and_mul`"
+    on = rows[(kernel, "sm90", "Inductor on")]  # vLLM leaves SiluAndMul to Inductor; its kernel wins decode
+    assert on["vLLM's default"] == "**off** (custom_ops none)"
+    assert on["from"] == "`vllm/config/vllm.py VllmConfig.__post_init__ (custom_ops base mode)`"
+    assert "decode-sized: bf16: **on**, 1.60× (" in on["measured here"]
+    assert "prefill-sized: bf16: **off**, 0.50× (" in on["measured here"]
+    assert on["default vs measured"] == "**disagrees**: measured on for decode-sized bf16"
+    off = rows[(kernel, "sm90", "Inductor off")]  # without Inductor vLLM runs its kernel, and it wins everywhere
+    assert off["vLLM's default"] == "**on** (custom_ops all)" and off["default vs measured"] == "agrees"
+    cpu = rows[(kernel, "cpu", "Inductor off")]  # a CPU machine runs SiluAndMul's forward_native
+    assert cpu["vLLM's default"].startswith("**off**") and "SiluAndMul.forward_cpu" in cpu["from"]
+    assert cpu["default vs measured"] == "not decided yet" and "no benchmarks from this SM yet" in cpu["measured here"]
+    assert """`--compilation-config '{"custom_ops": ["+silu_and_mul"]}'`""" in text  # how to turn it on, once
+
+
+def test_the_page_of_vllms_kernel_words_the_setting_as_vllms_switch(tmp_path):
+    plan, reports = own_silu(tmp_path)
+    text = render(plan, reports / plan.name)
+    decisions = text.split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+    enable = next(line for line in decisions.splitlines() if "decode-sized" in line and "Inductor on" in line
+                  and "|" in line and "**enable the custom op**" in line)
+    assert """`--compilation-config '{"custom_ops": ["+silu_and_mul"]}'`""" in enable
+    assert "(vLLM's default)" not in enable  # vLLM leaves it off under Inductor
+    leave = next(line for line in decisions.splitlines() if "prefill-sized" in line and "Inductor on" in line
+                 and "**leave it to Inductor**" in line)
+    assert """`--compilation-config '{"custom_ops": ["-silu_and_mul"]}'` (vLLM's default)""" in leave
+    rms = load_plan(ROOT / "kernels" / "plans" / "vllm_rms_norm.yaml")
+    assert profile_setting(rms, False, "kernel") == """--ir-op-priority '{"rms_norm": ["vllm_c", "native"]}'"""
+    assert profile_setting(rms, True, "native") == """--ir-op-priority '{"rms_norm": ["native"]}'"""
+
+
+def test_every_vllm_kernel_has_a_switch_and_a_default_per_platform_and_profile():
+    assert (INDUCTOR_ON, INDUCTOR_OFF) == tuple(profile for profile, _ in VLLM_PROFILES)
+    assert set(SWITCHES) == set(VLLM_KERNELS)
+    for kernel in SWITCHES:
+        for sm in ("cpu", "sm90", "gfx942"):
+            for profile in (INDUCTOR_ON, INDUCTOR_OFF):
+                assert vllm_default(kernel, sm, profile) is not None, (kernel, sm, profile)
+
+
+def test_the_defaults_name_files_and_symbols_of_the_installed_vllm():
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        pytest.skip("vLLM is not installed here")
+    root = Path(spec.origin).parent.parent
+    sources = {d.source for d in DEFAULTS} | {s.cpu_runs_native for s in SWITCHES.values() if s.cpu_runs_native}
+    for source in sorted(sources):
+        path, symbol = source.split(" ")[:2]
+        text = (root / path).read_text()
+        for name in symbol.split("."):  # a class and its method, or a module-level name
+            assert re.search(rf"\b{re.escape(name)}\b", text), f"{source}: {name} is not in {path}"
