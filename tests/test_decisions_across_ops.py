@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -208,3 +209,19 @@ def test_the_defaults_name_files_and_symbols_of_the_installed_vllm():
         text = (root / path).read_text()
         for name in symbol.split("."):  # a class and its method, or a module-level name
             assert re.search(rf"\b{re.escape(name)}\b", text), f"{source}: {name} is not in {path}"
+
+
+def test_cells_another_sms_machine_could_not_run_are_no_attempt(tmp_path):
+    """tp2 cells recorded only by a CPU machine ("needs sm90") leave sm90 tp2 incomplete, not "not run here"."""
+    op_dir = tmp_path / "a" / "rms_norm"
+    one_gpu_results(op_dir)
+    h200 = op_dir / "results" / "sm90-nvidia-h200.json"
+    data = json.loads(h200.read_text())
+    del data["cells"]["decode-bf16-tp2-eager-sm90"]  # the H200's run did not record it
+    h200.write_text(json.dumps(data))
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu"), {
+        "decode-bf16-tp2-eager-sm90": cell("decode-bf16-tp2-eager-sm90", "not_run", finished="2026-11-29T11:00:00Z",
+                                           reason="needs sm90; this machine is cpu")})
+    text = render(tp_plan(tmp_path), op_dir)
+    assert verdict_line(text) == "- **Verdict:** sm90 tp1: go · sm90 tp2: incomplete"
+    assert "needs sm90; this machine is cpu" in verdict_lines(text)["sm90 tp2"]

@@ -153,12 +153,15 @@ def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -
     plan = res.plan
     blocking = _blocking(res, cells)
     if blocking:
-        return BLOCKED, _blocked_rule(*blocking, "at this TP size on this SM")
+        return BLOCKED, _blocked_rule(*blocking, "on this SM and TP size")
     required = [c for c in cells if not res.excluded_by_plan(c) and res.status(c) != Status.EXCLUDED]
     if not required:
         return EXCLUDED, "the plan excludes every cell of this TP size"
     not_run, not_run_text = _not_run(res, sm, cells)
-    if sm in res.covered and all(res.status(c) == Status.NOT_RUN for c in required):
+    # Not run here: each of them tried by a machine of this SM, which could not run it (another SM's machine
+    # saying "needs sm90" is no attempt)
+    if sm in res.covered and all(res.status(c) == Status.NOT_RUN and res.source_sm(res.records[c.id]) == sm
+                                 for c in required):
         return NOT_RUN_HERE, f"{not_run_text}; a machine that can run them decides"
     decided = [r for r in mine if r.choice]
     pending = undecided(res, sm, mine)
