@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.decisions.recommendations import VLLM_PROFILES
+from harness.decisions.recommendations import ENABLE, INDUCTOR, VLLM_PROFILES, Recommendation
+from harness.decisions.speedups import Interval
+from harness.rendering.defaults import regime_summary
 from harness.rendering.overview import render_overview
 from harness.spec.load import load_plan
 from harness.spec.vllm_defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, SWITCHES, vllm_default
@@ -18,7 +20,8 @@ from harness.spec.vllm_ops import profile_setting
 from harness.spec.vllm_schemas import VLLM_KERNELS
 from tests.test_report import bench, cell, machine, render, write_results
 
-FAST = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0), "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
+FAST = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
+        "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
 
 
 def tp_plan(tmp_path: Path, tp="[1, 2]"):
@@ -147,7 +150,7 @@ def defaults_table(text: str) -> dict:
     head = [c.strip() for c in lines[0].split("|")[1:-1]]
     rows = {}
     for line in lines[2:]:
-        if line.startswith("|--") or line.startswith("| vLLM's kernel"):
+        if line.startswith(("|--", "| vLLM's kernel")):
             break  # the second table: how to turn each kernel on or off
         cells = dict(zip(head, (c.strip() for c in line.split("|")[1:-1])))
         rows[(cells["vLLM's kernel"], cells["SM"], cells["vLLM profile"])] = cells
@@ -162,8 +165,8 @@ def test_the_defaults_table_sets_vllms_default_beside_the_measured_decision(tmp_
     on = rows[(kernel, "sm90", "Inductor on")]  # vLLM leaves SiluAndMul to Inductor; its kernel wins decode
     assert on["vLLM's default"] == "**off** (custom_ops none)"
     assert on["from"] == "`vllm/config/vllm.py VllmConfig.__post_init__ (custom_ops base mode)`"
-    assert "decode-sized: bf16: **on**, 1.60× (" in on["measured here"]
-    assert "prefill-sized: bf16: **off**, 0.50× (" in on["measured here"]
+    assert "decode-sized: **on**: bf16 1.60× (" in on["measured here"]
+    assert "prefill-sized: **off**: bf16 0.50× (" in on["measured here"]
     assert on["default vs measured"] == "**disagrees**: measured on for decode-sized bf16"
     off = rows[(kernel, "sm90", "Inductor off")]  # without Inductor vLLM runs its kernel, and it wins everywhere
     assert off["vLLM's default"] == "**on** (custom_ops all)" and off["default vs measured"] == "agrees"
@@ -225,3 +228,16 @@ def test_cells_another_sms_machine_could_not_run_are_no_attempt(tmp_path):
     text = render(tp_plan(tmp_path), op_dir)
     assert verdict_line(text) == "- **Verdict:** sm90 tp1: go · sm90 tp2: incomplete"
     assert "needs sm90; this machine is cpu" in verdict_lines(text)["sm90 tp2"]
+
+
+def test_a_row_of_the_main_table_names_dtypes_with_the_same_choice_together():
+    def rec(dtype, choice, median):
+        return Recommendation("sm90", dtype, "decode-sized", "Inductor on", choice, "why", "compiled",
+                              Interval(median, median - 0.1, median + 0.1, 1, 1, 0),
+                              (("vllm", Interval(1.5, 1.4, 1.6, 1, 1, 0), ""),))
+    recs = [rec("fp16", ENABLE, 1.3), rec("bf16", ENABLE, 1.2), rec("fp32", INDUCTOR, 0.9)]
+    assert regime_summary(recs, "decode-sized") == (
+        "**enable the custom op**: fp16 1.30× (1.20–1.40), bf16 1.20× (1.10–1.30) vs compiled · vllm fp16 1.50× "
+        "(1.40–1.60), bf16 1.50× (1.40–1.60); **leave it to Inductor**: fp32 0.90× (0.80–1.00) vs compiled · vllm "
+        "1.50× (1.40–1.60)")
+    assert regime_summary(recs, "prefill-sized") == "—"

@@ -741,7 +741,7 @@ def test_overview_page_across_ops(tmp_path, monkeypatch):
     assert """`--compilation-config '{"custom_ops": ["none", "+silu_and_mul"]}'`""" in silu_on
     rms_off = next(r for r in rows if "`rms_norm`" in r and "Inductor off" in r)
     decode, prefill = (c.strip() for c in rms_off.split("|")[5:7])
-    assert "bf16: **enable the custom op**, 5.00× (" in decode and "bf16: **enable the custom op**, 3.00× (" in prefill
+    assert "**enable the custom op**: bf16 5.00× (" in decode and "**enable the custom op**: bf16 3.00× (" in prefill
     # The models are stated once per op, not in every row.
     models = tables(text.split("### The models the benchmarked sizes come from", 1)[1])[0]
     assert [line.split("|")[1].strip() for line in models[2:]] == ["`rms_norm`", "`silu_and_mul`"]

@@ -181,7 +181,8 @@ def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -
                not plan.benchmark.shapes() else "the plan's benchmarks do not run on this SM (excluded or "
                                                 "expected to fail)")
         return INCOMPLETE, f"{why}: nothing decides go or no-go"
-    return go_phrase(decided), "go where a decision is to enable the custom op (in either vLLM profile), no-go elsewhere"
+    return go_phrase(decided), ("go where a decision is to enable the custom op (in either vLLM profile), no-go "
+                                "elsewhere")
 
 
 def verdict_rank(v: SmVerdict) -> int:

@@ -18,17 +18,27 @@ ON, OFF = "on", "off"  # vLLM's kernel turned on or off, the words of this table
 
 
 def regime_summary(recs: list[Recommendation], reg: str, words=None) -> str:
-    """The decisions of one row (op, SM, profile) for one regime, one entry per dtype: its choice (through `words`,
-    e.g. on/off) and the kernel's speedup over the profile's baseline, then vLLM's kernel and named baselines."""
+    """The decisions of one row (op, SM, profile) for one regime, dtypes with the same choice together: the choice
+    (through `words`, e.g. on/off), the kernel's speedup over the profile's baseline per dtype, then vLLM's kernel and
+    the named baselines against the kernel. "**leave it to Inductor**: bf16 1.13× (0.89–1.62) vs compiled · vllm
+    1.15× (0.96–1.41)"."""
+    mine = [r for r in recs if r.regime == reg]
+    groups: dict[str, list[Recommendation]] = {}
+    for r in mine:
+        groups.setdefault((words(r) if words else r.choice) if r.choice else "", []).append(r)
     parts = []
-    for r in (r for r in recs if r.regime == reg):
-        if not r.choice:
-            parts.append(f"{md(r.dtype)}: none ({md(r.why)})")
+    for choice, group in groups.items():
+        if not choice:
+            parts += [f"{md(r.dtype)}: none ({md(r.why)})" for r in group]
             continue
-        choice = words(r) if words else r.choice
-        text = f"{md(r.dtype)}: **{choice}**" + (f", {r.speedup.text()} vs {r.baseline}" if r.speedup else "")
-        timed = [f"{md(name)} {iv.text()}" for name, iv, _ in r.others if iv]
-        parts.append(text + (f"; {', '.join(timed)}" if timed else ""))
+        label = (lambda r: f"{md(r.dtype)} ") if len(group) > 1 else (lambda r: "")  # the dtype, said once
+        speedups = ", ".join(f"{md(r.dtype)} {r.speedup.text()}" for r in group if r.speedup)
+        text = f"**{choice}**" + (f": {speedups} vs {group[0].baseline}" if speedups else "")
+        names = dict.fromkeys(name for r in group for name, iv, _ in r.others if iv)
+        for name in names:
+            shown = ", ".join(f"{label(r)}{iv.text()}" for r in group for n, iv, _ in r.others if n == name and iv)
+            text += f" · {md(name)} {shown}"
+        parts.append(text)
     return "; ".join(parts) or NO_RESULT
 
 

@@ -4,8 +4,8 @@ Built from the same plans, merged results and decisions as each op's PLAN.md (ha
 harness.decisions), so the two cannot disagree: every row holds the decisions an op's page shows for one SM and
 profile, per regime and dtype with the speedup interval, and the vLLM setting that applies them; the models the
 benchmarked sizes come from (the plan's `benchmark.models`) are stated once per op, and the plans of vLLM's own
-kernels get their defaults decided (harness.rendering.defaults). The same plans and results give a byte-identical page: ops are sorted by name, and the page
-carries no dates.
+kernels get their defaults decided (harness.rendering.defaults). The same plans and results give a byte-identical
+page: ops are sorted by name, and the page carries no dates.
 Plain Python, like the report: no torch, no pytest.
 """
 
@@ -42,7 +42,9 @@ def _models(plan: Plan, sizes) -> str:
 
 def _settings_text(recs: list[Recommendation]) -> str:
     """The settings of a row's decisions, each once; named by its choice where the row's decisions differ."""
-    by_choice = {r.choice: r for r in recs if r.choice}
+    by_choice = {r.choice: r for r in recs if r.choice and r.setting}
+    if not by_choice:
+        return NO_RESULT
     if len(by_choice) == 1:
         return setting_text(next(iter(by_choice.values())))
     return "; ".join(f"{choice}: {setting_text(r)}" for choice, r in by_choice.items())
