@@ -60,7 +60,9 @@ def defaults_rows(res: Merged, recs: list[Recommendation]) -> list[list[str]]:
             else:
                 shown_default = f"**{ON if default.on else OFF}** ({md(default_value(plan.vllm_kernel, default))})"
                 source = code(default.source)
-            if not mine:
+            if not mine and sm == "cpu":  # harness.runtime.bench times no kernel on a CPU machine
+                measured = "not measured: a CPU machine's benchmarks do not time the kernel"
+            elif not mine:
                 measured = f"no benchmarks from this SM yet: {code(f'pytest --plan {res.plan_display()} --bench')}"
             else:
                 measured = " · ".join(f"{reg}: {regime_summary(mine, reg, _on_off)}" for reg in REGIMES
