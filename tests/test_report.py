@@ -734,14 +734,18 @@ def test_overview_page_across_ops(tmp_path, monkeypatch):
     assert "sm90: no-go · sm100: no results" in verdicts[3]
     rows = tables(section(text, "Decisions"))[0]
     assert [h.strip() for h in rows[0].split("|")[1:-1]] == [
-        "op", "SM", "GPU", "dtype", "regime", "vLLM profile", "recommendation", "kernel speedup",
-        "vs vLLM's kernel and named baselines", "vLLM setting", "models (sizes)"]
-    assert len(rows) == 2 + 4 + 2  # rms_norm: 2 regimes x 2 profiles; silu_and_mul: decode x 2 profiles
+        "op", "SM", "GPU", "vLLM profile", "decode-sized", "prefill-sized", "vLLM setting"]
+    assert len(rows) == 2 + 2 + 2  # one row per op, SM and profile: the regimes (and dtypes) side by side
     silu_on = next(r for r in rows if "`silu_and_mul`" in r and "Inductor on" in r)
-    assert "**keep vLLM's kernel**" in silu_on and "NVIDIA H200" in silu_on and "Llama-3-8B (d=14336)" in silu_on
+    assert "**keep vLLM's kernel**" in silu_on and "NVIDIA H200" in silu_on
     assert """`--compilation-config '{"custom_ops": ["none", "+silu_and_mul"]}'`""" in silu_on
-    rms_off = next(r for r in rows if "`rms_norm`" in r and "Inductor off" in r and "decode-sized" in r)
-    assert "**enable the custom op**" in rms_off and "5.00× (" in rms_off and "Llama-3-8B (hidden=4096)" in rms_off
+    rms_off = next(r for r in rows if "`rms_norm`" in r and "Inductor off" in r)
+    decode, prefill = (c.strip() for c in rms_off.split("|")[5:7])
+    assert "**enable the custom op**: bf16 5.00× (" in decode and "**enable the custom op**: bf16 3.00× (" in prefill
+    # The models are stated once per op, not in every row.
+    models = tables(text.split("### The models the benchmarked sizes come from", 1)[1])[0]
+    assert [line.split("|")[1].strip() for line in models[2:]] == ["`rms_norm`", "`silu_and_mul`"]
+    assert text.count("Llama-3-8B (d=14336)") == 1 and text.count("Llama-3-8B (hidden=4096)") == 1
     assert "`python -m harness overview small.yaml silu.yaml`" in text  # as typed at the project root, by op
     assert not re.search(r"\d{4}-\d\d-\d\dT", text)  # no dates: the same results give the same page
     # Byte-identical for the same inputs: plan order, the working directory and a relative folder do not matter.

@@ -72,10 +72,12 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     def made(choice: str, why: str, speedup=None, others=()) -> Recommendation:
         setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
         return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
-                              bool(choice) and is_vllm_default(inductor, _use(choice)), ", ".join(gpus), sizes)
+                              bool(choice) and is_vllm_default(inductor, _use(choice), plan, sm), ", ".join(gpus),
+                              sizes)
 
     if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
-        return made("", "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of speed")
+        return made("", "a CPU machine's benchmarks do not time the kernel" if plan.vllm_kernel else
+                        "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of speed")
     failed = [r for r in recs if r.impls.get("kernel") is not None and r.impls["kernel"].error]
     if failed:
         return made("", f"the kernel failed at {len(failed)} of {len(recs)} shapes: "

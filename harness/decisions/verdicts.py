@@ -1,6 +1,6 @@
-"""The go / no-go verdict per SM and the plan's verdict, by the rules of docs/report.md: blocked (a failed or
-unexpected-pass cell), no results, numerics only (a CPU machine), incomplete, then go or no-go per regime from the
-recommendations. Plain Python, no Markdown."""
+"""The go / no-go verdict per SM and TP size and the plan's verdict, by the rules of docs/report.md: blocked (a failed
+or unexpected-pass cell), no results, numerics only (a CPU machine), not run here (a TP size this SM's machines had too
+few GPUs for), incomplete, then go or no-go per regime from the recommendations. Plain Python, no Markdown."""
 
 from __future__ import annotations
 
@@ -14,17 +14,18 @@ from harness.decisions.speedups import REGIMES
 from harness.results.merge import Merged
 from harness.spec.status import Status
 
-BLOCKED, EXCLUDED, NO_RESULTS, NUMERICS_ONLY, INCOMPLETE = ("blocked", "excluded", "no results", "numerics only",
-                                                            "incomplete")
+BLOCKED, EXCLUDED, NO_RESULTS, NUMERICS_ONLY, INCOMPLETE, NOT_RUN_HERE = (
+    "blocked", "excluded", "no results", "numerics only", "incomplete", "not run here")
 GO, NO_GO = "go", "no-go"
-# The order SMs are listed in: a speed verdict (go, no-go, mixed: None here) after blocked, then those still short
-# of one, then those that cannot give one.
-RANK = (BLOCKED, None, INCOMPLETE, NUMERICS_ONLY, NO_RESULTS, EXCLUDED)
+# The order verdicts are listed in: a speed verdict (go, no-go, mixed: None here) after blocked, then those still
+# short of one, then those this SM's machines could not give, then those that cannot give one.
+RANK = (BLOCKED, None, INCOMPLETE, NOT_RUN_HERE, NUMERICS_ONLY, NO_RESULTS, EXCLUDED)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    word: str  # blocked | incomplete | go | no-go | go for ... (mixed) | numerics only | no results | excluded
+    word: str  # blocked | incomplete | not run here | go | no-go | go for ... (mixed) | numerics only | no results |
+    # excluded
     rule: str
 
 
@@ -33,6 +34,12 @@ class SmVerdict:
     sm: str
     word: str
     rule: str
+    tps: tuple[int, ...] = ()  # the TP sizes it holds for; () for the whole SM
+
+    @property
+    def where(self) -> str:
+        """"sm90", or "sm90 tp2, tp4" for a verdict on some TP sizes."""
+        return self.sm if not self.tps else f"{self.sm} " + ", ".join(f"tp{t}" for t in self.tps)
 
 
 def go_phrase(recs: list[Recommendation]) -> str:
@@ -65,21 +72,16 @@ def go_phrase(recs: list[Recommendation]) -> str:
 
 
 def sm_verdicts(res: Merged, recs: list[Recommendation] | None = None) -> list[SmVerdict]:
-    """One verdict per SM of the plan, by the rules in docs/report.md."""
+    """The verdicts of every SM of the plan, by the rules in docs/report.md: one per SM, or, on a GPU SM whose TP
+    sizes differ (a one-GPU machine decides tp1 while its tp2 and up are not run here), one per TP size."""
     recs = recommendations(res) if recs is None else recs
     plan = res.plan
     out = []
     for sm in plan.matrix["sm"]:
         cells = [c for c in res.cells if c.sm == sm]
-        failed = [c for c in cells if res.status(c) == Status.FAILED]
-        xpass = [c for c in cells if res.status(c) == Status.XPASS]
-        if failed or xpass:
-            out.append(SmVerdict(sm, BLOCKED, f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed "
-                                              "or unexpected-pass cell blocks the integration on this SM"))
-            continue
         mine = [r for r in recs if r.sm == sm]
         required = [c for c in cells if not res.excluded_by_plan(c)]
-        if sm not in res.covered:
+        if sm not in res.covered and not _blocking(res, cells):
             if not required:
                 out.append(SmVerdict(sm, EXCLUDED, "the plan excludes every cell of this SM"))
                 continue
@@ -88,50 +90,99 @@ def sm_verdicts(res: Merged, recs: list[Recommendation] | None = None) -> list[S
                                                      f"({n_cells(len(required))}): run pytest --plan "
                                                      f"{res.plan_display()} on one"))
                 continue
-        not_run = [c for c in cells if res.status(c) == Status.NOT_RUN or
-                   (sm in res.covered and res.status(c) is None) or
-                   (sm not in res.covered and c in required)]
-        reasons = by_reason(res, [c for c in not_run if c.id in res.records])
-        unrecorded = [c for c in not_run if c.id not in res.records]
-        if unrecorded:
-            reasons.append(("no result recorded" if sm in res.covered else "no cell results from this SM",
-                            unrecorded))
-        not_run_text = f"{n_cells(len(not_run))} not run" + (
-            f" ({'; '.join(f'{len(cs)}: {reason}' for reason, cs in reasons[:3])}"
-            f"{'; …' if len(reasons) > 3 else ''})" if reasons else "")
-        if sm == "cpu":
-            passed = sum(1 for c in cells if res.status(c) == Status.PASSED)
-            xfail = sum(1 for c in cells if res.status(c) == Status.XFAIL)
-            parts = [f"{passed} of {n_cells(len(cells))} passed"] + ([f"{xfail} failed as expected"] if xfail else [])
-            if not_run:
-                parts.append(not_run_text)
-            out.append(SmVerdict(sm, NUMERICS_ONLY, "; ".join(parts) + "; a CPU machine runs the kernel in "
-                                                                       "Triton's interpreter, so its results never "
-                                                                       "give a speed verdict"))
+        if sm == "cpu":  # numerics only, whatever the TP size: one verdict
+            out.append(_cpu_verdict(res, cells))
             continue
-        decided = [r for r in mine if r.choice]
-        pending = undecided(res, sm, mine)
-        if not_run or pending:
-            parts = [not_run_text] if not_run else []
-            if pending:
-                by_regime = defaultdict(list)
-                for dtype, reg in pending:
-                    by_regime[reg].append(dtype)
-                parts.append("no benchmark decision yet for " + "; ".join(
-                    f"{reg} {', '.join(by_regime[reg])}" for reg in REGIMES if reg in by_regime))
-            if decided:
-                parts.append(f"benchmarks so far: {go_phrase(decided)}")
-            out.append(SmVerdict(sm, INCOMPLETE, "; ".join(parts)))
+        per_tp = [(tp, _tp_verdict(res, sm, [c for c in cells if c.tp == tp], mine)) for tp in plan.matrix["tp"]]
+        if len({word_rule for _, word_rule in per_tp}) == 1:  # the same at every TP size: one verdict for the SM
+            out.append(SmVerdict(sm, *per_tp[0][1]))
             continue
-        if not decided:  # every cell ran, and the plan times nothing on this SM
-            why = ("the plan has no benchmark shapes (benchmark.decode, benchmark.prefill)" if
-                   not plan.benchmark.shapes() else "the plan's benchmarks do not run on this SM (excluded or "
-                                                    "expected to fail)")
-            out.append(SmVerdict(sm, INCOMPLETE, f"{why}: nothing decides go or no-go"))
-            continue
-        out.append(SmVerdict(sm, go_phrase(decided), "go where a decision is to enable the custom op (in either "
-                                                     "vLLM profile), no-go elsewhere"))
+        groups: dict[tuple[str, str], list[int]] = {}
+        for tp, word_rule in per_tp:
+            groups.setdefault(word_rule, []).append(tp)
+        out += [SmVerdict(sm, word, rule, tuple(tps)) for (word, rule), tps in groups.items()]
     return out
+
+
+def _blocking(res: Merged, cells: list) -> tuple[list, list]:
+    """The failed and the unexpectedly passing cells among `cells` (empty lists: nothing blocks)."""
+    failed = [c for c in cells if res.status(c) == Status.FAILED]
+    xpass = [c for c in cells if res.status(c) == Status.XPASS]
+    return (failed, xpass) if failed or xpass else ()
+
+
+def _blocked_rule(failed: list, xpass: list, where: str) -> str:
+    return (f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed or unexpected-pass cell blocks "
+            f"the integration {where}")
+
+
+def _not_run(res: Merged, sm: str, cells: list) -> tuple[list, str]:
+    """The cells without a pass or fail that the verdict waits for, and the text that says why, by reason."""
+    required = [c for c in cells if not res.excluded_by_plan(c)]
+    not_run = [c for c in cells if res.status(c) == Status.NOT_RUN or
+               (sm in res.covered and res.status(c) is None) or
+               (sm not in res.covered and c in required)]
+    reasons = by_reason(res, [c for c in not_run if c.id in res.records])
+    unrecorded = [c for c in not_run if c.id not in res.records]
+    if unrecorded:
+        reasons.append(("no result recorded" if sm in res.covered else "no cell results from this SM", unrecorded))
+    text = f"{n_cells(len(not_run))} not run" + (
+        f" ({'; '.join(f'{len(cs)}: {reason}' for reason, cs in reasons[:3])}"
+        f"{'; …' if len(reasons) > 3 else ''})" if reasons else "")
+    return not_run, text
+
+
+def _cpu_verdict(res: Merged, cells: list) -> SmVerdict:
+    blocking = _blocking(res, cells)
+    if blocking:
+        return SmVerdict("cpu", BLOCKED, _blocked_rule(*blocking, "on this SM"))
+    not_run, not_run_text = _not_run(res, "cpu", cells)
+    passed = sum(1 for c in cells if res.status(c) == Status.PASSED)
+    xfail = sum(1 for c in cells if res.status(c) == Status.XFAIL)
+    parts = [f"{passed} of {n_cells(len(cells))} passed"] + ([f"{xfail} failed as expected"] if xfail else [])
+    if not_run:
+        parts.append(not_run_text)
+    return SmVerdict("cpu", NUMERICS_ONLY, "; ".join(parts) + "; a CPU machine runs the kernel in Triton's "
+                                                              "interpreter, so its results never give a speed verdict")
+
+
+def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -> tuple[str, str]:
+    """(word, rule) for the cells of one GPU SM at one TP size. The benchmarks time one GPU, so the SM's decisions
+    decide every TP size whose cells all ran; a TP size none of whose cells this SM's machines could run (too few
+    GPUs) is "not run here", with why, and holds no other TP size back."""
+    plan = res.plan
+    blocking = _blocking(res, cells)
+    if blocking:
+        return BLOCKED, _blocked_rule(*blocking, "on this SM and TP size")
+    required = [c for c in cells if not res.excluded_by_plan(c) and res.status(c) != Status.EXCLUDED]
+    if not required:
+        return EXCLUDED, "the plan excludes every cell of this TP size"
+    not_run, not_run_text = _not_run(res, sm, cells)
+    # Not run here: each of them tried by a machine of this SM, which could not run it (another SM's machine
+    # saying "needs sm90" is no attempt)
+    if sm in res.covered and all(res.status(c) == Status.NOT_RUN and res.source_sm(res.records[c.id]) == sm
+                                 for c in required):
+        return NOT_RUN_HERE, f"{not_run_text}; a machine that can run them decides"
+    decided = [r for r in mine if r.choice]
+    pending = undecided(res, sm, mine)
+    if not_run or pending:
+        parts = [not_run_text] if not_run else []
+        if pending:
+            by_regime = defaultdict(list)
+            for dtype, reg in pending:
+                by_regime[reg].append(dtype)
+            parts.append("no benchmark decision yet for " + "; ".join(
+                f"{reg} {', '.join(by_regime[reg])}" for reg in REGIMES if reg in by_regime))
+        if decided:
+            parts.append(f"benchmarks so far: {go_phrase(decided)}")
+        return INCOMPLETE, "; ".join(parts)
+    if not decided:  # every cell ran, and the plan times nothing on this SM
+        why = ("the plan has no benchmark shapes (benchmark.decode, benchmark.prefill)" if
+               not plan.benchmark.shapes() else "the plan's benchmarks do not run on this SM (excluded or "
+                                                "expected to fail)")
+        return INCOMPLETE, f"{why}: nothing decides go or no-go"
+    return go_phrase(decided), ("go where a decision is to enable the custom op (in either vLLM profile), no-go "
+                                "elsewhere")
 
 
 def verdict_rank(v: SmVerdict) -> int:
@@ -139,21 +190,35 @@ def verdict_rank(v: SmVerdict) -> int:
     return RANK.index(v.word) if v.word in RANK else 1
 
 
+def places(verdicts: list[SmVerdict]) -> str:
+    """Where a group of verdicts holds, each SM once with its TP sizes: "sm90 tp2, tp4, tp8, sm100"."""
+    by_sm: dict[str, list[int] | None] = {}
+    for v in verdicts:
+        if not v.tps:
+            by_sm[v.sm] = None
+        elif by_sm.get(v.sm, []) is not None:
+            by_sm[v.sm] = by_sm.get(v.sm, []) + list(v.tps)
+    return ", ".join(sm if tps is None else f"{sm} " + ", ".join(f"tp{t}" for t in sorted(tps))
+                     for sm, tps in by_sm.items())
+
+
 def verdict(res: Merged, recs: list[Recommendation] | None = None,
             per_sm: list[SmVerdict] | None = None) -> Verdict:
-    """The plan's verdict: the per-SM verdicts, SMs with the same verdict named together."""
+    """The plan's verdict: the per-SM (and per-TP-size) verdicts, those with the same verdict named together."""
     per_sm = sm_verdicts(res, recs) if per_sm is None else per_sm
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[SmVerdict]] = {}
     for v in sorted(per_sm, key=verdict_rank):
-        groups.setdefault(v.word, []).append(v.sm)
-    word = " · ".join(f"{', '.join(sms)}: {w}" for w, sms in groups.items())
-    return Verdict(word, "per SM: blocked, then no results, then numerics only on a CPU machine, then incomplete, "
-                         "then go or no-go per regime (docs/report.md)")
+        groups.setdefault(v.word, []).append(v)
+    word = " · ".join(f"{places(vs)}: {w}" for w, vs in groups.items())
+    return Verdict(word, "per SM and TP size: blocked, then no results, then numerics only on a CPU machine, then "
+                         "not run here (a TP size that needs more GPUs), then incomplete, then go or no-go per "
+                         "regime (docs/report.md)")
 
 
-def grouped_verdicts(per_sm: list[SmVerdict]) -> list[tuple[list[str], SmVerdict]]:
-    """SMs with the same verdict and reason together, in plan order of their first SM."""
-    groups: dict[tuple[str, str], list[str]] = {}
+def grouped_verdicts(per_sm: list[SmVerdict]) -> list[tuple[str, SmVerdict]]:
+    """Verdicts with the same word and reason together, in plan order of their first SM, each with where it holds
+    (`places`)."""
+    groups: dict[tuple[str, str], list[SmVerdict]] = {}
     for v in sorted(per_sm, key=verdict_rank):  # stable: plan order within a rank
-        groups.setdefault((v.word, v.rule), []).append(v.sm)
-    return [(sms, SmVerdict(sms[0], word, rule)) for (word, rule), sms in groups.items()]
+        groups.setdefault((v.word, v.rule), []).append(v)
+    return [(places(vs), vs[0]) for vs in groups.values()]

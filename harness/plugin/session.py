@@ -579,7 +579,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         here = detect().sm
         for v in s.verdicts:
             if v.sm == here:
-                terminalreporter.write_line(f"  {v.sm} (this machine): {v.word}: {v.rule}")
+                terminalreporter.write_line(f"  {v.where} (this machine): {v.word}: {v.rule}")
     terminalreporter.write_line(f"living plan written: {s.report_path}")
 
 

@@ -145,12 +145,13 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[
         basis.append(md(r.why))
         rows.append([f"{r.regime} {md(r.dtype)} on {r.sm}, {r.profile}", f"**{r.choice}**" if r.choice else "none",
                      "; ".join(basis)])
-    for sms, sv in grouped_verdicts(per_sm):
-        rows.append([f"verdict on {', '.join(sms)}", f"**{md(sv.word)}**", md(sv.rule)])
+    for where, sv in grouped_verdicts(per_sm):
+        rows.append([f"verdict on {where}", f"**{md(sv.word)}**", md(sv.rule)])
     return "\n".join(["## Decisions and verdict", "", table(rows, ["decision", "choice", "basis"]), "",
-                      f"**Verdict: {md(v.word)}.** The rules, per SM and in order: blocked (a failed or "
-                      "unexpected-pass cell on that SM), no results (no machine of that SM has run the plan), numerics "
-                      "only (a CPU machine: the kernel runs in Triton's interpreter, so no speed verdict), incomplete "
-                      "(a cell of that SM not run, or a dtype and regime without a benchmark decision), then go or "
-                      "no-go per regime: go where a decision, with Inductor or without it, is to enable the custom op "
-                      "(docs/report.md)."])
+                      f"**Verdict: {md(v.word)}.** The rules, per SM and TP size and in order: blocked (a failed or "
+                      "unexpected-pass cell there), no results (no machine of that SM has run the plan), numerics "
+                      "only (a CPU machine: the kernel runs in Triton's interpreter, so no speed verdict), not run "
+                      "here (no cell of that TP size could run on that SM's machines, e.g. too few GPUs), incomplete "
+                      "(a cell not run, or a dtype and regime without a benchmark decision), then go or no-go per "
+                      "regime: go where a decision, with Inductor or without it, is to enable the custom op; an SM "
+                      "whose TP sizes agree gets one verdict (docs/report.md)."])

@@ -24,8 +24,8 @@ def header(res: Merged, v: Verdict, per_sm: list[SmVerdict]) -> str:
     lines.append(f"- **Op:** {code(plan.name)}, kernel {code(plan.kernel)}")
     lines.append(f"- **Intent:** {md(INTENTS[plan.intent])}")
     lines.append(f"- **Verdict:** {md(v.word)}")
-    for sms, sv in grouped_verdicts(per_sm):
-        lines.append(f"  - {', '.join(sms)}: **{md(sv.word)}** ({md(sv.rule)})")
+    for where, sv in grouped_verdicts(per_sm):
+        lines.append(f"  - {where}: **{md(sv.word)}** ({md(sv.rule)})")
     lines.append(f"- **Provenance:** {provenance_line(res)}")
     lines.append("")
     lines.append(f"Generated from {code(res.plan_display())} and the results files beside this page by every "

@@ -1,10 +1,11 @@
-"""One page across ops: reports/README.md, the decision per op × SM × dtype × regime × vLLM profile.
+"""One page across ops: reports/README.md, the decisions per op × SM × vLLM profile, read at a glance.
 
 Built from the same plans, merged results and decisions as each op's PLAN.md (harness.results.merge,
-harness.decisions), so the two cannot disagree: every row is one of the decisions an op's page shows, with its
-speedup interval, the vLLM setting that applies it, and the models the benchmarked sizes come from (the plan's
-`benchmark.models`). The same plans and results give a byte-identical page: ops are sorted by name, and the page
-carries no dates.
+harness.decisions), so the two cannot disagree: every row holds the decisions an op's page shows for one SM and
+profile, per regime and dtype with the speedup interval, and the vLLM setting that applies them; the models the
+benchmarked sizes come from (the plan's `benchmark.models`) are stated once per op, and the plans of vLLM's own
+kernels get their defaults decided (harness.rendering.defaults). The same plans and results give a byte-identical
+page: ops are sorted by name, and the page carries no dates.
 Plain Python, like the report: no torch, no pytest.
 """
 
@@ -14,10 +15,12 @@ import os
 from pathlib import Path
 
 from harness.decisions.reasons import by_reason, first_line
-from harness.decisions.recommendations import recommendations
+from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, recommendations
+from harness.decisions.speedups import REGIMES
 from harness.decisions.verdicts import sm_verdicts, verdict
+from harness.rendering.defaults import defaults_rows, defaults_section, regime_summary, switch_rows
 from harness.rendering.markdown import NO_RESULT, code, md, table
-from harness.rendering.performance import others_text, setting_text, speedup_text
+from harness.rendering.performance import setting_text
 from harness.results.merge import collect
 from harness.spec.plan import Plan
 from harness.spec.status import Status
@@ -26,8 +29,8 @@ from harness.spec.vllm_schemas import VLLM_KERNELS
 PAGE = "README.md"
 
 
-def _models(plan: Plan, sizes: tuple) -> str:
-    """The models a decision's benchmarked sizes come from; sizes the plan names no model for, as they are."""
+def _models(plan: Plan, sizes) -> str:
+    """The models a plan's benchmarked sizes come from; sizes the plan names no model for, as they are."""
     names = []
     for pairs in sizes:
         values = dict(pairs)
@@ -37,33 +40,57 @@ def _models(plan: Plan, sizes: tuple) -> str:
     return "; ".join(dict.fromkeys(names)) or NO_RESULT
 
 
+def _settings_text(recs: list[Recommendation]) -> str:
+    """The settings of a row's decisions, each once; named by its choice where the row's decisions differ."""
+    by_choice = {r.choice: r for r in recs if r.choice and r.setting}
+    if not by_choice:
+        return NO_RESULT
+    if len(by_choice) == 1:
+        return setting_text(next(iter(by_choice.values())))
+    return "; ".join(f"{choice}: {setting_text(r)}" for choice, r in by_choice.items())
+
+
+def _decision_rows(plan: Plan, recs: list[Recommendation]) -> list[list[str]]:
+    """One row per SM × vLLM profile with decisions, the regimes side by side."""
+    rows = []
+    for sm in plan.matrix["sm"]:
+        for profile, _ in VLLM_PROFILES:
+            mine = [r for r in recs if r.sm == sm and r.profile == profile and r.choice]
+            if not mine:
+                continue
+            gpus = ", ".join(dict.fromkeys(r.gpu for r in mine if r.gpu)) or NO_RESULT
+            rows.append([code(plan.name), sm, md(gpus), profile, *(regime_summary(mine, reg) for reg in REGIMES),
+                         _settings_text(mine)])
+    return rows
+
+
 def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str]]:
     """The page's text, and the results problems of every op (each named with its op)."""
     reports_dir = Path(reports_dir)
     plans = sorted(plans, key=lambda p: (p.name, str(p.path)))
-    verdict_rows, decision_rows, problems, undecided = [], [], [], []
-    shown_plans, vllm_rows = [], []
+    verdict_rows, decision_rows, model_rows, problems, undecided = [], [], [], [], []
+    shown_plans, vllm_rows, default_rows, switches = [], [], [], []
     for plan in plans:
         res = collect(plan, reports_dir / plan.name)
-        if plan.vllm_kernel:  # vLLM's own kernel: what it accepts, no decision to make
-            shown_plans.append(res.plan_display())
-            problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
-            vllm_rows += _accepts_rows(plan, res)
-            continue
-        recs = recommendations(res)
-        per_sm = sm_verdicts(res, recs)
         shown_plans.append(res.plan_display())
         problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
+        recs = recommendations(res)
+        if plan.vllm_kernel:  # vLLM's own kernel: what it accepts, and its measured default
+            vllm_rows += _accepts_rows(plan, res)
+            default_rows += defaults_rows(res, recs)
+            switches += switch_rows(res)
+            continue
+        per_sm = sm_verdicts(res, recs)
         link = f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
         verdict_rows.append([code(plan.name), md(plan.intent), md(verdict(res, recs, per_sm).word),
                              code(res.plan_display()), link])
-        rows = [r for r in recs if r.choice]
+        rows = _decision_rows(plan, recs)
         if not rows:
             undecided.append(plan.name)
-        for r in rows:
-            decision_rows.append([code(plan.name), r.sm, md(r.gpu or NO_RESULT), md(r.dtype), r.regime, r.profile,
-                                  f"**{r.choice}**", speedup_text(r), others_text(r), setting_text(r),
-                                  md(_models(plan, r.sizes))])
+        decision_rows += rows
+        sizes = sorted({s for r in recs if r.choice for s in r.sizes}, key=str)
+        if sizes:
+            model_rows.append([code(plan.name), md(_models(plan, sizes))])
     command = "python -m harness overview " + " ".join(shown_plans)
     lines = ["# Custom ops in vLLM: decisions across ops, platforms and profiles", "",
              f"Generated from the plans and the results beside each op's page by {code(command)}; do not edit by "
@@ -71,28 +98,32 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
              "docs/report.md.", ""]
     if problems:
         lines += ["> **Results problems:**", *(f"> - {md(p)}" for p in problems), ""]
-    lines += ["## Verdicts", "", "Per SM, by the rules in docs/report.md (blocked, no results, numerics only on a CPU "
-              "machine, incomplete, then go or no-go per regime).", "",
+    lines += ["## Verdicts", "", "Per SM and TP size, by the rules in docs/report.md (blocked, no results, numerics "
+              "only on a CPU machine, not run here, incomplete, then go or no-go per regime).", "",
               table(verdict_rows, ["op", "intent", "verdict per SM", "plan", "page"]), ""]
     lines += ["## Decisions", "",
-              "One row per op, SM, dtype, regime and vLLM profile that has benchmarks. Inductor on: the kernel against "
-              "the reference compiled by Inductor (vLLM's default, custom ops off); Inductor off: against the eager "
-              "reference (the startup-time profile, where vLLM runs its own kernels). In both, against vLLM's kernel "
-              "and every named baseline. Speedup: the median over the regime's shapes, with the lowest and highest "
-              "bound of their intervals; the setting applies the recommendation.", ""]
+              "One row per op, SM and vLLM profile that has benchmarks; per regime, the decision per dtype. Inductor "
+              "on: the kernel against the reference compiled by Inductor (vLLM's default, custom ops off); Inductor "
+              "off: against the eager reference (the startup-time profile, where vLLM runs its own kernels). In "
+              "both, against vLLM's kernel and every named baseline (after the kernel's own speedup). Speedup: the "
+              "median over the regime's shapes, with the lowest and highest bound of their intervals; the setting "
+              "applies the recommendation. The models each op's sizes come from are listed once per op below.", ""]
     if decision_rows:
-        lines.append(table(decision_rows, ["op", "SM", "GPU", "dtype", "regime", "vLLM profile", "recommendation",
-                                           "kernel speedup", "vs vLLM's kernel and named baselines", "vLLM setting",
-                                           "models (sizes)"]))
+        lines.append(table(decision_rows, ["op", "SM", "GPU", "vLLM profile", *REGIMES, "vLLM setting"]))
     else:
         lines.append("No decisions yet: benchmark on a GPU machine (`pytest --plan PLAN --bench`).")
     if undecided and decision_rows:
         lines += ["", f"Without benchmark decisions yet: {', '.join(code(n) for n in undecided)}."]
+    if model_rows:
+        lines += ["", "### The models the benchmarked sizes come from", "",
+                  "The plan's `benchmark.models`, e.g. `{\"hidden=4096\": Llama-3-8B}`; sizes it names no model "
+                  "for, as they are.", "", table(model_rows, ["op", "models (sizes)"])]
+    lines += defaults_section(default_rows, switches)
     if vllm_rows:
         lines += ["", "## vLLM's kernels: what they accept", "",
                   "Plans whose kernel is vLLM's own (`op.kernel: vllm:<name>`): the contract a replacement must match "
-                  "or beat. They carry no decision; each page's \"What vLLM's kernel accepts\" has the inputs that "
-                  "passed and every failure with its minimal input.", "",
+                  "or beat. Their decisions are the defaults table above; each page's \"What vLLM's kernel "
+                  "accepts\" has the inputs that passed and every failure with its minimal input.", "",
                   table(vllm_rows, ["plan", "vLLM's kernel", "SM", "cells passed", "failed", "not run",
                                     "most common failure", "page"])]
     return "\n".join(lines) + "\n", problems

@@ -70,7 +70,7 @@ def setting_text(r: Recommendation) -> str:
     """The vLLM setting that applies the recommendation, saying where it is vLLM's default."""
     if not r.setting:
         return NO_RESULT
-    shown = r.setting if r.setting == VLLM_DEFAULT else code(r.setting)
+    shown = code(r.setting) if r.setting.startswith("--") else r.setting  # a flag, or words (VLLM_DEFAULT, ...)
     return shown + (" (vLLM's default)" if r.default and r.setting != VLLM_DEFAULT else "")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.spec.plan import Plan, Tolerance
+from harness.spec.vllm_defaults import INDUCTOR_OFF, INDUCTOR_ON, switch_setting, vllm_default
 from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
 
 
@@ -187,17 +188,25 @@ def _custom_ops(entries: list[str]) -> str:
     return f"""--compilation-config '{{"custom_ops": [{", ".join(f'"{e}"' for e in entries)}]}}'"""
 
 
-def is_vllm_default(inductor: bool, use: str) -> bool:
-    """Whether vLLM already does this in the profile: native under Inductor, its own kernel without it."""
+def is_vllm_default(inductor: bool, use: str, plan: Plan | None = None, sm: str = "") -> bool:
+    """Whether vLLM already does this in the profile: native under Inductor, its own kernel without it; for a plan
+    whose kernel is vLLM's own, what harness.spec.vllm_defaults says vLLM does with it on that SM's platform."""
+    if plan is not None and plan.vllm_kernel:
+        default = vllm_default(plan.vllm_kernel, sm, INDUCTOR_ON if inductor else INDUCTOR_OFF)
+        return default is not None and default.on == (use == "kernel")
     return use == ("native" if inductor else "vllm")
 
 
 def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
     """The vLLM setting that makes the op's layer run `use` (USES) in a profile with or without Inductor; "" where
     the harness cannot put the plan's kernel into vLLM (`unsupported`). The `kernel` settings need the plan's
-    plugin installed; the `vllm` and `native` settings assume it is not (its CustomOp would take the layer)."""
+    plugin installed; the `vllm` and `native` settings assume it is not (its CustomOp would take the layer). Where
+    the plan's kernel is vLLM's own, `kernel` turns vLLM's switch for it on and the others turn it off
+    (harness.spec.vllm_defaults)."""
     if use not in USES:
         raise ValueError(f"use must be one of {', '.join(USES)}; got {use!r}")
+    if plan.vllm_kernel:  # the kernel is vLLM's own: enabling it is turning vLLM's switch for it on
+        return switch_setting(plan.vllm_kernel, use == "kernel", inductor)
     op = vllm_op(plan)
     if op is None or unsupported(plan):
         return ""

@@ -1,0 +1,113 @@
+"""The cross-op page's table "vLLM's defaults, as measured here": per plan whose kernel is vLLM's own, per SM and
+vLLM profile, what vLLM does with its kernel by default on that platform (harness.spec.vllm_defaults, with the
+file and symbol it comes from) beside what the benchmarks decide, and where the two disagree. Seed 002's question:
+should vLLM's own custom op be on by default, per platform and profile.
+
+Also the per-regime summary of a row of decisions that the page's main table shares (`regime_summary`)."""
+
+from __future__ import annotations
+
+from harness.decisions.recommendations import ENABLE, VLLM_PROFILES, Recommendation
+from harness.decisions.speedups import REGIMES
+from harness.rendering.markdown import NO_RESULT, code, md, table
+from harness.results.merge import Merged
+from harness.spec.vllm_defaults import SWITCHES, default_value, switch_setting, vllm_default
+from harness.spec.vllm_schemas import VLLM_KERNELS
+
+ON, OFF = "on", "off"  # vLLM's kernel turned on or off, the words of this table
+
+
+def regime_summary(recs: list[Recommendation], reg: str, words=None) -> str:
+    """The decisions of one row (op, SM, profile) for one regime, dtypes with the same choice together: the choice
+    (through `words`, e.g. on/off), the kernel's speedup over the profile's baseline per dtype, then vLLM's kernel and
+    the named baselines against the kernel. "**leave it to Inductor**: bf16 1.13× (0.89–1.62) vs compiled · vllm
+    1.15× (0.96–1.41)"."""
+    mine = [r for r in recs if r.regime == reg]
+    groups: dict[str, list[Recommendation]] = {}
+    for r in mine:
+        groups.setdefault((words(r) if words else r.choice) if r.choice else "", []).append(r)
+    parts = []
+    for choice, group in groups.items():
+        if not choice:
+            parts += [f"{md(r.dtype)}: none ({md(r.why)})" for r in group]
+            continue
+        label = (lambda r: f"{md(r.dtype)} ") if len(group) > 1 else (lambda r: "")  # the dtype, said once
+        speedups = ", ".join(f"{md(r.dtype)} {r.speedup.text()}" for r in group if r.speedup)
+        text = f"**{choice}**" + (f": {speedups} vs {group[0].baseline}" if speedups else "")
+        names = dict.fromkeys(name for r in group for name, iv, _ in r.others if iv)
+        for name in names:
+            shown = ", ".join(f"{label(r)}{iv.text()}" for r in group for n, iv, _ in r.others if n == name and iv)
+            text += f" · {md(name)} {shown}"
+        parts.append(text)
+    return "; ".join(parts) or NO_RESULT
+
+
+def _on_off(r: Recommendation) -> str:
+    return ON if r.choice == ENABLE else OFF
+
+
+def defaults_rows(res: Merged, recs: list[Recommendation]) -> list[list[str]]:
+    """One row per SM × profile of a plan whose kernel is vLLM's own."""
+    plan = res.plan
+    kernel = VLLM_KERNELS[plan.vllm_kernel]
+    rows = []
+    for sm in plan.matrix["sm"]:
+        for profile, _ in VLLM_PROFILES:
+            default = vllm_default(plan.vllm_kernel, sm, profile)
+            mine = [r for r in recs if r.sm == sm and r.profile == profile]
+            if default is None:
+                shown_default, source = "not in harness.spec.vllm_defaults", NO_RESULT
+            else:
+                shown_default = f"**{ON if default.on else OFF}** ({md(default_value(plan.vllm_kernel, default))})"
+                source = code(default.source)
+            if not mine and sm == "cpu":  # harness.runtime.bench times no kernel on a CPU machine
+                measured = "not measured: a CPU machine's benchmarks do not time the kernel"
+            elif not mine:
+                measured = f"no benchmarks from this SM yet: {code(f'pytest --plan {res.plan_display()} --bench')}"
+            else:
+                measured = " · ".join(f"{reg}: {regime_summary(mine, reg, _on_off)}" for reg in REGIMES
+                                      if any(r.regime == reg for r in mine))
+            rows.append([code(kernel.call), sm, profile, shown_default, source, measured,
+                         _agreement(default, [r for r in mine if r.choice])])
+    return rows
+
+
+def switch_rows(res: Merged) -> list[list[str]]:
+    """The kernel's switch, stated once per plan: what vLLM runs it for, the settings that turn it on and off,
+    and what else turns it on."""
+    plan = res.plan
+    switch = SWITCHES[plan.vllm_kernel]
+    on, off = (code(switch_setting(plan.vllm_kernel, state, inductor=True)) for state in (True, False))
+    without_inductor = switch_setting(plan.vllm_kernel, True, inductor=False)
+    if not without_inductor.startswith("--"):  # a fusion pass: nothing turns it on without Inductor
+        on += f" with Inductor; without it {md(without_inductor)}"
+    return [[code(VLLM_KERNELS[plan.vllm_kernel].call), md(switch.runs_for), on, off, md(switch.note or NO_RESULT),
+             f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"]]
+
+
+def _agreement(default, decided: list[Recommendation]) -> str:
+    """agrees / **disagrees** (where) / not decided yet."""
+    if default is None or not decided:
+        return "not decided yet"
+    against = [r for r in decided if (r.choice == ENABLE) != default.on]
+    if not against:
+        return "agrees"
+    where = ", ".join(f"{r.regime} {md(r.dtype)}" for r in against)
+    return f"**disagrees**: measured {_on_off(against[0])} for {where}"
+
+
+def defaults_section(rows: list[list[str]], switches: list[list[str]]) -> list[str]:
+    """The section's lines ([] without rows)."""
+    if not rows:
+        return []
+    return ["", "## vLLM's defaults, as measured here", "",
+            "Per plan whose kernel is vLLM's own (`kernel: vllm:<name>`), SM and vLLM profile: whether vLLM turns its "
+            "kernel on by default on that platform (what the default amounts to, and the file and symbol of vLLM "
+            "0.32 it comes from: harness.spec.vllm_defaults), beside the decision its benchmarks give (on: faster "
+            "than the profile's baseline, Inductor's code or native eager, at every shape of the regime; rules: "
+            "docs/report.md), and whether they agree.", "",
+            *table(rows, ["vLLM's kernel", "SM", "vLLM profile", "vLLM's default", "from", "measured here",
+                          "default vs measured"]).splitlines(),
+            "", "How a deployment turns each kernel on or off (a `custom_ops` list without a base mode gets the "
+                "profile's, `none` with Inductor and `all` without it):", "",
+            *table(switches, ["vLLM's kernel", "runs for", "on", "off", "also on where", "page"]).splitlines()]
