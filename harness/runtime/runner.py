@@ -20,7 +20,7 @@ from hypothesis import Phase, example, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure, HypothesisException
 
-from harness.runtime import numerics
+from harness.runtime import accumulation, numerics
 from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
@@ -149,6 +149,11 @@ class CellCheck:
         actual = kernel_outputs(plan, values, self._call(values, ex))
         for name in plan.outputs:
             self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
+        if plan.accumulation == "fp32" and self.cell.dtype in ("fp16", "bf16"):
+            truth = exact_outputs(plan, self.reference, inputs)
+            for name in plan.outputs:
+                if not plan.quantization.of(name):
+                    accumulation.check(name, actual[name], expected[name], truth[name])
         for name, before in untouched.items():
             numerics.check_unchanged(name, before, values[name])
         if plan.returned_outputs:

@@ -475,3 +475,31 @@ def two_pass_short_loop(out, x, weight, eps):
     block, _, warps = _launch_config(n, hidden, x.element_size(), two_pass_bytes=0)
     _rms_norm_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden - 1, eps, BLOCK=block,
                            SINGLE_PASS=False, num_warps=warps)
+
+
+def _pairwise_sum_bf16(v: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dimension pairwise, each partial sum rounded to bf16 (a tree reduction in bf16)."""
+    v = v.to(torch.bfloat16)
+    while v.shape[-1] > 1:
+        if v.shape[-1] % 2:
+            v = torch.cat([v, torch.zeros_like(v[..., :1])], -1)
+        v = (v[..., 0::2].float() + v[..., 1::2].float()).to(torch.bfloat16)
+    return v[..., 0].float()
+
+
+def bf16_accumulator(out, x, weight, eps):
+    """Bug: the sum of squares is accumulated in bf16 (a pairwise tree, as a reduction over bf16 lanes), where the
+    plan says accumulation: fp32. Its error stays inside the bf16 tolerance: only the accumulation check sees it.
+    Plain PyTorch, so that it runs alike on every machine."""
+    xf = x.float()
+    var = _pairwise_sum_bf16(xf * xf) / x.shape[-1]
+    y = (xf * torch.rsqrt(var[..., None] + eps)).to(x.dtype).float() * weight.float()
+    out.copy_(y.to(out.dtype))
+
+
+def fp32_accumulator(out, x, weight, eps):
+    """Correct, in plain PyTorch: the pairwise sum in fp32 (another order than the reference's) and the weight
+    multiply without the intermediate rounding, so its errors differ from the reference's element by element."""
+    xf = x.float()
+    var = (xf * xf).sum(-1, keepdim=True) / x.shape[-1]
+    out.copy_((xf * torch.rsqrt(var + eps) * weight.float()).to(out.dtype))
