@@ -235,6 +235,50 @@ MISLEADING = [
 ]
 
 
+MISLEADING += [
+    ("an exclude rule leaving no cell", "plan.yaml", "exclude:\n",
+     "exclude:\n  - {phase: [prefill, decode, chunked_prefill], why: all}\n", "exclude", "at least one cell"),
+    ("prefill chunks longer than vLLM schedules", "plan.yaml", "max_num_batched_tokens: 8192",
+     "max_num_batched_tokens: 8192, prefill_tokens: [9000, 10000]", "numerics.prefill_tokens",
+     "within numerics.max_num_batched_tokens (8192)"),
+    ("a per-example time limit under a second", "plan.yaml", "examples: 12", "examples: 12, timeout_s: 0.001",
+     "numerics.timeout_s", "at least 1"),
+    ("no layout to draw", "plan.yaml", "layout: [contiguous, strided]", "layout: []", "op.args.x.layout",
+     "at least one value"),
+    ("a path condition that is a number", "plan.yaml", '"num_tokens * hidden * act_bytes >= 192 * 2**20"',
+     '"num_tokens * hidden"', "op.paths.two_pass", "not a comparison"),
+]
+# Settings that validate and run, but not as they read: a warning at their line says what the run does instead.
+WARNED = [
+    ("prefill draws capped by max_num_batched_tokens", "max_num_batched_tokens: 8192",
+     "max_num_batched_tokens: 8192, prefill_tokens: [128, 100000]", "numerics.prefill_tokens", "drawn up to that"),
+    ("decode batches capped by max_num_batched_tokens", "max_num_seqs: 256", "max_num_seqs: 100000",
+     "numerics.max_num_seqs", "drawn up to that"),
+    ("a tolerance that accepts zeros", "fp16: {atol: 1.0e-2", "fp16: {atol: 1.0e+3", "tolerance.fp16",
+     "a kernel writing zeros"),
+    ("a capture size no decode batch replays", "tp: {kind: trivial}",
+     "tp: {kind: trivial}\ncuda_graph: {capture_sizes: [1, 100000]}", "cuda_graph.capture_sizes", "never replayed"),
+    ("CPU sizes over the element budget", "max_num_batched_tokens: 8192",
+     "max_num_batched_tokens: 8192, cpu_sizes: {hidden: [1000000]}", "numerics.cpu_sizes", "one token of 1000000"),
+    ("a path no cell reaches", '"num_tokens * hidden * act_bytes >= 192 * 2**20"', '"num_tokens > 10**9"',
+     "op.paths.two_pass", "no example checks this path"),
+    ("a path every example takes", '"num_tokens * hidden * act_bytes >= 192 * 2**20"', '"hidden > 0"',
+     "op.paths.two_pass", "selects nothing"),
+]
+
+
+@pytest.mark.parametrize("what, old, new, field, words", WARNED, ids=[m[0] for m in WARNED])
+def test_a_setting_the_run_reads_otherwise_is_warned_at_its_line(tmp_path, what, old, new, field, words):
+    text = (ROOT / "plan.yaml").read_text()
+    assert old in text, what
+    path, changed = tmp_path / "plan.yaml", text.replace(old, new, 1)
+    path.write_text(changed)
+    line = changed[:changed.index(new)].count("\n") + 1 + new[:new.find(field.split(".")[-1])].count("\n")
+    warnings = [x for x in load_plan(path).warnings if f": {field}: expected" in x]
+    assert len(warnings) == 1 and words in warnings[0], load_plan(path).warnings
+    assert warnings[0].startswith(f"{path}:{line}: "), warnings[0]
+
+
 @pytest.mark.parametrize("what, plan, old, new, field, words", MISLEADING, ids=[m[0] for m in MISLEADING])
 def test_a_plan_that_would_mislead_is_an_error_at_its_line(tmp_path, what, plan, old, new, field, words):
     text = (ROOT / plan).read_text()

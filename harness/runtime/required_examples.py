@@ -23,15 +23,11 @@ MAX_SIZE_COMBINATIONS = 256  # size combinations searched for the cheapest examp
 
 
 def token_range(plan: Plan, phase: str, sizes: dict, device: str) -> tuple[int, int]:
-    """(fewest, most) tokens an example of this phase may have: the scheduler's limits or the plan's benchmark
-    sizes of the phase, whichever is larger, within a CPU machine's element budget."""
-    num, bench = plan.numerics, plan.benchmark
-    timed = max(getattr(bench, phase, ()) or (0,))
-    low, high = {"decode": (1, max(num.max_num_seqs, timed)),
-                 "prefill": (num.prefill_tokens[0], max(num.max_num_batched_tokens, timed)),
-                 "chunked_prefill": (2, max(num.max_num_batched_tokens, timed))}[phase]
+    """Plan.token_range, within a CPU machine's element budget."""
+    low, high = plan.token_range(phase)
     cap = token_cap(plan, sizes, device)
-    return min(low, high if cap is None else min(high, cap)), high if cap is None else min(high, cap)
+    high = high if cap is None else min(high, cap)
+    return min(low, high), high
 
 
 def _fewest_tokens(expr: str, names: dict, low: int, high: int) -> int | None:

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from harness.spec import schema as S
-from harness.spec.dtypes import QUANTIZED_DTYPES
+from harness.spec.dtypes import DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
     Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
@@ -97,7 +97,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         raise w.fail(("benchmark", "baselines"), f"native, compiled or named baselines (the kernel is vLLM's own "
                      f"torch.ops._C.{plan.vllm_kernel}: it is timed as the kernel)", "vllm")
     _check_models(w, plan)
-    return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec))
+    return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec) + _would_mislead(w, plan))
 
 
 # ---------------------------------------------------------------- op
@@ -505,3 +505,72 @@ def _never_applies(w: Where, plan: Plan, spec: S.PlanFile) -> tuple[str, ...]:
             found.append(w.fail(("expect", i), "a rule matching a cell the plan does not exclude", dict(rule.match)))
     return tuple(str(x) for x in found)
 
+
+
+# Tolerances looser than this accept outputs that are not the op's: a kernel writing zeros passes most cells.
+LOOSE_ATOL, LOOSE_RTOL = 1.0, 0.5
+
+
+def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
+    """Settings that validate but would make the run other than it reads: an error where the run would be wrong
+    (no cell left, prefill draws that cannot exist), else a warning naming what the run does instead."""
+    num, m, found = plan.numerics, plan.matrix, []
+    cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
+    if plan.excludes and all(any(x.matches(c) for x in plan.excludes) for c in cells):
+        raise w.fail(("exclude",), "rules that leave at least one cell of the matrix to run", "every cell excluded")
+    if num.prefill_tokens[0] > num.max_num_batched_tokens:
+        raise w.fail(("numerics", "prefill_tokens"), f"a minimum within numerics.max_num_batched_tokens "
+                     f"({num.max_num_batched_tokens}): vLLM never schedules a longer chunk", list(num.prefill_tokens))
+    if num.prefill_tokens[1] > num.max_num_batched_tokens:
+        found.append(w.fail(("numerics", "prefill_tokens"), f"a maximum within numerics.max_num_batched_tokens "
+                            f"({num.max_num_batched_tokens}); prefill examples are drawn up to that",
+                            list(num.prefill_tokens)))
+    if num.max_num_seqs > num.max_num_batched_tokens:
+        found.append(w.fail(("numerics", "max_num_seqs"), f"at most numerics.max_num_batched_tokens "
+                            f"({num.max_num_batched_tokens}); decode batches are drawn up to that", num.max_num_seqs))
+    for dtype, tol in list(plan.tolerance.items()) + [(f"outputs.{o}", t) for o, t in plan.output_tolerance.items()]:
+        if tol.atol > LOOSE_ATOL or tol.rtol > LOOSE_RTOL:
+            found.append(w.fail(("tolerance",) + tuple(dtype.split(".")), f"atol at most {LOOSE_ATOL:g} and rtol at "
+                                f"most {LOOSE_RTOL:g} (this one accepts outputs that are not the op's: a kernel "
+                                "writing zeros passes most examples)", {"atol": tol.atol, "rtol": tol.rtol}))
+    largest_decode = num.max_num_seqs
+    above = [s for s in (plan.capture_sizes or ()) if s > largest_decode]
+    if above:
+        found.append(w.fail(("cuda_graph", "capture_sizes"), f"sizes up to numerics.max_num_seqs ({largest_decode}), "
+                            "the largest decode batch: a larger capture is never replayed by one", above))
+    budget = num.cpu_element_budget
+    for sym_values in [dict(num.cpu_sizes)] if num.cpu_sizes else []:
+        sizes = {sym: max(sym_values.get(sym, vals)) for sym, vals in plan.sizes.items()}
+        for a in plan.tensor_args:
+            dims = [d for d in a.shape if d.symbol != "num_tokens"]
+            if len(dims) < len(a.shape) and all(d.names <= set(sizes) for d in dims):
+                per_token = 1
+                for d in dims:
+                    per_token *= d.size(sizes)
+                if per_token > budget:
+                    found.append(w.fail(("numerics", "cpu_sizes"), f"sizes whose {a.name} fits "
+                                        f"numerics.cpu_element_budget ({budget}) per token; every CPU example has one "
+                                        f"token of {per_token} elements", dict(num.cpu_sizes)))
+                    break
+    found += _unreachable_paths(w, plan)
+    return tuple(str(x) for x in found)
+
+
+def _unreachable_paths(w: Where, plan: Plan) -> list[PlanError]:
+    """op.paths no GPU cell reaches at the plan's largest sizes, or that every example takes (a condition that
+    selects nothing)."""
+    found = []
+    largest = {sym: max(vals) for sym, vals in plan.sizes.items()}
+    smallest = {sym: min(vals) for sym, vals in plan.sizes.items()}
+    widths = [DTYPE[d].bytes for d in plan.matrix["dtype"]]
+    for name, expr in plan.paths:
+        reached = any(condition(expr, {**largest, "num_tokens": plan.token_range(phase)[1], "act_bytes": b})
+                      for phase in plan.matrix["phase"] for b in widths)
+        always = all(condition(expr, {**smallest, "num_tokens": 1, "act_bytes": b}) for b in widths)
+        if not reached:
+            found.append(w.fail(("op", "paths", name), "a condition some cell reaches (at the plan's largest sizes "
+                                "and token ranges none does: no example checks this path)", expr))
+        elif always:
+            found.append(w.fail(("op", "paths", name), "a condition some examples do not meet (every example "
+                                "takes this path, so it selects nothing)", expr))
+    return found

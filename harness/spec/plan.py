@@ -429,6 +429,15 @@ class Plan:
         ret = "()" if n_ret == 0 else "Tensor" if n_ret == 1 else "(" + ", ".join(["Tensor"] * n_ret) + ")"
         return f"({', '.join(params)}) -> {ret}"
 
+    def token_range(self, phase: str) -> tuple[int, int]:
+        """(fewest, most) tokens a GPU example of this phase may have: the scheduler's limits (numerics) or the
+        plan's largest benchmark token count of the phase, whichever is larger (a size the plan times is checked)."""
+        num = self.numerics
+        timed = max(getattr(self.benchmark, phase, ()) or (0,))
+        return {"decode": (1, max(num.max_num_seqs, timed)),
+                "prefill": (num.prefill_tokens[0], max(num.max_num_batched_tokens, timed)),
+                "chunked_prefill": (2, max(num.max_num_batched_tokens, timed))}[phase]
+
     def cuda_graph_sizes(self) -> list[int]:
         """Capture sizes: the plan's, else vLLM's defaults for numerics.max_num_seqs."""
         return sorted(self.capture_sizes or vllm_capture_sizes(self.numerics.max_num_seqs))

@@ -114,7 +114,7 @@ Init = forms(one=Literal[INITS + STRUCTURED_INITS], mapping=ParamInit,
 class TensorArg(Section):
     shape: list[Dim] = Field(description="a list of sizes or size expressions ([] for 0-d)")
     dtype: Literal[("act",) + ARG_DTYPES] = "act"
-    layout: one_or_list(Literal[LAYOUTS]) = ["contiguous"]
+    layout: one_or_list(Literal[LAYOUTS], min_length=1) = ["contiguous"]
     init: Init = "normal"
     role: Literal[ROLES] = "input"
     pad: Number = Field(0, description="a number (the CUDA-graph padding value)")
@@ -197,7 +197,7 @@ class NumericsSection(Section):
     max_num_batched_tokens: PositiveInt = Numerics.max_num_batched_tokens
     prefill_tokens: Annotated[list[PositiveInt], Field(min_length=2, max_length=2, description="[min, max] "
                                                        "token counts")] = list(Numerics.prefill_tokens)
-    timeout_s: Number = Field(Numerics.timeout_s, gt=0, description="seconds")
+    timeout_s: Number = Field(Numerics.timeout_s, ge=1, description="seconds (at least 1)")
     cpu_element_budget: PositiveInt = Numerics.cpu_element_budget
     max_model_len: PositiveInt = Numerics.max_model_len
     cpu_sizes: dict[str, one_or_list(PositiveInt)] = Field({}, description="size symbol: the sizes a CPU draws")
