@@ -28,7 +28,7 @@ from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
 from harness.spec.matrix import Cell, Decision, decide, expand, pairwise_sample
-from harness.runtime.resolve import resolve
+from harness.runtime.resolve import plan_code_warnings, resolve
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
 from harness.rendering.plots import draw_plots
@@ -106,7 +106,7 @@ def pytest_configure(config):
     plan_path = Path(config.getoption("--plan")).resolve()
     try:
         plan = load_plan(plan_path)
-        plan_warnings = [*plan.warnings, *resolve(plan).warnings]  # a bad import path: a usage error, at its line
+        plan_warnings = [*plan.warnings, *plan_code_warnings(plan)]  # a bad import path: a usage error, at its line
         if config.getoption("--bench"):
             check_models(plan)
     except PlanError as exc:

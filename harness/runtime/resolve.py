@@ -35,9 +35,9 @@ from harness.spec.plan import Plan, PlanError
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
 
 OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
-# The fields whose path may lead into vLLM's package: a reference may be vLLM's forward_native, and the layer
-# replaced is vLLM's.
-MAY_BE_VLLM = ("op.reference", "op.replaces", "vllm.layer")
+# The fields whose path may lead into vLLM's package: a reference or native may be vLLM's forward_native, and the
+# layer replaced is vLLM's.
+MAY_BE_VLLM = ("op.reference", "op.native", "op.replaces", "vllm.layer")
 
 
 def import_object(path: str) -> Any:
@@ -76,6 +76,11 @@ class Resolved:
         return self._get("op.reference", self.plan.reference)
 
     @property
+    def native(self) -> Callable:
+        """What the `native` and `compiled` baselines time: op.native, else the reference."""
+        return self._get("op.native", self.plan.native) if self.plan.native else self.reference
+
+    @property
     def fake(self) -> Callable | None:
         """torch.compile's fake implementation, None where the plan names none (it is derived from the reference)."""
         return self._get("op.fake", self.plan.fake)
@@ -105,7 +110,7 @@ def resolve(plan: Plan) -> Resolved:
     plan_folder_on_import_path(plan)
     resolved = Resolved(plan)
     callables = [("op.kernel", plan.kernel if not plan.vllm_kernel else None), ("op.reference", plan.reference),
-                 ("op.fake", plan.fake), ("op.generate", plan.generate)]
+                 ("op.native", plan.native), ("op.fake", plan.fake), ("op.generate", plan.generate)]
     for field_name, path in callables + [("op.replaces", plan.replaces), ("vllm.layer", plan.vllm.layer)]:
         if path is None or field_name in MAY_BE_VLLM and path.split(".")[0] == OPTIONAL_PACKAGE:
             continue
@@ -120,12 +125,23 @@ def resolve(plan: Plan) -> Resolved:
         _check_vllm_schema(plan)
     else:
         _check_signature(resolved, "op.kernel", names)
-    _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
+    inputs = [a.name for a in plan.args if a.role != "output"]
+    _check_signature(resolved, "op.reference", inputs)
+    _check_signature(resolved, "op.native", inputs)  # called exactly like the reference
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
     resolved.warnings = _pinned_optional_arguments(resolved)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
+
+
+def plan_code_warnings(plan: Plan) -> list[str]:
+    """Every warning about a plan's code: resolve's, and a native baseline computing in float32
+    (harness.runtime.upcast, which runs it once on a tiny CPU example, so it is asked for where plans are checked,
+    not in every worker that resolves the plan)."""
+    from harness.runtime.upcast import upcast_warnings  # imports torch and the input builders, which import this
+
+    return [*resolve(plan).warnings, *upcast_warnings(plan)]
 
 
 def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
@@ -151,18 +167,20 @@ def _check_named_baselines(plan: Plan) -> None:
     """A named baseline whose package is installed here must resolve: a typo in its module or function is the
     plan's error, not a baseline silently "not run". Where its package is not installed, it is timed where it is."""
     for name, path in plan.benchmark.named:
-        top = path.split(":")[0].split(".")[0]
-        try:
-            installed = importlib.util.find_spec(top) is not None
-        except (ImportError, ValueError):
-            installed = False
-        if not installed:
-            continue
-        found = named_baseline(plan, path)
-        if isinstance(found, str):
-            field_name = next((k for k in plan.lines if k.startswith("benchmark.baselines[") and
-                               k.endswith(f"].{name}")), "benchmark.baselines")
-            raise plan.error(field_name, f"a callable baseline ({top} is installed here)", found)
+        field_name = next((k for k in plan.lines if k.startswith("benchmark.baselines[") and
+                           k.endswith(f"].{name}")), "benchmark.baselines")
+        for what, at, where in (("baseline", path, field_name), ("prepare", plan.benchmark.prepare(name),
+                                                                  f"{field_name}.prepare")):
+            top = at.split(":")[0].split(".")[0] if at else ""
+            try:
+                installed = bool(top) and importlib.util.find_spec(top) is not None
+            except (ImportError, ValueError):
+                installed = False
+            if not installed:
+                continue
+            found = named_baseline(plan, at)
+            if isinstance(found, str):
+                raise plan.error(where, f"a callable {what} ({top} is installed here)", found)
 
 
 def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False) -> None:
@@ -258,7 +276,8 @@ def main(argv: list[str]) -> int:
     for path in argv:
         warned: list[str] = []
         try:
-            warned = resolve(load_plan(path)).warnings
+            plan = load_plan(path)
+            warned = plan_code_warnings(plan)
             error = ""
         except PlanError as exc:
             error, status = str(exc), 1
