@@ -544,9 +544,10 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
         if isinstance(call, str):
             rec.impls[name] = ImplFigures(not_run=call)
             continue
-        # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside the timing.
-        timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
+        timed_sets = sets
         try:
+            # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside it.
+            timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
             timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
             mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
