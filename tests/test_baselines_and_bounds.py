@@ -11,7 +11,8 @@ import pytest
 from harness.decisions import bounds
 from harness.results.store import ImplFigures
 from harness.runtime import bench
-from harness.runtime.resolve import plan_code_warnings, resolve
+from harness.runtime.check_code import plan_code_warnings
+from harness.runtime.resolve import resolve
 from harness.runtime.tasks import BenchTask
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError

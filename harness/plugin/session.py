@@ -28,7 +28,8 @@ from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
 from harness.spec.matrix import Cell, Decision, decide, expand, pairwise_sample
-from harness.runtime.resolve import plan_code_warnings, resolve
+from harness.runtime.check_code import plan_code_warnings
+from harness.runtime.resolve import resolve
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
 from harness.rendering.plots import draw_plots

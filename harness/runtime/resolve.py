@@ -9,8 +9,9 @@ the plan's arguments in order. A failure is a PlanError at the field's line (`pl
 A reference, op.replaces or vllm.layer in vLLM's own package is imported where it is used (vLLM may not be
 installed here), and named
 benchmark baselines when timed (`named_baseline`: a package missing here is a baseline not run, never an
-error). `python -m harness validate` resolves in a child process, `python -m harness.runtime.resolve PLAN...`,
-as a user's import can crash or hang (`resolve_in_child`).
+error). `python -m harness validate` resolves in a child process, `python -m harness.runtime.check_code PLAN...`,
+as a user's import can crash or hang (`resolve_in_child`); the child also runs the native baseline's function
+once on a tiny CPU example (harness.runtime.upcast).
 
 Plain Python at import (importlib, inspect): torch comes with the user's modules.
 """
@@ -135,15 +136,6 @@ def resolve(plan: Plan) -> Resolved:
     return resolved
 
 
-def plan_code_warnings(plan: Plan) -> list[str]:
-    """Every warning about a plan's code: resolve's, and a native baseline computing in float32
-    (harness.runtime.upcast, which runs it once on a tiny CPU example, so it is asked for where plans are checked,
-    not in every worker that resolves the plan)."""
-    from harness.runtime.upcast import upcast_warnings  # imports torch and the input builders, which import this
-
-    return [*resolve(plan).warnings, *upcast_warnings(plan)]
-
-
 def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
     """The kernel's optional arguments (default None) the plan pins to null: no cell ever passes them a value, so a
     kernel that ignores them passes (a per-token quant ignoring scale_ub). Warned, as the run itself stays right."""
@@ -222,6 +214,9 @@ def named_baseline(plan: Plan, path: str) -> Callable | str:
 
 # ---------------------------------------------------------------- resolving in a child process
 
+# The child's module: resolve.main with the warnings that run the plan's code (a module name here, not an import:
+# this one imports no torch).
+CHILD_MODULE = "harness.runtime.check_code"
 RESOLVE_TIMEOUT_S = 300.0  # per plan: importing a kernel module compiles nothing, but torch's import takes seconds
 _ANSWER = "harness-resolve: "  # marks the child's answers among whatever the user's modules print
 
@@ -236,7 +231,7 @@ def resolve_in_child(paths: list[str], timeout_s: float = RESOLVE_TIMEOUT_S,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     while len(answers) < len(paths):
         todo = [p for p in paths if p not in answers]
-        proc = subprocess.Popen([sys.executable, "-m", "harness.runtime.resolve", *todo], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, *todo], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
         lines: queue.Queue = queue.Queue()
         stderr: list[str] = []
@@ -270,14 +265,16 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def main(argv: list[str]) -> int:
-    """One answer line per plan: {"path": ..., "error": "" or why its code does not resolve}."""
+def main(argv: list[str], warnings_of: Callable[[Plan], list[str]] | None = None) -> int:
+    """One answer line per plan: {"path": ..., "error": "" or why its code does not resolve, "warnings": [...]}, the
+    warnings from `warnings_of` where given (harness.runtime.check_code's, which run the plan's code), else
+    resolve's."""
     status = 0
     for path in argv:
         warned: list[str] = []
         try:
             plan = load_plan(path)
-            warned = plan_code_warnings(plan)
+            warned = (warnings_of or (lambda p: resolve(p).warnings))(plan)
             error = ""
         except PlanError as exc:
             error, status = str(exc), 1
