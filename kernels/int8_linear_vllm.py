@@ -63,6 +63,8 @@ def machete_prepack(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, we
     """The `machete` baseline's `prepare`: the int8 weight [out_features, in_features] as vLLM's GPTQ 8-bit
     checkpoint holds it (uint8b128, four consecutive input features per int32, [in_features / 4, out_features]),
     prepacked by machete_prepack_B; the scales in x's dtype, one group spanning in_features ([1, out_features])."""
+    if x.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"vLLM's machete multiplies fp16 or bf16 activations, not {x.dtype}")
     stored = (weight.to(torch.int16) + 128).to(torch.uint8).contiguous()  # uint8b128: value + 128
     packed = stored.view(torch.int32).t()  # little-endian: input feature 4j + i in bits 8i of word j
     prepacked = vllm_op("machete_prepack_B")(packed, x.dtype, UINT8B128, x.dtype)

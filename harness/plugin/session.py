@@ -434,8 +434,8 @@ def store_in_pytest_benchmark(benchmark, clock: DeviceClock, timing: Timing, rec
     figs = rec.impls["kernel"]
     benchmark.extra_info.update({
         "impl": "kernel", "timer": timing.timer, "calls_per_sample": timing.calls_per_sample, "gbps": figs.gbps,
-        "pct_copy_bw": figs.pct_copy_bw, "launches": figs.launches, "rotated_sets": rec.rotated_sets,
-        "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
+        "pct_copy_bw": figs.pct_copy_bw, "pct_of_bound": figs.pct_of_bound, "bound_us": rec.bound_us,
+        "launches": figs.launches, "rotated_sets": rec.rotated_sets, "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
     benchmark.pedantic(clock.advance, rounds=clock.load(timing), iterations=1)
 
 
