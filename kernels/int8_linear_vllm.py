@@ -59,15 +59,22 @@ def vllm_op(name: str):
         raise RuntimeError(f"vLLM's ops ({library or 'vllm'}) register no {name}") from None
 
 
+def gptq_uint8b128(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 weight [out_features, in_features] as a GPTQ 8-bit checkpoint packs it: uint8b128 (value + 128), four
+    consecutive input features per int32 (input feature 4j + i in bits 8i of word j, as vLLM's
+    pack_quantized_values_into_int32 packs them), [in_features / 4, out_features] with the input dim contiguous
+    (the `x.t().contiguous().t()` layout MacheteLinearKernel hands machete_prepack_B)."""
+    stored = (weight.to(torch.int16) + 128).to(torch.uint8).contiguous()
+    return stored.view(torch.int32).t()  # a little-endian view: byte i of word j is input feature 4j + i
+
+
 def machete_prepack(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> dict:
     """The `machete` baseline's `prepare`: the int8 weight [out_features, in_features] as vLLM's GPTQ 8-bit
     checkpoint holds it (uint8b128, four consecutive input features per int32, [in_features / 4, out_features]),
     prepacked by machete_prepack_B; the scales in x's dtype, one group spanning in_features ([1, out_features])."""
     if x.dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError(f"vLLM's machete multiplies fp16 or bf16 activations, not {x.dtype}")
-    stored = (weight.to(torch.int16) + 128).to(torch.uint8).contiguous()  # uint8b128: value + 128
-    packed = stored.view(torch.int32).t()  # little-endian: input feature 4j + i in bits 8i of word j
-    prepacked = vllm_op("machete_prepack_B")(packed, x.dtype, UINT8B128, x.dtype)
+    prepacked = vllm_op("machete_prepack_B")(gptq_uint8b128(weight), x.dtype, UINT8B128, x.dtype)
     return {"out": out, "x": x, "weight": prepacked, "weight_scale": weight_scale.to(x.dtype)[None, :].contiguous()}
 
 

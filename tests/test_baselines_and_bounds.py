@@ -110,6 +110,25 @@ def test_the_int8_plans_time_native_and_cublas_in_the_activation_dtype_and_say_w
                                             "machine has none")
 
 
+def test_machete_gets_the_weights_as_a_gptq_8bit_checkpoint_packs_them():
+    import torch
+
+    from kernels.int8_linear_vllm import gptq_uint8b128
+
+    weight = torch.randint(-128, 128, (6, 16), dtype=torch.int8)
+    packed = gptq_uint8b128(weight)
+    assert packed.shape == (4, 6) and packed.dtype == torch.int32 and packed.stride() == (1, 4)
+    for i in range(4):  # input feature 4j + i in bits 8i of word j, stored as value + 128
+        assert torch.equal((packed >> (8 * i)) & 0xFF, (weight[:, i::4].to(torch.int32) + 128).t())
+
+
+def test_the_uint8b128_id_is_vllms():
+    scalar_type = pytest.importorskip("vllm.scalar_type")
+    from kernels.int8_linear_vllm import UINT8B128
+
+    assert UINT8B128 == scalar_type.scalar_types.uint8b128.id
+
+
 # ---------------------------------------------------------------- bounds
 
 
