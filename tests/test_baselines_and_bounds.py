@@ -145,6 +145,15 @@ def test_the_bound_is_the_largest_of_bytes_flops_and_the_launch_floor():
     assert bounds.faster_than_bound(ImplFigures(median_us=13.0, pct_of_bound=106.0))
 
 
+
+def test_a_cpu_machine_measures_no_peak_and_no_launch_floor():
+    import torch
+
+    from harness.runtime import timing
+
+    assert timing.tensor_peak_tflops("cpu", torch.bfloat16) is None and timing.launch_floor_us("cpu", False) is None
+
+
 def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_left_out(tmp_path, monkeypatch):
     """A bound of one second: every host-clock timing is faster. The kernel is the reference in kernel style."""
     plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra=(
