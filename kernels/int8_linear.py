@@ -83,3 +83,26 @@ def int8_weight_only_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_sc
     """Dequantize in fp32, matmul in fp32, round to x's dtype."""
     w = weight.float() * weight_scale.float()[:, None]
     return (x.float() @ w.T).to(x.dtype)
+
+
+def int8_weight_only_linear_native(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """What vLLM runs without the custom op (the plan's op.native): dequantize to x's dtype, then F.linear, a GEMM in
+    the activation dtype (cuBLAS on a GPU). The reference's fp32 GEMM is the accuracy oracle, not a speed baseline."""
+    return torch.nn.functional.linear(x, dequantize(weight, weight_scale, x.dtype))
+
+
+def dequantize(weight: torch.Tensor, weight_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight * weight_scale[:, None] in `dtype` ([out_features, in_features])."""
+    return weight.to(dtype) * weight_scale.to(dtype)[:, None]
+
+
+def dequantize_weight(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                      weight_scale: torch.Tensor) -> dict:
+    """The `cublas` baseline's `prepare`: the weights dequantized to x's dtype once, outside the timed region (as a
+    deployment that keeps 16-bit weights would hold them)."""
+    return {"out": out, "x": x, "weight": dequantize(weight, weight_scale, x.dtype)}
+
+
+def dequantized_linear(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """The `cublas` baseline: out = x @ weight.T on weights already in x's dtype, one GEMM (cuBLAS on a GPU)."""
+    torch.mm(x, weight.T, out=out)

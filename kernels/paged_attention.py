@@ -199,3 +199,34 @@ def paged_attention_ref(
         probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
         out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out
+
+
+def paged_attention_native(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The plan's op.native: attention as PyTorch runs it without a custom kernel, in query's dtype: each sequence's
+    K/V gathered through its block table, then torch's scaled_dot_product_attention (GQA, causal by position). The
+    reference's fp32 einsums are the accuracy oracle, not a speed baseline."""
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    starts = query_start_loc.tolist()
+    out = torch.zeros_like(query)
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        q0, q1 = starts[s], starts[s + 1]
+        if q1 == q0:
+            continue
+        blocks = block_tables[s, : math.ceil(seq_len / block_size)].long()
+        # [1, heads, tokens, head_size]: 3-d inputs take SDPA's fp32 math path on a CPU machine, 4-d its fused one
+        k = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len].transpose(0, 1)[None]
+        v = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len].transpose(0, 1)[None]
+        q_abs = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
+        visible = torch.arange(seq_len, device=query.device)[None, :] <= q_abs[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(query[q0:q1].transpose(0, 1)[None], k, v,
+                                                             attn_mask=visible, scale=scale, enable_gqa=True)
+        out[q0:q1] = o[0].transpose(0, 1)
+    return out

@@ -98,8 +98,8 @@ def main() -> int:
             add(shape, "graph, hot L2", 1, repeated(lambda: time_calls(call, [one], "cuda", graph=True).median_us),
                 "do_bench_cudagraph",
                 repeated(lambda: triton.testing.do_bench_cudagraph(bare, return_mode="median") * 1e3), nbytes)
-            for impl, fn in (("kernel", call), ("native", reference_call(plan, resolve(plan).reference)),
-                             ("compiled", reference_call(plan, torch.compile(resolve(plan).reference)))):
+            for impl, fn in (("kernel", call), ("native", reference_call(plan, resolve(plan).native)),
+                             ("compiled", reference_call(plan, torch.compile(resolve(plan).native)))):
                 fn(one)  # compile outside the capture
                 torch.cuda.synchronize()
                 probes[impl] = (fn, one, count_launches(fn, one))

@@ -29,8 +29,8 @@ CPU = Hardware("cpu", "cpu", "test cpu", 0, 2)
 H200 = Hardware("sm90", "cuda", "NVIDIA H200", 1, 16)
 # Fields of a timed implementation on a CPU machine (None fields, launches among them, are not written).
 FIGURE_KEYS = {"median_us", "q20_us", "q80_us", "gbps", "pct_copy_bw", "samples"}
-RECORD_KEYS = {"phase", "dtype", "sm", "graph_mode", "num_tokens", "sizes", "copy_bw_gbps", "l2_bytes",
-               "working_set_bytes", "rotated_sets", "timer", "impls", "speedup", "finished", "run"}
+RECORD_KEYS = {"phase", "dtype", "sm", "graph_mode", "num_tokens", "sizes", "copy_bw_gbps", "bytes",
+               "timed_functions", "l2_bytes", "working_set_bytes", "rotated_sets", "timer", "impls", "speedup", "finished", "run"}
 
 
 def timing(median, q20, q80) -> ImplFigures:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from harness.decisions.bounds import CHECK_SPEEDUP, FAR_PCT, WEAK_PCT, far_from_limit, weak_baseline
 from harness.decisions.reasons import first_line
 from harness.decisions.speedups import REGIMES, Interval, baselines, impl_order, interval, ratio, regime, spread, \
-    valid, why_untimed
+    usable, valid, why_untimed
 from harness.results.merge import Merged
 from harness.spec.hardware import Hardware
 from harness.spec.matrix import Cell, bench_graph_modes, decide
@@ -38,6 +39,9 @@ class Recommendation:
     default: bool = False  # the setting is what vLLM does in this profile anyway
     gpu: str = ""
     sizes: tuple = ()  # the benchmarked sizes, each as sorted (symbol, value) pairs
+    # A big win over a weak baseline: a question about the baseline before it is a result (harness.decisions.bounds)
+    check_baseline: str = ""
+    far_from_limit: str = ""  # an enabled kernel under half its bound somewhere: what is left to gain
 
     @property
     def go(self) -> bool:
@@ -53,7 +57,8 @@ def recommendations(res: Merged) -> list[Recommendation]:
     plan = res.plan
     dtypes = list(plan.matrix["dtype"])
     groups = defaultdict(list)
-    for _, rec in res.benchmarks:
+    for _, raw in res.benchmarks:
+        rec = usable(plan, raw)  # stale baselines and timings faster than their bound left out, with why
         dtype_key = (dtypes.index(rec.dtype), "") if rec.dtype in dtypes else (len(dtypes), str(rec.dtype))
         groups[(plan.matrix["sm"].index(rec.sm), dtype_key, REGIMES.index(regime(rec.phase)))].append(rec)
     out = []
@@ -69,11 +74,12 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     gpus = sorted({str(res.source(r).gpu) for r in recs if res.source(r)})
     sizes = tuple(sorted({tuple(sorted((str(k), v) for k, v in r.sizes.items())) for r in recs}, key=str))
 
-    def made(choice: str, why: str, speedup=None, others=()) -> Recommendation:
+    def made(choice: str, why: str, speedup=None, others=(), timed=()) -> Recommendation:
         setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
+        far = _far_from_limit(timed) if choice == ENABLE else ""
         return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
                               bool(choice) and is_vllm_default(inductor, _use(choice), plan, sm), ", ".join(gpus),
-                              sizes)
+                              sizes, _check_baseline(timed), far)
 
     if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
         return made("", "a CPU machine's benchmarks do not time the kernel" if plan.vllm_kernel else
@@ -105,7 +111,7 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
             why += f"; not slower than {', '.join(compared)} at any shape"
         if untimed:
             why += f"; not timed: {', '.join(untimed)}"
-        return made(ENABLE, why, speed, others)
+        return made(ENABLE, why, speed, others, timed)
     reasons = []
     if not speed.wholly_faster:
         reasons.append(f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes")
@@ -115,8 +121,40 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     vllm_vs = interval(spread(b, v) for b, v in pairs if valid(v))
     if vllm_vs is not None and vllm_vs.shapes == len(pairs) and vllm_vs.wholly_faster:
         return made(KEEP_VLLM, "; ".join(reasons) + f"; vLLM's kernel is faster than {baseline} {at} "
-                               f"({vllm_vs.text()})", speed, others)
-    return made(FALLBACK[baseline], "; ".join(reasons), speed, others)
+                               f"({vllm_vs.text()})", speed, others, timed)
+    return made(FALLBACK[baseline], "; ".join(reasons), speed, others, timed)
+
+
+def _check_baseline(timed: list) -> str:
+    """"check the baseline" where, at some shape, the kernel is over CHECK_SPEEDUP x faster than the fastest baseline
+    timed there and that baseline reaches under WEAK_PCT % of its bound ("" where nowhere)."""
+    flagged = []
+    for rec in timed:
+        kernel = rec.impls["kernel"]
+        timed_baselines = [n for n in baselines(rec) if valid(rec.impls.get(n))]
+        if not timed_baselines:
+            continue
+        best = min(timed_baselines, key=lambda n: (rec.impls[n].median_us, impl_order(n)))
+        speedup = rec.impls[best].median_us / kernel.median_us
+        if weak_baseline(rec, speedup, best):
+            flagged.append((best, speedup, rec.impls[best].pct_of_bound))
+    if not flagged:
+        return ""
+    names = ", ".join(sorted({name for name, _, _ in flagged}, key=impl_order))
+    return (f"check the baseline: at {len(flagged)} of {len(timed)} shapes the kernel is over {CHECK_SPEEDUP:g}× "
+            f"faster (up to {max(s for _, s, _ in flagged):.1f}×) than the fastest baseline timed there ({names}), "
+            f"which reaches under {WEAK_PCT:.0f}% of its bound (at most {max(p for _, _, p in flagged):.0f}%): a "
+            "baseline that slow is a question before it is a result")
+
+
+def _far_from_limit(timed: list) -> str:
+    """"far from the hardware limit" where the kernel reaches under FAR_PCT % of its bound at some shape."""
+    far = far_from_limit([rec.impls["kernel"] for rec in timed])
+    if far is None:
+        return ""
+    n, low, high = far
+    return (f"far from the hardware limit: the kernel reaches {low:.0f}–{high:.0f}% of its bound, under "
+            f"{FAR_PCT:.0f}% at {n} of {len(timed)} shapes")
 
 
 def wanted(res: Merged, sm: str) -> list[tuple[str, str]]:

@@ -3,10 +3,13 @@ interval (the run-to-run noise floor included), and the interval over a regime's
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
+from harness.decisions.bounds import broken_timing
 from harness.results.store import NOISE_FLOOR, BenchRecord, ImplFigures
+from harness.spec.plan import Plan
 
 REGIMES = ("decode-sized", "prefill-sized")
 IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
@@ -33,6 +36,51 @@ def median(impl: ImplFigures | None) -> float | None:
 def valid(impl: ImplFigures | None) -> bool:
     """Timed, with a positive median, and right after timing."""
     return median(impl) is not None and impl.median_us > 0 and not impl.error
+
+
+def timed_function(plan: Plan, rec: BenchRecord, name: str) -> str | None:
+    """The import path a record's baseline timed: as recorded, else (results from before baselines recorded it) the
+    reference for native and compiled; None for other baselines of such results."""
+    recorded = (rec.timed_functions or {}).get(name)
+    if recorded is None and name in ("native", "compiled"):
+        return plan.reference
+    return recorded
+
+
+def plan_function(plan: Plan, name: str) -> str | None:
+    """What the plan says a baseline times now (None: not a baseline with an import path)."""
+    if name in ("native", "compiled"):
+        return plan.native_path
+    path = dict(plan.benchmark.named).get(name)
+    prepare = plan.benchmark.prepare(name)
+    return f"{path}; prepared by {prepare}" if path and prepare else path
+
+
+def stale(plan: Plan, rec: BenchRecord, name: str) -> str:
+    """Why a baseline's figure is not the plan's baseline now ("" where it is): it timed another function, e.g. the
+    reference (the accuracy oracle) where the plan now names op.native, what vLLM runs."""
+    timed, wanted = timed_function(plan, rec, name), plan_function(plan, name)
+    if timed is None or wanted is None or timed == wanted:
+        return ""
+    what = "the reference (the accuracy oracle)" if timed == plan.reference else timed
+    now = f"op.native ({wanted})" if plan.native and wanted == plan.native else wanted
+    return f"timed on {what}, not on {now}"
+
+
+def usable(plan: Plan, rec: BenchRecord) -> BenchRecord:
+    """The record as decisions may use it: a baseline that timed another function than the plan's (`stale`) or was
+    timed faster than its bound is not timed there, with why; a kernel timed faster than its bound has an error."""
+    impls, speedups = dict(rec.impls), dict(rec.speedup)
+    for name, impl in rec.impls.items():
+        why = broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
+        if not why or impl.error:
+            continue
+        if name == "kernel":
+            impls[name] = dataclasses.replace(impl, error=why)
+        else:
+            impls[name] = ImplFigures(not_run=why)
+            speedups.pop(name, None)
+    return dataclasses.replace(rec, impls=impls, speedup=speedups)
 
 
 def baselines(rec: BenchRecord) -> list[str]:

@@ -28,6 +28,7 @@ from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
 from harness.spec.matrix import Cell, Decision, decide, expand, pairwise_sample
+from harness.runtime.check_code import plan_code_warnings
 from harness.runtime.resolve import resolve
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
@@ -106,7 +107,7 @@ def pytest_configure(config):
     plan_path = Path(config.getoption("--plan")).resolve()
     try:
         plan = load_plan(plan_path)
-        plan_warnings = [*plan.warnings, *resolve(plan).warnings]  # a bad import path: a usage error, at its line
+        plan_warnings = [*plan.warnings, *plan_code_warnings(plan)]  # a bad import path: a usage error, at its line
         if config.getoption("--bench"):
             check_models(plan)
     except PlanError as exc:
@@ -433,8 +434,8 @@ def store_in_pytest_benchmark(benchmark, clock: DeviceClock, timing: Timing, rec
     figs = rec.impls["kernel"]
     benchmark.extra_info.update({
         "impl": "kernel", "timer": timing.timer, "calls_per_sample": timing.calls_per_sample, "gbps": figs.gbps,
-        "pct_copy_bw": figs.pct_copy_bw, "launches": figs.launches, "rotated_sets": rec.rotated_sets,
-        "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
+        "pct_copy_bw": figs.pct_copy_bw, "pct_of_bound": figs.pct_of_bound, "bound_us": rec.bound_us,
+        "launches": figs.launches, "rotated_sets": rec.rotated_sets, "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
     benchmark.pedantic(clock.advance, rounds=clock.load(timing), iterations=1)
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
 from harness.decisions.recommendations import Recommendation, undecided, wanted
-from harness.decisions.speedups import REGIMES
+from harness.decisions.speedups import REGIMES, stale
 from harness.decisions.verdicts import SmVerdict, Verdict, grouped_verdicts
 from harness.rendering.markdown import MARKS, code, md, table
 from harness.rendering.performance import others_text, setting_text
@@ -87,6 +87,7 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
         items.append(f"Fix the expected failure of {md(describe(plan, cells))}: {md(reason)}")
     for reason, cells in excluded_by_reason(res):
         items.append(f"State as unsupported, or support, {md(describe(plan, cells))}: {md(reason)}")
+    stale_baselines = Counter()
     for bid, rec in res.benchmarks:
         for impl, t in sorted(rec.impls.items()):
             if t.error:
@@ -94,6 +95,20 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
             if t.differs:
                 items.append(f"Check that {md(impl)}'s outputs are acceptable (benchmark {code(bid)}; its timing is "
                              f"used): {md(first_line(t.differs))}")
+            if t.broken:
+                items.append(f"Fix the timing of {md(impl)} in benchmark {code(bid)} (not used for decisions): "
+                             f"{md(first_line(t.broken))}")
+            if impl != "kernel" and t.timed and stale(plan, rec, impl):
+                stale_baselines[(impl, stale(plan, rec, impl))] += 1
+    for (impl, why), n in sorted(stale_baselines.items()):
+        items.append(f"Re-run the benchmarks ({code(f'pytest --plan {pd} --bench')}): {md(impl)} at {n} "
+                     f"benchmark{'s' if n > 1 else ''} was {md(why)}, so decisions leave it out")
+    for text in dict.fromkeys(f"{r.sm} {r.dtype} {r.regime}: {r.check_baseline}" for r in recs if r.check_baseline):
+        items.append(f"Check the baseline, {md(text)}")
+    for text in dict.fromkeys(f"{r.sm} {r.dtype} {r.regime}, {r.profile}: {r.far_from_limit}" for r in recs
+                              if r.go and r.far_from_limit):
+        items.append(f"Enabled though far from the hardware limit ({md(text)}): find what holds the kernel back "
+                     "before relying on the speedup")
     if not res.benchmarks:
         items.append(f"Benchmark on a GPU machine: {code(f'pytest --plan {pd} --bench')}")
     else:

@@ -1,6 +1,7 @@
-"""The Performance section: a table of timings per regime, SM and GPU (median µs, GB/s, share of the copy
-bandwidth, the kernel's speedup against each baseline with its interval), the plots beside the page, the shapes a
-machine did not time, and the table of recommendations per SM, dtype, regime and vLLM profile."""
+"""The Performance section: which function each baseline times, a table of timings per regime, SM and GPU (median
+µs, GB/s, share of the copy bandwidth, share of the physical bound, the kernel's speedup against each baseline with
+its interval), the plots beside the page, the shapes a machine did not time, and the table of recommendations per
+SM, dtype, regime and vLLM profile."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from harness.decisions.bounds import BOUND_SLACK, broken_timing
 from harness.decisions.reasons import first_line
 from harness.decisions.recommendations import Recommendation
 from harness.decisions.speedups import REGIMES, baselines, impl_order, is_num, median, regime, speedup_verdict, \
-    why_untimed
+    stale, why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
 from harness.results.merge import Merged
 from harness.results.store import BenchRecord, ImplFigures
@@ -40,10 +42,14 @@ def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
     for bid, rec in res.benchmarks:
         gpu = res.source(rec).gpu if res.source(rec) else "?"
         groups[(REGIMES.index(regime(rec.phase)), plan.matrix["sm"].index(rec.sm), str(gpu))].append((bid, rec))
+    lines += [baselines_text(plan), ""]
     for (ri, si, gpu), items in sorted(groups.items()):
         lines += [f"### {REGIMES[ri]} on {plan.matrix['sm'][si]} ({md(gpu)})", "", *_bench_table(plan, items), ""]
-    lines += ["Cells: median µs · GB/s · % of the measured copy bandwidth. Speedup: the kernel against each baseline, "
-              "with its interval; \"no difference\" where the interval spans 1.", ""]
+    lines += ["Cells: median µs · GB/s · % of the measured copy bandwidth · % of the call's physical bound (the "
+              "largest of its bytes over the copy bandwidth, its flops over the dtype's measured matrix-multiply peak, "
+              "and the launch floor, an empty kernel under the same timer, all measured in the same run; a figure "
+              f"beyond its bound by more than {BOUND_SLACK:.0%} is a broken timing). Speedup: the kernel against each "
+              "baseline, with its interval; \"no difference\" where the interval spans 1.", ""]
     for sm in [s for s in plan.matrix["sm"] if any(r.sm == s for _, r in res.benchmarks)]:
         if (Path(op_dir) / plot_name(sm)).exists():  # drawn by the run or `python -m harness plot`
             lines += [f"![GB/s against token count on {sm}]({plot_name(sm)})", ""]
@@ -54,6 +60,26 @@ def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
               "baseline (rules: docs/report.md). Speedup: the median over the regime's shapes, with the lowest and "
               "highest bound of their intervals.", "", decision_table(recs)]
     return "\n".join(lines)
+
+
+def baselines_text(plan: Plan) -> str:
+    """Which function each of the plan's baselines times."""
+    native = f"{code(plan.native)} (op.native: what vLLM runs without the custom op)" if plan.native else \
+        f"the reference {code(plan.reference)}"
+    parts = []
+    if "native" in plan.benchmark.baselines:
+        parts.append(f"native: {native}, eager")
+    if "compiled" in plan.benchmark.baselines:
+        parts.append(f"compiled: {'the same' if 'native' in plan.benchmark.baselines else native} under "
+                     "torch.compile (Inductor)")
+    if "vllm" in plan.benchmark.baselines:
+        parts.append("vllm: vLLM's own compiled kernel for the op")
+    for name, path in plan.benchmark.named:
+        prepare = plan.benchmark.prepare(name)
+        parts.append(f"{md(name)}: {code(path)}" + (f", on inputs prepared once per input set by {code(prepare)}, "
+                                                   "outside the timed region" if prepare else ""))
+    accuracy = "" if plan.native else " (the numerics oracle is also the speed baseline: the plan names no op.native)"
+    return f"Baselines: {'; '.join(parts) or 'none'}. Every figure is checked against the reference after timing{accuracy}."
 
 
 # ---------------------------------------------------------------- recommendations
@@ -78,9 +104,14 @@ def speedup_text(r: Recommendation) -> str:
     return f"{r.speedup.text()} vs {r.baseline}" if r.speedup else NO_RESULT
 
 
+def why_text(r: Recommendation) -> str:
+    """A recommendation's why, with the questions its figures raise ("check the baseline", far from the limit)."""
+    return "; ".join(filter(None, [r.why, r.check_baseline, r.far_from_limit]))
+
+
 def decision_table(recs: list[Recommendation]) -> str:
     rows = [[r.sm, md(r.dtype), r.regime, r.profile, f"**{r.choice}**" if r.choice else "none", speedup_text(r),
-             others_text(r), setting_text(r), md(r.why)] for r in recs]
+             others_text(r), setting_text(r), md(why_text(r))] for r in recs]
     return table(rows, ["SM", "dtype", "regime", "vLLM profile", "recommendation", "kernel speedup",
                         "vs vLLM's kernel and named baselines", "vLLM setting", "why"])
 
@@ -123,16 +154,37 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
         row = [fmt(r.num_tokens, 12), *(fmt(r.sizes.get(k), 12) for k in symbols),
                *(md(getattr(r, a)) for a in varying)]
         for name in impls:
-            row.append(impl_cell(r.impls.get(name)))
+            row.append(impl_cell(r.impls.get(name), not_used(plan, r, name)))
         for b in compared:
-            row.append(speedup_cell(r, b))
+            row.append(speedup_cell(r, b, not_used(plan, r, b)))
         rows.append(row)
     copy = sorted({fmt(r.copy_bw_gbps, 6) for r in recs})
     timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
-            + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs))
+            + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs))
     headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in compared)]
     return [note, "", table(rows, headers)]
+
+
+def bound_note(recs: list[BenchRecord]) -> str:
+    """The measured peak and launch floor the bounds come from, or that these results have no bound."""
+    bounded = [r for r in recs if is_num(r.bound_us)]
+    peaks = sorted({fmt(r.peak_tflops, 4) for r in bounded if is_num(r.peak_tflops)})
+    floors = sorted({fmt(r.launch_floor_us, 3) for r in bounded if is_num(r.launch_floor_us)})
+    text = (f"; matrix-multiply peak measured: {', '.join(peaks)} TFLOP/s" if peaks else "") + \
+        (f"; launch floor measured: {', '.join(floors)} µs" if floors else "")
+    if len(bounded) < len(recs):
+        text += (f"; no bound recorded for {len(recs) - len(bounded)} of {len(recs)} items (timed before bounds were "
+                 "measured, or on a CPU machine, which measures none): their % of bound is unknown")
+    return text
+
+
+def not_used(plan: Plan, rec: BenchRecord, name: str) -> str:
+    """Why one implementation's figure at a shape is not used for decisions ("" where it is)."""
+    impl = rec.impls.get(name)
+    if impl is None or median(impl) is None:
+        return ""
+    return broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
 
 
 def l2_note(recs: list[BenchRecord]) -> str:
@@ -146,8 +198,9 @@ def l2_note(recs: list[BenchRecord]) -> str:
             f"size (up to {max(r.num_tokens for r in warm)} tokens): those calls find part of their data in L2")
 
 
-def impl_cell(impl: ImplFigures | None) -> str:
-    """One implementation at one shape: median µs · GB/s · % of the copy bandwidth, and what went wrong."""
+def impl_cell(impl: ImplFigures | None, unused: str = "") -> str:
+    """One implementation at one shape: median µs · GB/s · % of the copy bandwidth · % of its bound, what went
+    wrong, and (`unused`) why decisions leave the figure out."""
     if impl is None:
         return NO_RESULT
     if median(impl) is None:
@@ -160,6 +213,11 @@ def impl_cell(impl: ImplFigures | None) -> str:
                 f"{gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%")
     if is_num(impl.tflops):
         text += f" · {fmt(impl.tflops, 3)} TFLOP/s"
+    if is_num(impl.pct_of_bound):
+        text += f" · {fmt(impl.pct_of_bound, 3)}% of bound"
+    if unused and not impl.error:  # the whole reason is in the decisions and open items
+        short = "broken timing (faster than its bound)" if "broken timing" in unused else unused.split(", not on")[0]
+        text += f" · ⚠️ not used for decisions: {md(short)}"
     if impl.error:
         text += f" · ❌ {md(first_line(impl.error, 160))}"
     if impl.differs:
@@ -167,11 +225,14 @@ def impl_cell(impl: ImplFigures | None) -> str:
     return text
 
 
-def speedup_cell(rec: BenchRecord, baseline: str) -> str:
-    """The kernel's speedup over one baseline at one shape, with its interval."""
+def speedup_cell(rec: BenchRecord, baseline: str, unused: str = "") -> str:
+    """The kernel's speedup over one baseline at one shape, with its interval ("not used" where decisions leave the
+    baseline's figure out: `unused` says why, in its own cell)."""
     verdict_ = speedup_verdict(rec, baseline)
     if verdict_ is None:
         return NO_RESULT
+    if unused:
+        return "not used"
     s = rec.speedup.get(baseline)
     ratio = s.value if s is not None and is_num(s.value) else median(rec.impls[baseline]) / median(rec.impls["kernel"])
     value = f"{ratio:.2f}×"

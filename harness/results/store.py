@@ -31,7 +31,7 @@ from harness.spec.status import Status
 FORMAT = "harness-results"
 VERSION = 2
 # Version 1 files have the same layout (records were untyped dicts); they are read as they are. Optional fields
-# added since (CellRecord.passing, CellRecord.more_failures) keep the version: a harness without them skips them
+# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord) keep the version: a harness without them skips them
 # (from_json).
 READABLE_VERSIONS = (1, 2)
 
@@ -176,8 +176,12 @@ class ImplFigures:
     # Eager timings are back-to-back device time (calls queued behind each other); launch_us is the median of
     # isolated calls on an idle GPU, the host's launch cost included (what a host-bound decode step sees).
     launch_us: float | None = None
+    # The record's bound (BenchRecord.bound_us) over this median, in %: 100 is as fast as the hardware allows; over
+    # 100 (beyond the timer's slack) the timing is broken. None: no bound recorded (a CPU machine, older results).
+    pct_of_bound: float | None = None
     error: str | None = None  # raised, or (the kernel) a wrong result after timing
     differs: str | None = None  # a baseline whose outputs differ from the reference after timing (timing kept)
+    broken: str | None = None  # a baseline timed faster than its bound: a broken timing, not used for decisions
     not_run: str | None = None
 
     @property
@@ -212,6 +216,19 @@ class BenchRecord:
     num_tokens: int
     sizes: dict = field(default_factory=dict)
     copy_bw_gbps: float | None = None
+    # The physical bound of one call at this shape, measured in the same run (harness.runtime.timing): bytes over the
+    # copy bandwidth, flops over the dtype's dense matrix-multiply peak, and the launch floor (an empty kernel under
+    # the same timer); bound_us is the largest, `bound` says which. None in older results and on a CPU machine.
+    bytes: int | None = None
+    flops: float | None = None
+    peak_tflops: float | None = None
+    launch_floor_us: float | None = None
+    bound_us: float | None = None
+    bound: str | None = None  # copy bandwidth | matrix-multiply peak | launch floor
+    # What each baseline timed: name -> its import path (native and compiled: op.native, else the reference; a named
+    # baseline: its path, with its prepare after "; prepared by "). Older results lack it: native and compiled were
+    # the reference then.
+    timed_functions: dict | None = None
     l2_bytes: int | None = None
     working_set_bytes: int | None = None
     rotated_sets: int | None = None

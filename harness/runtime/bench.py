@@ -1,6 +1,8 @@
-"""Benchmarks: per regime and GPU, is the kernel faster than the reference eager ("native"), the reference
+"""Benchmarks: per regime and GPU, is the kernel faster than what vLLM runs without it: its native code eager
+("native": op.native, what vLLM runs without the custom op in the activation dtype, else the reference), the same
 under torch.compile ("compiled", Inductor), vLLM's in-tree kernel ("vllm") and any other kernel the plan names
-as a baseline (`benchmark.baselines: [{liger: liger_wrapper:rms_norm}]`, called like the kernel)?
+as a baseline (`benchmark.baselines: [{liger: liger_wrapper:rms_norm}]`, called like the kernel; with `prepare`,
+its inputs mapped once per input set outside the timed region, e.g. weights dequantized for cuBLAS)?
 
 One item per benchmark shape (the plan's benchmark token counts x its sizes) x dtype x graph mode on
 this machine's SM, e.g. `bench[decode-bf16-eager-sm90-t64-hidden4096]`; a worker runs it as a `BenchTask`
@@ -16,6 +18,9 @@ harness.runtime.timing says (device time, warm-up, cold L2 by rotating input set
   kernel's own contract (op.contract) is not timed at all.
 - A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
   is "no difference".
+- Every figure is set against its physical bound, measured in the same run (harness.decisions.bounds): a kernel
+  timed faster than it fails the item as a broken timing; a baseline timed faster than it is kept out of the
+  speedups, with why.
 
 On a CPU machine the kernel runs in Triton's interpreter, whose speed says nothing: the kernel is not
 timed there (the item is skipped with that reason), while native versus compiled is still timed with
@@ -40,6 +45,7 @@ from typing import Callable
 import numpy
 import torch
 
+from harness.decisions.bounds import broken_timing, pct_of_bound, physical_bound
 from harness.runtime.calls import first_line, kernel_outputs, reference_outputs
 from harness.runtime.device import detect, package_version
 from harness.spec.expressions import evaluate
@@ -52,8 +58,8 @@ from harness.spec.plan import Plan, PlanError
 from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
-from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, rotation_count, \
-    time_calls, working_set_bytes
+from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
+    rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
@@ -223,10 +229,44 @@ def reference_call(plan: Plan, fn: Callable) -> Callable[[dict], dict]:
     return lambda values: reference_outputs(plan, fn, values, copy=False)
 
 
-def named_call(plan: Plan, path: str) -> Callable[[dict], dict] | str:
-    """A named baseline as a kernel-style call, or why it cannot run here (its package missing, a bad path)."""
+@dataclass(frozen=True)
+class Prepared:
+    """A named baseline with a `prepare`: the kernel's arguments mapped to the baseline's once per input set, before
+    timing (weights dequantized, or prepacked for a GEMM library), so that only the call itself is timed."""
+
+    plan: Plan
+    prepare: Callable[..., dict]
+    fn: Callable
+
+    def timed(self, sets: list[dict]) -> tuple[Callable, list]:
+        """The call to time and what it rotates over: (inputs, prepared arguments) pairs, prepared here."""
+        return (lambda pair: kernel_outputs(self.plan, pair[0], self.fn(**pair[1]))), \
+            [(values, self.prepare(**values)) for values in sets]
+
+    def __call__(self, values: dict) -> dict:
+        return kernel_outputs(self.plan, values, self.fn(**self.prepare(**values)))
+
+
+def named_call(plan: Plan, name: str, path: str) -> Callable[[dict], dict] | str:
+    """A named baseline as a kernel-style call (a Prepared one where it has a `prepare`), or why it cannot run here
+    (its package missing, a bad path)."""
     fn = named_baseline(plan, path)
-    return fn if isinstance(fn, str) else kernel_call(plan, fn)
+    if isinstance(fn, str):
+        return fn
+    if plan.benchmark.prepare(name) is None:
+        return kernel_call(plan, fn)
+    prepare = named_baseline(plan, plan.benchmark.prepare(name))
+    return prepare if isinstance(prepare, str) else Prepared(plan, prepare, fn)
+
+
+def timed_functions(plan: Plan) -> dict[str, str]:
+    """What each baseline of the plan times, by import path (recorded with every benchmark, so a page tells which
+    function a figure came from after the plan changed)."""
+    out = {name: plan.native_path for name in ("native", "compiled") if name in plan.benchmark.baselines}
+    for name, path in plan.benchmark.named:
+        prepare = plan.benchmark.prepare(name)
+        out[name] = f"{path}; prepared by {prepare}" if prepare else path
+    return out
 
 
 def outside_contract(plan: Plan, name: str, spec: BenchSpec) -> str:
@@ -241,7 +281,7 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
     """Each implementation as a call, or the reason it is not run: the kernel, the built-in baselines, then the
     plan's named baselines in plan order. With `spec`, the kernel and named baselines whose contract that shape is
     outside are not run (the others are)."""
-    reference = resolve(plan).reference
+    native = resolve(plan).native  # op.native, else the reference
     try:
         kernel = kernel_call(plan, load_kernel(plan)) if device == "cuda" else CPU_KERNEL_REASON
     except KernelUnavailable as exc:  # the plan tests vLLM's own kernel, which cannot be loaded here
@@ -251,14 +291,14 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
         if name not in plan.benchmark.baselines:
             impls[name] = "not in the plan's benchmark.baselines"
         elif name == "native":
-            impls[name] = reference_call(plan, reference)
+            impls[name] = reference_call(plan, native)
         elif name == "compiled":
-            impls[name] = reference_call(plan, compiled_reference(reference, spec.shape if spec else None))
+            impls[name] = reference_call(plan, compiled_reference(native, spec.shape if spec else None))
         else:
             fn = vllm_kernel(plan)
             impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
     for name, path in plan.benchmark.named:
-        impls[name] = named_call(plan, path)
+        impls[name] = named_call(plan, name, path)
     for name in ("kernel", *(n for n, _ in plan.benchmark.named)):
         impls[name] = (outside_contract(plan, name, spec) if spec else "") or impls[name]
     return impls
@@ -268,7 +308,7 @@ _compiled: dict = {}  # the compiled reference of the last shape benchmarked in 
 
 
 def compiled_reference(reference: Callable, shape: tuple) -> Callable:
-    """The reference under torch.compile, specialised to one shape (Inductor at its best, as vLLM's
+    """The native code (op.native, else the reference) under torch.compile, specialised to one shape (Inductor at its best, as vLLM's
     compile_sizes get it). Items of one shape follow each other (eager, then cuda_graph), so they share one
     compilation; a new shape starts afresh (dynamo.reset), so dynamo's recompile limit never sends it to eager."""
     key = (reference, shape)
@@ -288,7 +328,7 @@ def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
     """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
     values = input_sets(plan, spec, device)[0]
     if "compiled" in plan.benchmark.baselines:
-        reference_call(plan, compiled_reference(resolve(plan).reference, spec.shape))(values)
+        reference_call(plan, compiled_reference(resolve(plan).native, spec.shape))(values)
     if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
         kernel_call(plan, load_kernel(plan))(values)
         torch.cuda.synchronize()
@@ -353,7 +393,7 @@ def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
     GPU and Inductor's settings. The kernel is left out: a kernel being edited compiles in its items (seconds), while
     the unchanged references stay compiled (precompiling warm caches still costs 15-20 s of process starts)."""
     try:
-        source = Path(inspect.getsourcefile(resolve(plan).reference) or "").read_text()
+        source = Path(inspect.getsourcefile(resolve(plan).native) or "").read_text()
     except (TypeError, OSError):  # a builtin, or no file
         source = ""
     digest = hashlib.sha256()
@@ -393,7 +433,8 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: Che
     """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
     judged as a numerics cell judges it (the same tolerance and fp64 tie-break)."""
     values = inputs.fresh()
-    actual = _captured(call, values) if spec.graph_mode == "cuda_graph" else call(values)
+    run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
+    actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])
     try:
         for name in plan.outputs:
             compare_judged(plan, resolve(plan).reference, spec.dtype, None, name, actual[name],
@@ -423,15 +464,18 @@ def significant(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches) -> ImplFigures:
+def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches,
+            bound_us: float | None = None) -> ImplFigures:
     seconds = timing.median_us * 1e-6
     gbps = nbytes / seconds / 1e9
+    pct = pct_of_bound(bound_us, timing.median_us)
     return ImplFigures(
         median_us=round(timing.median_us, 3), q20_us=round(timing.q20_us, 3), q80_us=round(timing.q80_us, 3),
         gbps=significant(gbps), pct_copy_bw=significant(100 * gbps / copy_bw) if copy_bw else None,
         tflops=significant(flops / seconds / 1e12) if flops is not None else None,
         launches=launches, samples=len(timing.samples_us),
-        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None)
+        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None,
+        pct_of_bound=significant(pct) if pct is not None else None)
 
 
 def base_record(spec: BenchSpec) -> BenchRecord:
@@ -464,6 +508,19 @@ def prepare_benchmarks(plan: Plan) -> None:
     implementations(plan, detect().device)
 
 
+def measure_bounds(rec: BenchRecord, device: str, graph: bool, nbytes: int, flops: float | None) -> None:
+    """The record's physical bound, measured in this run with the items' timers (on a GPU; a CPU machine times no
+    kernel and records the byte and flop counts alone)."""
+    rec.bytes, rec.flops = nbytes, flops
+    if device != "cuda":
+        return
+    peak = tensor_peak_tflops(device, TORCH_DTYPES[rec.dtype]) if flops else None  # a flop model to set it against
+    rec.peak_tflops = significant(peak) if peak else None
+    rec.launch_floor_us = round(launch_floor_us(device, graph), 3)
+    bound_us, rec.bound = physical_bound(nbytes, rec.copy_bw_gbps, flops, rec.peak_tflops, rec.launch_floor_us)
+    rec.bound_us = round(bound_us, 3) if bound_us is not None else None
+
+
 def run_benchmark(task: BenchTask) -> BenchOutcome:
     """Time every implementation of one benchmark item and check its result; returns the results record."""
     plan, spec, device = task.plan, task.spec, detect().device
@@ -477,16 +534,23 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
     rec = base_record(spec)
     rec.copy_bw_gbps, rec.l2_bytes, rec.working_set_bytes, rec.rotated_sets = \
         significant(copy_bw), l2, working_set, len(sets)
+    rec.timed_functions = timed_functions(plan)
     outcome = BenchOutcome(rec)
     flops = flops_done(plan, spec.dtype, spec.num_tokens, sizes)
+    returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
+    nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
+    measure_bounds(rec, device, graph, nbytes, flops)
     for name, call in implementations(plan, device, spec).items():
         if isinstance(call, str):
             rec.impls[name] = ImplFigures(not_run=call)
             continue
+        timed_sets = sets
         try:
-            timing = time_calls(call, sets, device, graph)
+            # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside it.
+            timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
+            timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
-            mismatch = check(plan, spec, call, inputs) if name != "native" or graph else None
+            mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
@@ -496,29 +560,33 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             else:  # a baseline that cannot run in this mode (e.g. a reference that syncs the host under capture)
                 rec.impls[name] = ImplFigures(not_run=f"raised {message}")
             continue
-        returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
-        nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
+        finally:
+            del timed_sets
         key = (str(plan.path), name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
         if device == "cuda" and key not in _launches:
-            _launches[key] = count_launches(call, sets[0])
+            run, first = call.timed(sets[:1]) if isinstance(call, Prepared) else (call, sets[:1])
+            _launches[key] = count_launches(run, first[0])
         launches = _launches.get(key)
-        rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches)
+        rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches, rec.bound_us)
         rec.timer = timing.timer
         outcome.timings[name] = timing
-        if mismatch and name == "kernel":
-            rec.impls[name].error = mismatch
-            outcome.failures[name] = mismatch
+        too_fast = broken_timing(rec, rec.impls[name])
+        if (mismatch or too_fast) and name == "kernel":
+            rec.impls[name].error = too_fast or mismatch
+            outcome.failures[name] = too_fast or mismatch
         elif mismatch:
             # A baseline is what a deployment runs instead (Inductor fuses away the reference's intermediate
             # roundings): its timing stands, and the report says where its outputs differ.
             rec.impls[name].differs = mismatch
+        if too_fast and name != "kernel":  # a figure no hardware allows says nothing about the baseline's speed
+            rec.impls[name].broken = too_fast
     kernel = rec.impls["kernel"]
     for name in [n for n in rec.impls if n != "kernel"]:  # every baseline, named ones included
         base = rec.impls[name]
-        if kernel.timed and base.timed:
+        if kernel.timed and base.timed and not base.broken:
             rec.speedup[name] = speedup(base, kernel)
         else:
-            why = kernel.not_run or kernel.error or base.not_run or base.error
+            why = kernel.not_run or kernel.error or base.not_run or base.error or base.broken
             rec.speedup[name] = Speedup(not_run=f"{'kernel' if not kernel.timed else name}: {why}")
     del sets, inputs
     if device == "cuda":

@@ -9,8 +9,9 @@ the plan's arguments in order. A failure is a PlanError at the field's line (`pl
 A reference, op.replaces or vllm.layer in vLLM's own package is imported where it is used (vLLM may not be
 installed here), and named
 benchmark baselines when timed (`named_baseline`: a package missing here is a baseline not run, never an
-error). `python -m harness validate` resolves in a child process, `python -m harness.runtime.resolve PLAN...`,
-as a user's import can crash or hang (`resolve_in_child`).
+error). `python -m harness validate` resolves in a child process, `python -m harness.runtime.check_code PLAN...`,
+as a user's import can crash or hang (`resolve_in_child`); the child also runs the native baseline's function
+once on a tiny CPU example (harness.runtime.upcast).
 
 Plain Python at import (importlib, inspect): torch comes with the user's modules.
 """
@@ -35,9 +36,9 @@ from harness.spec.plan import Plan, PlanError
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
 
 OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
-# The fields whose path may lead into vLLM's package: a reference may be vLLM's forward_native, and the layer
-# replaced is vLLM's.
-MAY_BE_VLLM = ("op.reference", "op.replaces", "vllm.layer")
+# The fields whose path may lead into vLLM's package: a reference or native may be vLLM's forward_native, and the
+# layer replaced is vLLM's.
+MAY_BE_VLLM = ("op.reference", "op.native", "op.replaces", "vllm.layer")
 
 
 def import_object(path: str) -> Any:
@@ -76,6 +77,11 @@ class Resolved:
         return self._get("op.reference", self.plan.reference)
 
     @property
+    def native(self) -> Callable:
+        """What the `native` and `compiled` baselines time: op.native, else the reference."""
+        return self._get("op.native", self.plan.native) if self.plan.native else self.reference
+
+    @property
     def fake(self) -> Callable | None:
         """torch.compile's fake implementation, None where the plan names none (it is derived from the reference)."""
         return self._get("op.fake", self.plan.fake)
@@ -105,7 +111,7 @@ def resolve(plan: Plan) -> Resolved:
     plan_folder_on_import_path(plan)
     resolved = Resolved(plan)
     callables = [("op.kernel", plan.kernel if not plan.vllm_kernel else None), ("op.reference", plan.reference),
-                 ("op.fake", plan.fake), ("op.generate", plan.generate)]
+                 ("op.native", plan.native), ("op.fake", plan.fake), ("op.generate", plan.generate)]
     for field_name, path in callables + [("op.replaces", plan.replaces), ("vllm.layer", plan.vllm.layer)]:
         if path is None or field_name in MAY_BE_VLLM and path.split(".")[0] == OPTIONAL_PACKAGE:
             continue
@@ -120,7 +126,9 @@ def resolve(plan: Plan) -> Resolved:
         _check_vllm_schema(plan)
     else:
         _check_signature(resolved, "op.kernel", names)
-    _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
+    inputs = [a.name for a in plan.args if a.role != "output"]
+    _check_signature(resolved, "op.reference", inputs)
+    _check_signature(resolved, "op.native", inputs)  # called exactly like the reference
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
     resolved.warnings = _pinned_optional_arguments(resolved)
@@ -151,18 +159,20 @@ def _check_named_baselines(plan: Plan) -> None:
     """A named baseline whose package is installed here must resolve: a typo in its module or function is the
     plan's error, not a baseline silently "not run". Where its package is not installed, it is timed where it is."""
     for name, path in plan.benchmark.named:
-        top = path.split(":")[0].split(".")[0]
-        try:
-            installed = importlib.util.find_spec(top) is not None
-        except (ImportError, ValueError):
-            installed = False
-        if not installed:
-            continue
-        found = named_baseline(plan, path)
-        if isinstance(found, str):
-            field_name = next((k for k in plan.lines if k.startswith("benchmark.baselines[") and
-                               k.endswith(f"].{name}")), "benchmark.baselines")
-            raise plan.error(field_name, f"a callable baseline ({top} is installed here)", found)
+        field_name = next((k for k in plan.lines if k.startswith("benchmark.baselines[") and
+                           k.endswith(f"].{name}")), "benchmark.baselines")
+        for what, at, where in (("baseline", path, field_name), ("prepare", plan.benchmark.prepare(name),
+                                                                  f"{field_name}.prepare")):
+            top = at.split(":")[0].split(".")[0] if at else ""
+            try:
+                installed = bool(top) and importlib.util.find_spec(top) is not None
+            except (ImportError, ValueError):
+                installed = False
+            if not installed:
+                continue
+            found = named_baseline(plan, at)
+            if isinstance(found, str):
+                raise plan.error(where, f"a callable {what} ({top} is installed here)", found)
 
 
 def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False) -> None:
@@ -204,6 +214,9 @@ def named_baseline(plan: Plan, path: str) -> Callable | str:
 
 # ---------------------------------------------------------------- resolving in a child process
 
+# The child's module: resolve.main with the warnings that run the plan's code (a module name here, not an import:
+# this one imports no torch).
+CHILD_MODULE = "harness.runtime.check_code"
 RESOLVE_TIMEOUT_S = 300.0  # per plan: importing a kernel module compiles nothing, but torch's import takes seconds
 _ANSWER = "harness-resolve: "  # marks the child's answers among whatever the user's modules print
 
@@ -218,7 +231,7 @@ def resolve_in_child(paths: list[str], timeout_s: float = RESOLVE_TIMEOUT_S,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     while len(answers) < len(paths):
         todo = [p for p in paths if p not in answers]
-        proc = subprocess.Popen([sys.executable, "-m", "harness.runtime.resolve", *todo], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, *todo], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env)
         lines: queue.Queue = queue.Queue()
         stderr: list[str] = []
@@ -252,13 +265,16 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def main(argv: list[str]) -> int:
-    """One answer line per plan: {"path": ..., "error": "" or why its code does not resolve}."""
+def main(argv: list[str], warnings_of: Callable[[Plan], list[str]] | None = None) -> int:
+    """One answer line per plan: {"path": ..., "error": "" or why its code does not resolve, "warnings": [...]}, the
+    warnings from `warnings_of` where given (harness.runtime.check_code's, which run the plan's code), else
+    resolve's."""
     status = 0
     for path in argv:
         warned: list[str] = []
         try:
-            warned = resolve(load_plan(path)).warnings
+            plan = load_plan(path)
+            warned = (warnings_of or (lambda p: resolve(p).warnings))(plan)
             error = ""
         except PlanError as exc:
             error, status = str(exc), 1

@@ -16,6 +16,9 @@ with these; scripts/ time kernel variants with them).
   MAX_ROTATED_SETS: a call smaller than 2x L2 / MAX_ROTATED_SETS (about 120 KB on an H200: decode sizes)
   finds part of its data in L2, as in a decode step, whose input the previous op has just written.
 - Launches per call: the device operations (kernels, memsets, copies) in a CUDA graph capturing one call.
+- The bounds every figure is set against, measured once per run with the same timers: the copy bandwidth (one
+  large device-to-device copy), the dense matrix-multiply peak of each dtype (one large cuBLAS GEMM) and the
+  launch floor (an empty kernel, in each graph mode).
 - On a CPU machine: the host clock (`timer: host`).
 
 triton.testing.do_bench is not used because it starts every call from an L2 flushed by a 256 MB memset
@@ -247,6 +250,41 @@ def copy_bandwidth_gbps(device: str) -> float:
     dst = torch.empty_like(src)
     timing = time_calls(lambda v: v["dst"].copy_(v["src"]), [{"src": src, "dst": dst}], device)
     return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
+
+
+# The dense GEMM a dtype's peak is measured on: large enough that cuBLAS runs at its peak on an H200.
+PEAK_GEMM_SIZE = 8192
+
+
+@lru_cache(maxsize=None)
+def tensor_peak_tflops(device: str, dtype: torch.dtype) -> float | None:
+    """This machine's measured dense matrix-multiply peak in `dtype` (TFLOP/s), over one large cuBLAS GEMM timed
+    like the items, once per run: tensor cores for 16-bit dtypes; fp32 with TF32 off, its CUDA-core peak. None off
+    CUDA (a CPU machine times no kernel) and for dtypes cuBLAS has no GEMM for."""
+    if device != "cuda" or not dtype.is_floating_point or dtype.itemsize > 4:
+        return None
+    n = PEAK_GEMM_SIZE
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 as fp32: a TF32 peak would make fp32 kernels look slow
+    try:
+        timing = time_calls(lambda v: torch.mm(v["a"], v["b"], out=v["out"]), [{"a": a, "b": b, "out": out}], device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    del a, b, out
+    return 2 * n ** 3 / (timing.median_us * 1e-6) / 1e12
+
+
+@lru_cache(maxsize=None)
+def launch_floor_us(device: str, graph: bool) -> float | None:
+    """The device time of an empty kernel (one element incremented) under the items' timer, once per run and graph
+    mode: no call that launches a kernel is faster. None off CUDA."""
+    if device != "cuda":
+        return None
+    one = torch.zeros(1, device=device)
+    return time_calls(lambda v: v["one"].add_(1), [{"one": one}], device, graph).median_us
 
 
 _GRAPH_NODE_TYPE = re.compile(r'label="\{\s*([A-Z_]+)')  # cudaGraphDebugDotPrint: label="{KERNEL | ..."

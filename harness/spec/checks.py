@@ -89,7 +89,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider),
         capture_sizes=many(spec.cuda_graph.capture_sizes) or None if spec.cuda_graph else None,
         accumulation=op.accumulation, raw_text=text,
-        contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(),
+        contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(), native=op.native,
         lines={dotted(loc): line for loc, line in w.lines.items() if loc},
         paths=_paths(w, op.paths, sizes),
     )
@@ -347,7 +347,7 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of, numeri
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
                          f"({numerics.max_num_seqs}) tokens, one per sequence", tokens)
-    builtin, named, contracts = [], [], []
+    builtin, named, contracts, prepares = [], [], [], []
     for i, item in enumerate(many(b.baselines) if b.baselines is not None else ("native", "compiled")):
         loc = ("benchmark", "baselines", i)
         if isinstance(item, str):
@@ -366,10 +366,12 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of, numeri
         if isinstance(entry, S.NamedBaseline):
             if entry.contract is not None:
                 contracts.append((name, contract_of(loc + (name, "contract"), entry.contract)))
+            if entry.prepare is not None:
+                prepares.append((name, entry.prepare))
             entry = entry.path
         named.append((name, entry))
     return Benchmark(**{p: many(getattr(b, p)) for p in PHASES}, baselines=tuple(builtin), named=tuple(named),
-                     contracts=tuple(contracts), bytes=b.bytes, flops=b.flops, models=_models(w, b.models, sizes))
+                     contracts=tuple(contracts), prepares=tuple(prepares), bytes=b.bytes, flops=b.flops, models=_models(w, b.models, sizes))
 
 
 def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:

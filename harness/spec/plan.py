@@ -272,9 +272,16 @@ class Benchmark:
     # The real model each size comes from: ("hidden=4096", "Llama-3-8B"); a key may pair several symbols.
     models: tuple[tuple[str, str], ...] = ()
     contracts: tuple[tuple[str, Contract], ...] = ()  # named baseline -> its contract, where it states one
+    # named baseline -> the import path of a function mapping the kernel's arguments to the baseline's once per input
+    # set, outside the timed region (weights dequantized or prepacked), where it names one
+    prepares: tuple[tuple[str, str], ...] = ()
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
+
+    def prepare(self, name: str) -> str | None:
+        """The import path of a named baseline's `prepare`, None where it names none."""
+        return dict(self.prepares).get(name)
 
     def contract(self, name: str) -> Contract | None:
         """A named baseline's contract, None where it states none."""
@@ -349,9 +356,17 @@ class Plan:
     raw_text: str = field(repr=False, default="")
     warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
     contract: Contract = Contract()  # the kernel's preconditions (op.contract)
+    # What vLLM runs without the custom op, in the activation dtype (op.native: the layer's forward_native; for a
+    # quantized linear, dequantize to the activation dtype and F.linear); None: the reference is that too
+    native: str | None = None
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # dotted field -> its line
     # The kernel's size-selected code paths (op.paths): (name, condition); each GPU cell checks one example past each.
     paths: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def native_path(self) -> str:
+        """The function the `native` and `compiled` baselines time: op.native, else the reference."""
+        return self.native or self.reference
 
     @property
     def vllm_kernel(self) -> str | None:

@@ -151,6 +151,10 @@ class Op(Section):
     description: Text = ""
     kernel: str = Field(pattern=KERNEL_PATTERN, description=KERNEL_EXPECTED)
     reference: import_path()
+    # What vLLM runs without the custom op, in the activation dtype (the layer's forward_native): the `native` and
+    # `compiled` baselines time it; the reference stays the accuracy oracle.
+    native: Optional[import_path("an import path 'package.module:attribute': what vLLM runs without the custom op "
+                                 "(the layer's forward_native), called like the reference")] = None
     replaces: Optional[import_path()] = None
     args: dict[str, Arg] = Field(min_length=1, description="at least one argument: the op's arguments, in call "
                                  "order")
@@ -211,13 +215,19 @@ class NumericsSection(Section):
 class NamedBaseline(Section):
     path: import_path()
     contract: Optional[Contract] = None
+    # Called once per input set before timing: the timed call gets what it returns (weights dequantized or prepacked
+    # for a GEMM library), so that work stays outside the timed region.
+    prepare: Optional[import_path("an import path 'package.module:attribute': a function taking the kernel's "
+                                  "arguments by name and returning the baseline's, by name, outside the timed "
+                                  "region")] = None
 
 
 Baseline = forms(one=Literal[BASELINES],
                  mapping=Annotated[dict[Any, forms(one=import_path(), mapping=NamedBaseline)],
                                    Field(min_length=1, max_length=1)],
                  description=f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}} or "
-                             "{name: {path: 'package.module:attribute', contract: {...}}}")
+                             "{name: {path: 'package.module:attribute', contract: {...}, "
+                             "prepare: 'package.module:attribute'}}")
 
 
 class Benchmark(Section):

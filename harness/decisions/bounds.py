@@ -1,0 +1,89 @@
+"""Every figure beside its physical bound: what one call at a shape cannot beat on the machine that timed it, the
+share of it each implementation reaches, a timing faster than it (broken), a big win over a weak baseline ("check
+the baseline") and a kernel far from the hardware limit. The rules of docs/report.md. Plain Python, no Markdown.
+
+The bound of one call is the largest of: its bytes (the plan's byte model) over the copy bandwidth, its flops (the
+plan's flop model) over the dtype's dense matrix-multiply peak, and the launch floor (an empty kernel under the
+same timer), each measured in the same run (harness.runtime.timing).
+"""
+
+from __future__ import annotations
+
+from harness.results.store import BenchRecord, ImplFigures, finite_number
+
+# A figure may beat its bound by this much before its timing counts as broken: the timer's run-to-run noise.
+BOUND_SLACK = 0.03
+# "check the baseline": the kernel over CHECK_SPEEDUP times faster than the best baseline, which reaches under
+# WEAK_PCT % of its bound.
+CHECK_SPEEDUP, WEAK_PCT = 3.0, 50.0
+# "far from the hardware limit": an enabled kernel under FAR_PCT % of its bound.
+FAR_PCT = 50.0
+COPY, PEAK, LAUNCH = "copy bandwidth", "matrix-multiply peak", "launch floor"
+
+
+def physical_bound(nbytes: float | None, copy_bw_gbps: float | None, flops: float | None,
+                   peak_tflops: float | None, launch_floor_us: float | None) -> tuple[float | None, str | None]:
+    """(µs, which limit) of one call: the largest of bytes / copy bandwidth, flops / peak, the launch floor; (None,
+    None) where none of them was measured."""
+    terms = []
+    if finite_number(nbytes) and finite_number(copy_bw_gbps) and copy_bw_gbps > 0:
+        terms.append((nbytes / (copy_bw_gbps * 1e9) * 1e6, COPY))
+    if finite_number(flops) and finite_number(peak_tflops) and peak_tflops > 0:
+        terms.append((flops / (peak_tflops * 1e12) * 1e6, PEAK))
+    if finite_number(launch_floor_us) and launch_floor_us > 0:
+        terms.append((launch_floor_us, LAUNCH))
+    if not terms:
+        return None, None
+    us, which = max(terms)
+    return us, which
+
+
+def pct_of_bound(bound_us: float | None, median_us: float | None) -> float | None:
+    """The bound over a median, in % (100: as fast as the hardware allows)."""
+    if not (finite_number(bound_us) and finite_number(median_us)) or median_us <= 0:
+        return None
+    return 100 * bound_us / median_us
+
+
+def faster_than_bound(impl: ImplFigures | None) -> bool:
+    """A timing beyond its bound by more than the timer's slack: the timing, not the implementation, is wrong."""
+    return impl is not None and finite_number(impl.pct_of_bound) and impl.pct_of_bound > 100 * (1 + BOUND_SLACK)
+
+
+def broken_timing(rec: BenchRecord, impl: ImplFigures) -> str:
+    """Why an implementation's figure is a broken timing ("" where it is not)."""
+    if not faster_than_bound(impl):
+        return ""
+    return (f"broken timing: {impl.median_us:.4g} µs is faster than its bound of {rec.bound_us:.4g} µs "
+            f"({rec.bound or 'bound'}) by more than {BOUND_SLACK:.0%}: {limit_words(rec)}")
+
+
+def limit_words(rec: BenchRecord) -> str:
+    """The bound's terms in words: "58.7 MB at 4251 GB/s = 13.8 µs; 0.12 GFLOP at 690 TFLOP/s = 0.2 µs; launch
+    floor 2.1 µs"."""
+    parts = []
+    if finite_number(rec.bytes) and finite_number(rec.copy_bw_gbps) and rec.copy_bw_gbps > 0:
+        parts.append(f"{rec.bytes / 1e6:.4g} MB at {rec.copy_bw_gbps:.4g} GB/s = "
+                     f"{rec.bytes / (rec.copy_bw_gbps * 1e3):.3g} µs")
+    if finite_number(rec.flops) and finite_number(rec.peak_tflops) and rec.peak_tflops > 0:
+        parts.append(f"{rec.flops / 1e9:.4g} GFLOP at {rec.peak_tflops:.4g} TFLOP/s = "
+                     f"{rec.flops / (rec.peak_tflops * 1e6):.3g} µs")
+    if finite_number(rec.launch_floor_us):
+        parts.append(f"launch floor {rec.launch_floor_us:.3g} µs")
+    return "; ".join(parts) or "no bound recorded"
+
+
+def weak_baseline(rec: BenchRecord, speedup: float | None, best: str | None) -> bool:
+    """The kernel over CHECK_SPEEDUP x faster than the best baseline at a shape, where that baseline reaches under
+    WEAK_PCT % of its bound: a question about the baseline before it is a result about the kernel."""
+    impl = rec.impls.get(best) if best else None
+    return (finite_number(speedup) and speedup > CHECK_SPEEDUP and impl is not None
+            and finite_number(impl.pct_of_bound) and impl.pct_of_bound < WEAK_PCT)
+
+
+def far_from_limit(impls: list[ImplFigures]) -> tuple[int, float, float] | None:
+    """(shapes under FAR_PCT % of the bound, the lowest %, the highest %) over a kernel's figures; None where it
+    reaches FAR_PCT % everywhere its bound was recorded, or no bound was recorded."""
+    pcts = [i.pct_of_bound for i in impls if i is not None and finite_number(i.pct_of_bound)]
+    low = [p for p in pcts if p < FAR_PCT]
+    return (len(low), min(pcts), max(pcts)) if low else None

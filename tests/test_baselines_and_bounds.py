@@ -1,0 +1,251 @@
+"""Speed baselines apart from the numerics oracle (op.native, prepared named baselines), the upcasting-reference
+warning, and every figure beside its physical bound: the arithmetic, a too-fast timing failing the item, "check the
+baseline", "far from the hardware limit" and results from before either existed. On a CPU machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.decisions import bounds
+from harness.results.store import ImplFigures
+from harness.runtime import bench
+from harness.runtime.check_code import plan_code_warnings
+from harness.runtime.resolve import resolve
+from harness.runtime.tasks import BenchTask
+from harness.spec.load import load_plan
+from harness.spec.plan import PlanError
+from tests.plans import rms_norm_plan
+from tests.test_report import bench as bench_record, decision_rows, passed_sm90, render, section, small_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+INT8 = ROOT / "kernels" / "plans" / "int8_linear_column.yaml"
+NATIVE_LINE = "  native: kernels.int8_linear:int8_weight_only_linear_native"
+
+
+def int8_plan_without_native(tmp_path: Path) -> Path:
+    text = INT8.read_text()
+    line = next(l for l in text.splitlines() if l.startswith(NATIVE_LINE))
+    path = tmp_path / "int8.yaml"
+    path.write_text(text.replace(line + "\n", "", 1))
+    return path
+
+
+# ---------------------------------------------------------------- op.native and the upcast warning
+
+
+def test_an_upcasting_reference_without_a_native_is_warned_at_its_line(tmp_path):
+    path = int8_plan_without_native(tmp_path)
+    warned = [w for w in plan_code_warnings(load_plan(path)) if "op.reference" in w]
+    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if l.startswith("  reference:"))
+    assert len(warned) == 1 and warned[0].startswith(f"{path}:{line}: op.reference: the reference computes in "
+                                                     "float32 on fp16 activations (aten.mm in float32)"), warned
+    assert "name op.native (what vLLM runs without the custom op" in warned[0]
+
+
+@pytest.mark.parametrize("plan", ["plan.yaml", *sorted(p.name for p in (ROOT / "kernels/plans").glob("*.yaml"))])
+def test_every_bundled_plans_native_computes_in_the_activation_dtype(plan):
+    path = ROOT / plan if plan == "plan.yaml" else ROOT / "kernels" / "plans" / plan
+    assert plan_code_warnings(load_plan(path)) == []
+
+
+def test_an_fp32_variance_is_what_vllm_does_and_is_not_warned(tmp_path):
+    """RMSNorm's reference reduces in fp32 as vLLM's forward_native does: only fp32 matrix products count."""
+    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16, fp16]"))
+    assert plan_code_warnings(plan) == []
+
+
+def test_native_is_resolved_and_checked_like_the_reference(tmp_path):
+    plan = load_plan(INT8)
+    assert plan.native == "kernels.int8_linear:int8_weight_only_linear_native"
+    assert resolve(plan).native.__name__ == "int8_weight_only_linear_native"
+    assert load_plan(rms_norm_plan(tmp_path)).native_path == "kernels.rms_norm:rms_norm_ref"  # none: the reference
+    text = INT8.read_text()
+    for new, field, words in ((NATIVE_LINE.replace("_native", "_natve"), "op.native", "an importable object"),
+                              (NATIVE_LINE.replace("int8_weight_only_linear_native", "int8_weight_only_linear"),
+                               "op.native", "taking the plan's arguments by name"),
+                              ("  native: not a path", "op.native", "an import path")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(text.replace(NATIVE_LINE, new, 1))
+        with pytest.raises(PlanError) as info:
+            resolve(load_plan(path))
+        assert info.value.field == field and words in str(info.value), str(info.value)
+
+
+def test_a_named_baselines_prepare_is_validated(tmp_path):
+    extra = ("benchmark: {decode: [4], baselines: [native, {into: {path: tests.baselines:rms_norm_into, "
+             "prepare: tests.baselines:no_such_prepare}}]}\n")
+    with pytest.raises(PlanError) as info:
+        resolve(load_plan(rms_norm_plan(tmp_path, extra=extra)))
+    assert info.value.field == "benchmark.baselines[1].into.prepare" and "a callable prepare" in str(info.value)
+    plan = load_plan(rms_norm_plan(tmp_path, extra=extra.replace("no_such_prepare", "slow_prepare")))
+    assert plan.benchmark.prepare("into") == "tests.baselines:slow_prepare" and plan.benchmark.prepare("x") is None
+
+
+def test_prepare_runs_once_per_input_set_outside_the_timed_region(tmp_path):
+    """slow_prepare sleeps 50 ms: a timing that included it would be at least that long."""
+    extra = ("benchmark: {decode: [4], baselines: [native, {into: {path: tests.baselines:rms_norm_into, "
+             "prepare: tests.baselines:slow_prepare}}]}\n")
+    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra=extra))
+    rec = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record
+    into = rec.impls["into"]
+    assert into.timed and into.differs is None and into.median_us < 20_000, into  # checked against the reference
+    assert rec.timed_functions == {"native": "kernels.rms_norm:rms_norm_ref",
+                                   "into": "tests.baselines:rms_norm_into; prepared by tests.baselines:slow_prepare"}
+
+
+def test_the_int8_plans_time_native_and_cublas_in_the_activation_dtype_and_say_why_machete_is_absent(tmp_path):
+    text = INT8.read_text().replace("values: [4096, 14336]", "values: [64]").replace("decode: [1, 64, 256]",
+                                                                                    "decode: [2]")
+    path = tmp_path / "int8.yaml"
+    path.write_text(text.replace("prefill: [2048]", "prefill: []"))
+    plan = load_plan(path)
+    spec = next(s for s in bench.bench_specs(plan, "cpu") if s.dtype == "bf16" and s.graph_mode == "eager")
+    rec = bench.run_benchmark(BenchTask(plan, spec)).record
+    for name in ("native", "cublas"):
+        assert rec.impls[name].timed and rec.impls[name].differs is None, (name, rec.impls[name])
+    assert rec.timed_functions["native"] == plan.native
+    assert rec.impls["machete"].not_run == ("raised RuntimeError: vLLM's machete_prepack_B runs on a CUDA GPU; this "
+                                            "machine has none")
+
+
+def test_machete_gets_the_weights_as_a_gptq_8bit_checkpoint_packs_them():
+    import torch
+
+    from kernels.int8_linear_vllm import gptq_uint8b128
+
+    weight = torch.randint(-128, 128, (6, 16), dtype=torch.int8)
+    packed = gptq_uint8b128(weight)
+    assert packed.shape == (4, 6) and packed.dtype == torch.int32 and packed.stride() == (1, 4)
+    for i in range(4):  # input feature 4j + i in bits 8i of word j, stored as value + 128
+        assert torch.equal((packed >> (8 * i)) & 0xFF, (weight[:, i::4].to(torch.int32) + 128).t())
+
+
+def test_the_uint8b128_id_is_vllms():
+    scalar_type = pytest.importorskip("vllm.scalar_type")
+    from kernels.int8_linear_vllm import UINT8B128
+
+    assert UINT8B128 == scalar_type.scalar_types.uint8b128.id
+
+
+# ---------------------------------------------------------------- bounds
+
+
+def test_the_bound_is_the_largest_of_bytes_flops_and_the_launch_floor():
+    # 58.7 MB at 4251 GB/s is 13.8 µs; 0.117 GFLOP at 690 TFLOP/s is 0.17 µs; the floor 2 µs
+    us, which = bounds.physical_bound(58.7e6, 4251.0, 1.17e8, 690.0, 2.0)
+    assert which == bounds.COPY and us == pytest.approx(13.81, abs=0.01)
+    us, which = bounds.physical_bound(117e6, 4251.0, 2 * 2048 * 4096 * 4096, 690.0, 2.0)
+    assert which == bounds.PEAK and us == pytest.approx(99.6, abs=0.1)
+    assert bounds.physical_bound(64.0, 4251.0, None, None, 2.0) == (2.0, bounds.LAUNCH)
+    assert bounds.physical_bound(None, None, None, None, None) == (None, None)
+    assert bounds.pct_of_bound(13.8, 96.6) == pytest.approx(14.29, abs=0.01)
+    assert not bounds.faster_than_bound(ImplFigures(median_us=13.5, pct_of_bound=102.9))  # inside the 3% slack
+    assert bounds.faster_than_bound(ImplFigures(median_us=13.0, pct_of_bound=106.0))
+
+
+
+def test_a_cpu_machine_measures_no_peak_and_no_launch_floor():
+    import torch
+
+    from harness.runtime import timing
+
+    assert timing.tensor_peak_tflops("cpu", torch.bfloat16) is None and timing.launch_floor_us("cpu", False) is None
+
+
+def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_left_out(tmp_path, monkeypatch):
+    """A bound of one second: every host-clock timing is faster. The kernel is the reference in kernel style."""
+    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra=(
+        "benchmark: {decode: [4], baselines: [native, {into: tests.baselines:rms_norm_into}]}\n")))
+    real = bench.implementations
+
+    def with_a_kernel(plan, device, spec=None):
+        impls = real(plan, device, spec)
+        return {**impls, "kernel": impls["into"]}
+
+    def one_second(rec, device, graph, nbytes, flops):
+        rec.bytes, rec.flops, rec.bound_us, rec.bound = nbytes, flops, 1e6, bounds.LAUNCH
+
+    monkeypatch.setattr(bench, "implementations", with_a_kernel)
+    monkeypatch.setattr(bench, "measure_bounds", one_second)
+    outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
+    assert outcome.failures["kernel"].startswith("broken timing: ") and "faster than its bound of 1e+06 µs" in \
+        outcome.failures["kernel"]
+    native = outcome.record.impls["native"]
+    assert native.timed and native.broken.startswith("broken timing") and native.pct_of_bound > 100
+    assert outcome.record.speedup["native"].not_run.startswith("native: broken timing")
+
+
+def _bounded(rec: dict, bound_us: float) -> dict:
+    """A benchmark record with a bound recorded and each implementation's share of it."""
+    rec.update(bound_us=bound_us, bound=bounds.COPY, bytes=int(bound_us * 4250e3), launch_floor_us=2.0)
+    for impl in rec["impls"].values():
+        if "median_us" in impl:
+            impl["pct_of_bound"] = round(100 * bound_us / impl["median_us"], 2)
+    return rec
+
+
+def test_a_big_win_over_a_weak_baseline_is_questioned_and_a_slow_kernel_is_far_from_the_limit(tmp_path):
+    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    # bound 10 µs: kernel 40 µs (25%), native 400 µs, compiled 200 µs (5%): 5x over the best baseline
+    passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 40.0, 400.0, 200.0), 10.0)})
+    text = render(plan, op_dir)
+    on = decision_rows(text)[("sm90", "bf16", "decode-sized", "Inductor on")]
+    assert on["recommendation"] == "**enable the custom op**"
+    assert "check the baseline: at 1 of 1 shapes the kernel is over 3× faster (up to 5.0×) than the fastest " \
+           "baseline timed there (compiled), which reaches under 50% of its bound (at most 5%)" in on["why"]
+    assert "far from the hardware limit: the kernel reaches 25–25% of its bound" in on["why"]
+    items = section(text, "Open items")
+    assert "Check the baseline, sm90 bf16 decode-sized: check the baseline" in items
+    assert "Enabled though far from the hardware limit (sm90 bf16 decode-sized, Inductor on: far from" in items
+    assert "40.0 µs · " in section(text, "Performance") and "25% of bound" in section(text, "Performance")
+
+    # a strong baseline (compiled at 80% of its bound) and a kernel at its bound: neither flag
+    passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 10.0, 40.0, 12.5), 10.0)})
+    text = render(plan, op_dir)
+    assert "check the baseline" not in text and "far from the hardware limit" not in text
+
+
+def test_a_synthetic_timing_faster_than_its_bound_decides_nothing(tmp_path):
+    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 5.0, 20.0, 15.0), 10.0)})
+    text = render(plan, op_dir)
+    row = decision_rows(text)[("sm90", "bf16", "decode-sized", "Inductor on")]
+    assert row["recommendation"] == "none" and "the kernel failed at 1 of 1 shapes: broken timing: 5 µs is " \
+        "faster than its bound of 10 µs (copy bandwidth)" in row["why"]
+
+
+def test_results_without_bounds_or_timed_functions_still_read(tmp_path):
+    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench_record("decode", 64, 5.0, 9.0, 8.0)})
+    text = render(plan, op_dir)
+    assert "no bound recorded for 1 of 1 items" in section(text, "Performance")
+    assert decision_rows(text)[("sm90", "bf16", "decode-sized", "Inductor on")]["recommendation"] == \
+        "**enable the custom op**"  # no op.native: native and compiled were the reference, as the plan says
+
+
+def test_a_baseline_timed_on_the_reference_before_the_plan_named_its_native_is_left_out(tmp_path):
+    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}",
+                      extra="")
+    text = plan.raw_text.replace("  reference: kernels.rms_norm:rms_norm_ref\n", "  reference: kernels.rms_norm:"
+                                 "rms_norm_ref\n  native: tests.baselines:rms_norm_native\n")
+    Path(plan.path).write_text(text)
+    plan = load_plan(plan.path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"decode-64": bench_record("decode", 64, 5.0, 9.0, 8.0)})
+    text = render(plan, op_dir)
+    row = decision_rows(text)[("sm90", "bf16", "decode-sized", "Inductor on")]
+    assert row["recommendation"] == "none" and "compiled was not timed: timed on the reference (the accuracy " \
+        "oracle), not on op.native (tests.baselines:rms_norm_native)" in row["why"]
+    assert "native: `tests.baselines:rms_norm_native` (op.native: what vLLM runs without the custom op)" in text
+    assert "Re-run the benchmarks" in section(text, "Open items")
+    # the same record, timed on the native the plan names: used
+    rec = bench_record("decode", 64, 5.0, 9.0, 8.0)
+    rec["timed_functions"] = {"native": "tests.baselines:rms_norm_native", "compiled": "tests.baselines:rms_norm_native"}
+    passed_sm90(op_dir, benchmarks={"decode-64": rec})
+    assert decision_rows(render(plan, op_dir))[("sm90", "bf16", "decode-sized", "Inductor on")]["recommendation"] \
+        == "**enable the custom op**"
