@@ -73,9 +73,14 @@ def sm_verdicts(res: Merged, recs: list[Recommendation] | None = None) -> list[S
         cells = [c for c in res.cells if c.sm == sm]
         failed = [c for c in cells if res.status(c) == Status.FAILED]
         xpass = [c for c in cells if res.status(c) == Status.XPASS]
-        if failed or xpass:
-            out.append(SmVerdict(sm, BLOCKED, f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed "
-                                              "or unexpected-pass cell blocks the integration on this SM"))
+        # vLLM integration items count too: a kernel vLLM cannot reach, or that differs inside vLLM, does not ship
+        integration = [r for r in res.integration.values() if r.sm == sm and r.status in (Status.FAILED, Status.XPASS)]
+        if failed or xpass or integration:
+            items = (f", {len(integration)} vLLM integration items failed", " or integration item") if integration \
+                else ("", "")
+            out.append(SmVerdict(sm, BLOCKED, f"{len(failed)} failed, {len(xpass)} unexpectedly passing{items[0]}; any "
+                                              f"failed or unexpected-pass cell{items[1]} blocks the integration on "
+                                              "this SM"))
             continue
         mine = [r for r in recs if r.sm == sm]
         required = [c for c in cells if not res.excluded_by_plan(c)]
