@@ -190,3 +190,34 @@ def test_a_failed_integration_item_blocks_the_verdict(tmp_path):
     res.integration["vllm-custom_op[decode-fp32-cpu]"] = IntegrationRecord(**item, status=Status.FAILED, reason="x")
     verdict = sm_verdicts(res)[0]
     assert verdict.word == BLOCKED and "1 vLLM integration items failed" in verdict.rule, verdict
+
+
+WRONG_NAMES = """
+from kernels.rms_norm import rms_norm, vllm_ir_inputs, vllm_layer  # noqa: F401
+
+
+def vllm_forward_inputs(layer, x, residual=None):
+    return {"input": x, "weight": layer.weight.data, "eps": layer.variance_epsilon}
+"""
+
+
+def test_validate_says_what_the_ops_vllm_side_lacks(tmp_path, monkeypatch):
+    from harness.runtime.resolve import resolve
+    from harness.spec.plan import PlanError
+
+    _module(tmp_path, monkeypatch, "half_side", "from kernels.rms_norm import rms_norm, vllm_layer  # noqa: F401\n")
+    plan = load_plan(rms_norm_plan(tmp_path, "half_side:rms_norm", extra=RMS_SECTION))
+    with pytest.raises(PlanError, match=r"plan.yaml:\d+: vllm.route: expected a module defining vllm_ir_inputs, "
+                                        r"vllm_layer, vllm_forward_inputs: .*found 'half_side without vllm_ir_inputs, "
+                                        r"vllm_forward_inputs'"):
+        resolve(plan)
+
+
+@needs_vllm
+def test_an_adapter_mapping_onto_other_names_than_the_kernels_says_so(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, "wrong_names", WRONG_NAMES)
+    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16]", extra=RMS_SECTION.replace("}", ", adapter: wrong_names}")))
+    rec = integration.check_route(plan, CELL, "custom_op", examples=1)
+    assert rec.status == Status.FAILED and rec.reason == (
+        "the op's adapter wrong_names.vllm_forward_inputs returned the arguments eps, input, weight; the kernel's "
+        "inputs are x, weight, eps (the plan's names)"), rec.reason

@@ -186,14 +186,26 @@ class Watched:
 
 
 class WatchedModule:
-    """The op's adapter module as the plugin sees it, with each of its functions Watched."""
+    """The op's adapter module as the plugin sees it, with each of its functions Watched, and what it maps vLLM's
+    calls onto checked against the kernel's inputs (the plugin calls run_kernel with them)."""
 
-    def __init__(self, module, who: str):
-        self._module, self._who = module, who
+    def __init__(self, module, who: str, inputs: list[str]):
+        self._module, self._who, self._inputs = module, who, inputs
 
     def __getattr__(self, name):
         value = getattr(self._module, name)
-        return Watched(value, f"{self._who}.{name}") if callable(value) else value
+        if not callable(value):
+            return value
+        watched = Watched(value, f"{self._who}.{name}")
+
+        def checked(*args, **kwargs):
+            got = watched(*args, **kwargs)
+            if got is not None and name.endswith("_inputs") and set(got) != set(self._inputs):
+                raise Raised(f"{self._who}.{name} returned the arguments {', '.join(sorted(got))}; the kernel's "
+                             f"inputs are {', '.join(self._inputs)} (the plan's names)")
+            return got
+
+        return checked
 
 
 def _origin(exc: BaseException) -> str:
@@ -229,7 +241,8 @@ class Route:
         self.kind = plugin_route(plan) if route == "plugin" else route
         self.counter = Watched(module.kernel, f"the kernel {plan.kernel}")
         module.kernel = self.counter  # the plugin's functions look `kernel` and `adapter` up when called
-        module.adapter = WatchedModule(module.adapter, f"the op's adapter {adapter_module(plan)}")
+        module.adapter = WatchedModule(module.adapter, f"the op's adapter {adapter_module(plan)}",
+                                       [a.name for a in plan.args if a.role != "output"])
         self.priority = self.custom_ops = None
         self.seen_dispatch: list = []  # (chosen provider, args) per IR dispatch
         self.stack = contextlib.ExitStack()

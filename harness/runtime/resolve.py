@@ -33,6 +33,7 @@ from typing import Any, Callable
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
+from harness.spec.vllm_ops import adapter_module, plugin_routes
 
 OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
 # The fields whose path may lead into vLLM's package: a reference may be vLLM's forward_native, and the layer
@@ -123,6 +124,7 @@ def resolve(plan: Plan) -> Resolved:
     _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
+    _check_vllm_adapter(plan)
     resolved.warnings = _pinned_optional_arguments(resolved)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
@@ -181,6 +183,30 @@ def _check_signature(resolved: Resolved, field_name: str, names: list[str], posi
         path = getattr(resolved.plan, field_name.split(".")[1])
         raise resolved.plan.error(field_name, f"a function taking the plan's arguments {how} ({', '.join(names)}): "
                                   f"{exc}", f"{path}{sig}") from None
+
+
+# What the op's adapter module defines for each route its plugin takes (docs/adding-an-op.md).
+ADAPTER_FUNCTIONS = {"custom_op": ("vllm_layer", "vllm_forward_inputs"), "ir": ("vllm_ir_inputs",)}
+
+
+def _check_vllm_adapter(plan: Plan) -> None:
+    """The op's vLLM side (the plan's vllm.adapter, else the kernel's module) defines what its routes call."""
+    routes = plugin_routes(plan)
+    if not routes:
+        return
+    module = adapter_module(plan)
+    field_name = "vllm.adapter" if plan.vllm.adapter else "vllm.route"
+    try:
+        found = importlib.import_module(module)
+    except Exception as exc:
+        raise plan.error(field_name, f"an importable module holding the op's vLLM side ({type(exc).__name__}: "
+                         f"{exc})", module) from None
+    needed = [name for route in routes for name in ADAPTER_FUNCTIONS[route]]
+    missing = [name for name in needed if not callable(getattr(found, name, None))]
+    if missing:
+        raise plan.error(field_name, f"a module defining {', '.join(needed)}: the op's vLLM side, how vLLM's calls "
+                         "map onto the kernel's arguments (docs/adding-an-op.md)",
+                         f"{module} without {', '.join(missing)}")
 
 
 def _check_vllm_schema(plan: Plan) -> None:
