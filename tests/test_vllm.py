@@ -37,6 +37,8 @@ FUSED_PLAN = ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml"
 SILU_PLAN = ROOT / "kernels" / "plans" / "silu_and_mul.yaml"
 ROPE_PLAN = ROOT / "kernels" / "plans" / "rotary_embedding.yaml"
 QUANT_PLAN = ROOT / "kernels" / "plans" / "dynamic_per_token_fp8_quant.yaml"
+INT8_COLUMN = ROOT / "kernels" / "plans" / "int8_linear_column.yaml"
+INT8_ROW = ROOT / "kernels" / "plans" / "int8_linear_row.yaml"
 VLLM_SECTION = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
@@ -160,7 +162,8 @@ def test_plan_names_the_provider(tmp_path):
 BUNDLED = [(RMS_PLAN, "ir"), (RMS_PLAN, "custom_op"), (RMS_PLAN, "plugin"),
            (FUSED_PLAN, "ir"), (FUSED_PLAN, "custom_op"), (FUSED_PLAN, "plugin"),
            (SILU_PLAN, "custom_op"), (SILU_PLAN, "plugin"), (ROPE_PLAN, "custom_op"), (ROPE_PLAN, "plugin"),
-           (QUANT_PLAN, "custom_op"), (QUANT_PLAN, "plugin")]
+           (QUANT_PLAN, "custom_op"), (QUANT_PLAN, "plugin"), (INT8_COLUMN, "quantization"), (INT8_COLUMN, "plugin"),
+           (INT8_ROW, "quantization"), (INT8_ROW, "plugin")]
 
 
 @needs_vllm
@@ -190,6 +193,9 @@ def _assert_clean(plan):
         assert not any(name.endswith("_kernel") or name == "elsewhere" for name in op.impls), op.impls
         assert op.get_priority() == []
     assert plugin_module_name(plan) not in sys.modules
+    from vllm.model_executor.layers import quantization
+
+    assert provider_name(plan) not in quantization.QUANTIZATION_METHODS
 
 
 # ---------------------------------------------------------------- with vLLM: registrations that do not take effect

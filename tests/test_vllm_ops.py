@@ -37,7 +37,8 @@ def test_every_driven_route_has_one_template_and_it_names_no_op(route):
     template = Template(plugin_template(route).read_text())
     assert template.is_valid()
     assert set(template.get_identifiers()) <= {"docstring", "imports", "generic", "op", "layer_module", "layer_class",
-                                               "ir_op", "inplace", "provider", "route"}
+                                               "ir_op", "inplace", "provider", "route", "act_dtypes",
+                                               "min_capability"}
     text = plugin_template(route).read_text()
     for plan_path in BUNDLED_PLANS:
         plan = load_plan(plan_path)
@@ -63,6 +64,7 @@ def test_rendered_plugin_lints_and_names_the_one_op(plan_path, tmp_path):
     text = render_plugin(plan)
     assert f'OP = "{plan.op_qualname}"' in text and enable_setting(plan) in text
     assert (f'PROVIDER = "{provider_name(plan)}"' in text) == (plan.vllm.route == "ir")
+    assert (f'QUANTIZATION = "{provider_name(plan)}"' in text) == (plan.vllm.route == "quantization")
     assert f"import {adapter_module(plan)} as adapter" in text
     (tmp_path / "plugin.py").write_text(text)
     proc = _ruff(tmp_path / "plugin.py")
@@ -88,6 +90,7 @@ import json, sys
 import torch
 from vllm import ir
 from vllm.model_executor.custom_op import CustomOp, op_registry
+from vllm.model_executor.layers.linear import LinearBase
 from harness.runtime.resolve import import_object
 from harness.spec.load import load_plan
 dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -96,7 +99,7 @@ for path in sys.argv[1:]:
     v = load_plan(path).vllm
     layer = import_object(v.layer)
     entry = {"custom_op": v.custom_op is None or op_registry.get(v.custom_op) in [c for c in layer.__mro__],
-             "is_custom_op": issubclass(layer, CustomOp),
+             "is_custom_op": issubclass(layer, CustomOp), "is_linear": issubclass(layer, LinearBase),
              "ir_op": v.ir_op is None or hasattr(ir.ops, v.ir_op), "tolerance": {}, "providers": []}
     if v.ir_op and hasattr(ir.ops, v.ir_op):
         entry["providers"] = sorted(getattr(ir.ops, v.ir_op).impls)
@@ -119,7 +122,8 @@ def test_the_plans_names_match_vllms_own_registries():
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     for path in paths:
         plan, entry = load_plan(path), seen[path]
-        assert entry["custom_op"] and entry["is_custom_op"], f"{path}: {plan.vllm.custom_op} is not {plan.vllm.layer}'s"
+        assert entry["custom_op"], f"{path}: {plan.vllm.custom_op} is not {plan.vllm.layer}'s"
+        assert entry["is_linear"] if plan.vllm.route == "quantization" else entry["is_custom_op"], entry
         assert entry["ir_op"], f"{path}: vLLM has no vllm.ir.ops.{plan.vllm.ir_op}"
         assert not plan.vllm.in_tree_provider or plan.vllm.in_tree_provider in entry["providers"], entry
         for dt, (atol, rtol) in entry["tolerance"].items():

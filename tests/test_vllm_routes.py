@@ -221,3 +221,18 @@ def test_an_adapter_mapping_onto_other_names_than_the_kernels_says_so(tmp_path, 
     assert rec.status == Status.FAILED and rec.reason == (
         "the op's adapter wrong_names.vllm_forward_inputs returned the arguments eps, input, weight; the kernel's "
         "inputs are x, weight, eps (the plan's names)"), rec.reason
+
+
+@needs_vllm
+def test_a_quantization_method_vllm_does_not_pick_says_which_it_picked(tmp_path):
+    plan = load_plan(Path(__file__).resolve().parents[1] / "kernels" / "plans" / "int8_linear_column.yaml")
+    text = render_plugin(plan).replace("return PluginLinearMethod() if", "return DequantizingMethod() if") + """
+
+class DequantizingMethod(PluginLinearMethod):  # the plugin's weights, but apply never calls the kernel
+    def apply(self, layer, x, bias=None):
+        return x @ (layer.weight.float() * layer.weight_scale[:, None]).T.to(x.dtype)
+"""
+    rec = integration.check_route(plan, CELL, "quantization", examples=1, plugin_text=text)
+    assert rec.status == Status.FAILED and rec.kernel_calls == 0, rec
+    assert rec.reason == ("vLLM's ColumnParallelLinear did not call the kernel: its quant_method is "
+                          "DequantizingMethod, not the plugin's PluginLinearMethod"), rec.reason

@@ -96,16 +96,17 @@ def adapter_function(plan: Plan, name: str) -> Callable:
                       "docs/adding-an-op.md says what it defines") from None
 
 
-def build_layer(plan: Plan, values: dict, config):
+def build_layer(plan: Plan, values: dict, config, quant_config=None):
     """vLLM's layer for one call, built by the op's adapter (`vllm_layer`) inside a config context, as vLLM builds its
-    layers, and the arguments of its forward."""
+    layers, and the arguments of its forward. A quantization method's config goes to `quant_config`."""
     from vllm.config import set_current_vllm_config
 
     make = adapter_function(plan, "vllm_layer")
     params = list(inspect.signature(make).parameters)[1:]  # after the layer class: the plan's arguments it names
+    given = {**values, "quant_config": quant_config}
     with set_current_vllm_config(config):
         try:
-            return make(import_object(plan.vllm.layer), **{name: values[name] for name in params if name in values})
+            return make(import_object(plan.vllm.layer), **{name: given[name] for name in params if name in given})
         except Exception as exc:
             raise Failure(f"the op's adapter {adapter_module(plan)}.vllm_layer raised {first_line(exc)} "
                           f"({_origin(exc)})") from None
@@ -243,7 +244,7 @@ class Route:
         module.kernel = self.counter  # the plugin's functions look `kernel` and `adapter` up when called
         module.adapter = WatchedModule(module.adapter, f"the op's adapter {adapter_module(plan)}",
                                        [a.name for a in plan.args if a.role != "output"])
-        self.priority = self.custom_ops = None
+        self.priority = self.custom_ops = self.quant_config = None
         self.seen_dispatch: list = []  # (chosen provider, args) per IR dispatch
         self.stack = contextlib.ExitStack()
         try:
@@ -268,6 +269,13 @@ class Route:
             self.stack.enter_context(self.ir_op.set_priority(self.priority))
             self._watch_dispatch()
             self.config = vllm_config()
+        elif self.kind == "quantization":
+            from vllm.model_executor.layers.quantization import get_quantization_config
+
+            self.config = vllm_config()
+            _single_rank_model_parallel(self.config)  # vLLM's linear layers ask their tensor-parallel group
+            # the config as vLLM makes it for --quantization <name>: looked up by name, built from its config dict
+            self.quant_config = get_quantization_config(provider_name(plan)).from_config({})
         else:
             self.custom_ops = list(custom_ops) if custom_ops is not None else ["none", f"+{self.layer_class}"]
             self.config = vllm_config(self.custom_ops)
@@ -289,7 +297,7 @@ class Route:
     def call(self, values: dict) -> tuple:
         """vLLM's layer on one call's inputs, outputs in plan.outputs order; Failure if it did not call the kernel,
         saying whose code raised where one did."""
-        layer, forward_args = build_layer(self.plan, values, self.config)
+        layer, forward_args = build_layer(self.plan, values, self.config, self.quant_config)
         before, self.seen_dispatch[:] = self.counter.calls, []
         try:
             out = layer(*forward_args)
@@ -307,6 +315,9 @@ class Route:
     def why_not_called(self, layer, forward_args) -> str:
         name = self.layer_class
         head = f"vLLM's {name} did not call the kernel"
+        if self.kind == "quantization":
+            method = type(getattr(layer, "quant_method", None)).__name__
+            return f"{head}: its quant_method is {method}, not the plugin's PluginLinearMethod"
         method = _bound_method(layer)
         plugin_class = getattr(self.module, f"Plugin{name}", None)
         if self.kind == "custom_op":
@@ -342,6 +353,25 @@ class Route:
                 f"fell back to '{chosen}'")
 
 
+def _single_rank_model_parallel(config) -> None:
+    """vLLM's distributed state for one rank (gloo), once per process: what a one-GPU deployment has."""
+    import socket
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(1)
+
+
 def _bound_method(layer) -> str:
     """Which forward_* vLLM's CustomOp bound at construction (forward_native, or the platform's)."""
     from vllm.platforms import current_platform
@@ -371,6 +401,11 @@ def _unregister(plan: Plan) -> None:
             del ir_op.impls[provider]
     for name in [n for n, cls in op_registry_oot.items() if cls.__module__ == module]:
         del op_registry_oot[name]
+    from vllm.model_executor.layers import quantization
+
+    for name in [n for n, cls in quantization._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.items() if cls.__module__ == module]:
+        del quantization._CUSTOMIZED_METHOD_TO_QUANT_CONFIG[name]
+        quantization.QUANTIZATION_METHODS.remove(name)
 
 
 def open_route(plan: Plan, route: str, stack: contextlib.ExitStack, plugin_text: str | None = None,
@@ -415,6 +450,10 @@ def missing_in_vllm(plan: Plan, route: str) -> str:
 
     if kind == "custom_op" and not (isinstance(layer, type) and issubclass(layer, CustomOp)):
         return f"{here}'s {plan.vllm.layer} is not a CustomOp: no out-of-tree CustomOp route for it"
+    from vllm.model_executor.layers.linear import LinearBase
+
+    if kind == "quantization" and not (isinstance(layer, type) and issubclass(layer, LinearBase)):
+        return f"{here}'s {plan.vllm.layer} is not a linear layer (LinearBase): no quantization method serves it"
     return ""
 
 
@@ -452,8 +491,10 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
             r, rec.status = None, Status.FAILED
             rec.reason = f"registering through the {route} route raised {type(exc).__name__}: {exc}"
         if r is not None:
-            rec.registered_as = ({"ir_op": plan.vllm.ir_op, "provider": provider_name(plan), "priority": r.priority}
-                                 if r.kind == "ir" else {"layer": r.layer_class, "custom_ops": r.custom_ops})
+            rec.registered_as = (
+                {"ir_op": plan.vllm.ir_op, "provider": provider_name(plan), "priority": r.priority} if r.kind == "ir"
+                else {"layer": r.layer_class, "quantization": provider_name(plan)} if r.kind == "quantization"
+                else {"layer": r.layer_class, "custom_ops": r.custom_ops})
 
             def test(ex):
                 nonlocal count

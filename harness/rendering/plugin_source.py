@@ -187,11 +187,15 @@ def render_plugin(plan: Plan) -> str:
                    f"import {module}  # noqa: E402\nkernel = {module}.{attr}")
     if any(a.role == "output" and a.dtype == "fp8" for a in plan.args):
         imports.insert(0, "from vllm.platforms import current_platform")
+    float_dtypes = [f"torch.{TORCH_DTYPES[d]}" for d in plan.matrix["dtype"] if DTYPE[d].kind == "float"]
+    capabilities = [int(sm[2:]) for sm in plan.matrix["sm"] if re.fullmatch(r"sm\d+", sm)]
     return Template(plugin_template(route).read_text()).substitute(
         docstring=docstring, imports="\n".join(imports), generic=generic_source(plan), op=plan.op_qualname,
         layer_module=layer_module, layer_class=layer_class(plan), ir_op=plan.vllm.ir_op or "",
-        inplace=bool(plan.mutates), provider=provider_name(plan), route=route)
+        inplace=bool(plan.mutates), provider=provider_name(plan), route=route, act_dtypes=", ".join(float_dtypes),
+        min_capability=min(capabilities, default=0))
 
 
-# What an op's adapter module defines for each route (docs/adding-an-op.md).
-ADAPTER_FUNCTIONS = {"custom_op": "vllm_forward_inputs", "ir": "vllm_ir_inputs"}
+# What an op's adapter module defines for each route, as the plugin's docstring names it (docs/adding-an-op.md).
+ADAPTER_FUNCTIONS = {"custom_op": "vllm_forward_inputs", "ir": "vllm_ir_inputs",
+                     "quantization": "vllm_create_weights, vllm_apply_inputs"}

@@ -186,7 +186,8 @@ def _check_signature(resolved: Resolved, field_name: str, names: list[str], posi
 
 
 # What the op's adapter module defines for each route its plugin takes (docs/adding-an-op.md).
-ADAPTER_FUNCTIONS = {"custom_op": ("vllm_layer", "vllm_forward_inputs"), "ir": ("vllm_ir_inputs",)}
+ADAPTER_FUNCTIONS = {"custom_op": ("vllm_layer", "vllm_forward_inputs"), "ir": ("vllm_ir_inputs",),
+                     "quantization": ("vllm_layer", "vllm_create_weights", "vllm_apply_inputs")}
 
 
 def _check_vllm_adapter(plan: Plan) -> None:

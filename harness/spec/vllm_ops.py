@@ -40,7 +40,7 @@ ROUTE_KINDS = {k.name: k for k in (
     RouteKind("custom_op", "out-of-tree CustomOp (`CustomOp.register_oot`)", True),
     RouteKind("quantization", "quantization method (a `QuantizationConfig` registered with "
                               "`register_quantization_config` and a `LinearMethodBase` whose `apply` calls the kernel)",
-              False, "the harness has no plugin template for quantization methods yet"),
+              True),
     RouteKind("attention", "attention backend", False,
               "the harness has no plugin template for attention backends yet"),
     RouteKind("fusion", "vLLM's fusion passes (a pattern that replaces the unfused ops with the kernel)", False,
@@ -128,7 +128,8 @@ def baseline_unsupported(plan: Plan) -> str:
 
 
 def provider_name(plan: Plan) -> str:
-    """The IR provider name the plugin registers and a deployment lists in --ir-op-priority."""
+    """The name the plugin registers the kernel under: the IR provider a deployment lists in --ir-op-priority, or
+    the quantization method it passes to --quantization."""
     return plan.vllm.provider or re.sub(r"\W", "_", plan.name.lower()) + "_kernel"
 
 
@@ -175,6 +176,8 @@ def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
     if unsupported(plan):
         return ""
     ir_op, in_tree = plan.vllm.ir_op, plan.vllm.in_tree_provider
+    if plugin_route(plan) == "quantization":  # a quantization method is chosen per deployment, not per layer
+        return f"--quantization {provider_name(plan)}" if use == "kernel" else VLLM_DEFAULT
     if plugin_route(plan) == "ir":
         if use == "kernel":
             # without Inductor, calls the kernel rejects (supports_args) fall back to vLLM's kernel, not native
@@ -195,6 +198,8 @@ def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
 
 def enable_setting(plan: Plan) -> str:
     """How a deployment selects the kernel once the plugin is loaded (vLLM does not select it by itself)."""
+    if plugin_route(plan) == "quantization":
+        return f"--quantization {provider_name(plan)}"
     if plugin_route(plan) == "ir":
         return f"""--ir-op-priority '{{"{plan.vllm.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
     return f"""--compilation-config '{{"custom_ops": ["none", "{oot_flag(plan)}"]}}'"""
