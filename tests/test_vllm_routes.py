@@ -4,6 +4,7 @@ failures in the verdict."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -236,3 +237,16 @@ class DequantizingMethod(PluginLinearMethod):  # the plugin's weights, but apply
     assert rec.status == Status.FAILED and rec.kernel_calls == 0, rec
     assert rec.reason == ("vLLM's ColumnParallelLinear did not call the kernel: its quant_method is "
                           "DequantizingMethod, not the plugin's PluginLinearMethod"), rec.reason
+
+
+@pytest.mark.parametrize("section, words", [
+    ('vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm"}\n',
+     "vllm.route: expected vllm.ir_op beside route ir (the vLLM IR op the provider registers for)"),
+    ("vllm: {route: custom_op}\n",
+     "vllm.route: expected vllm.layer beside route custom_op (the vLLM layer whose calls reach the kernel)"),
+])
+def test_a_route_without_what_it_needs_is_a_plan_error(tmp_path, section, words):
+    from harness.spec.plan import PlanError
+
+    with pytest.raises(PlanError, match=r"plan.yaml:\d+: " + re.escape(words)):
+        load_plan(rms_norm_plan(tmp_path, extra=section))
