@@ -1,14 +1,16 @@
 """vLLM in the loop: the kernel registered the way its plugin registers it, and vLLM's own layer reaching it.
 
-Integration items (`vllm-ir[decode-bf16-cpu]`, `vllm-custom_op[...]`, `vllm-plugin[...]`): the kernel
-is registered as an IR provider, as an out-of-tree CustomOp, or through the generated
+Integration items (`vllm-ir[decode-bf16-cpu]`, `vllm-custom_op[...]`, `vllm-quantization[...]`,
+`vllm-plugin[...]`), for the routes the plan's `vllm:` section names: the kernel is registered as an IR
+provider, as an out-of-tree CustomOp or as a quantization method, or through the generated
 `vllm.general_plugins` plugin loaded by vLLM's own loader; vLLM's layer is then called on drawn
-inputs and must call the kernel (counted) and match the reference. A registration that leaves
-vLLM on its own path fails with the reason vLLM took it.
+inputs and must call the kernel (counted) and match the reference. Before that the route is checked against
+the installed vLLM (`missing_in_vllm`), and a registration that leaves vLLM on its own path fails with the
+reason vLLM took it.
 
 What is op-specific comes from the op's adapter module (the plan's `vllm.adapter`, by default the kernel's
-module): `vllm_layer` builds vLLM's layer for one call, `vllm_forward_inputs` / `vllm_ir_inputs` map vLLM's calls
-onto the kernel's arguments. A failure says whose code raised: the kernel's, the op's adapter's, the generated
+module): `vllm_layer` builds vLLM's layer for one call, `vllm_forward_inputs` / `vllm_ir_inputs` /
+`vllm_create_weights` + `vllm_apply_inputs` map vLLM's calls onto the kernel's arguments. A failure says whose code raised: the kernel's, the op's adapter's, the generated
 plugin's (the harness's) or vLLM's.
 
 vLLM is optional: it is imported here only when an item runs (`vllm_missing()` says whether it can
