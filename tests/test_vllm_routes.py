@@ -250,3 +250,32 @@ def test_a_route_without_what_it_needs_is_a_plan_error(tmp_path, section, words)
 
     with pytest.raises(PlanError, match=r"plan.yaml:\d+: " + re.escape(words)):
         load_plan(rms_norm_plan(tmp_path, extra=section))
+
+
+QUANT_RETURNING = """
+import torch
+from kernels.fp8_quant import dynamic_per_token_scaled_fp8_quant, vllm_forward_inputs, vllm_layer  # noqa: F401
+
+
+def quant_returning(x, scale_ub=None):
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    dynamic_per_token_scaled_fp8_quant(out, x, scales, scale_ub)
+    return out, scales
+"""
+
+
+@needs_vllm
+def test_a_kernel_returning_a_tuple_goes_through_the_custom_op_route(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, "quant_returning", QUANT_RETURNING)
+    bundled = Path(__file__).resolve().parents[1] / "kernels" / "plans" / "dynamic_per_token_fp8_quant.yaml"
+    text = bundled.read_text().replace("kernels.fp8_quant:dynamic_per_token_scaled_fp8_quant     #",
+                                       "quant_returning:quant_returning     #")
+    text = re.sub(r"    out: \{[^\n]*role: output\}\n", "", text)
+    text = re.sub(r"    scales: \{[^\n]*role: output\}\n", "", text)
+    (tmp_path / "quant.yaml").write_text(text)
+    plan = load_plan(tmp_path / "quant.yaml")
+    assert plan.returned_outputs == ("out", "scales")
+    assert "    out, scales = kernel_op(x, scale_ub)\n    return out, scales" in render_plugin(plan)
+    rec = integration.check_route(plan, CELL, "custom_op", examples=2)
+    assert rec.status == Status.PASSED and rec.kernel_calls >= 2, rec.reason

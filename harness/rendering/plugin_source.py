@@ -157,7 +157,7 @@ def _run_kernel(plan: Plan) -> list[str]:
     call = f"kernel_op({', '.join(a.name for a in plan.args)})"
     returned = plan.returned_outputs
     if returned:
-        lines.append(f"    {', '.join(returned)}{',' if len(returned) == 1 and len(plan.outputs) > 1 else ''} = {call}")
+        lines.append(f"    {', '.join(returned)} = {call}")  # one tensor, or a tuple in op.outputs order
     else:
         lines.append(f"    {call}")
     lines.append(f"    return {', '.join(plan.outputs)}")
