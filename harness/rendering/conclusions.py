@@ -15,7 +15,7 @@ from harness.rendering.plan_words import capture_sizes, custom_op_name, describe
 from harness.rendering.support import mark_status
 from harness.results.merge import Merged
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, plugin_route
+from harness.spec.vllm_ops import ROUTE_KINDS, plugin_route, provider_name
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
@@ -47,10 +47,14 @@ def tradeoffs(res: Merged, recs: list[Recommendation]) -> str:
     elif plugin_route(plan) == "custom_op":
         items.append("CustomOp route: `register_oot` replaces the layer class for every model, and the op then "
                      "carries the layer's name in `custom_ops`.")
+    elif plugin_route(plan) == "quantization":
+        items.append(f"Quantization method: a deployment chooses it for the whole model (`--quantization "
+                     f"{provider_name(plan)}`), and every linear layer it serves runs the kernel; a linear method has "
+                     "no per-call fallback, so a call outside the kernel's contract is an error, not vLLM's own path.")
     elif plan.vllm.route:
-        items.append(f"{ROUTE_KINDS[plan.vllm.route].words[0].upper()}{ROUTE_KINDS[plan.vllm.route].words[1:]}: "
-                     "the route this kind of op takes into vLLM, not proven here; until an integration item proves "
-                     "it, the kernel's numerics and speed are all this page shows.")
+        items.append(f"Route {code(plan.vllm.route)}, {ROUTE_KINDS[plan.vllm.route].words}: the route this kind of "
+                     "op takes into vLLM, not proven here; until an integration item proves it, the kernel's numerics "
+                     "and speed are all this page shows.")
     caps = [c for c in res.cells if c.sm == "cpu" and c.id in res.records
             and res.records[c.id].facts.get("token_cap")]
     if caps and plan.vllm_kernel:

@@ -34,7 +34,7 @@ def design(plan: Plan) -> str:
         # a route the harness does not drive (or none): its words only, no vLLM symbol the run did not check
         how = ROUTE_KINDS[route].words.split(" (")[0] if route else "no route named (vllm.route)"
         g += [f'    dispatch{{"{mm("route: " + how + " (not proven here)")}"}}',
-              f'    native["{mm("vLLM own path")}"]']
+              '    native["' + mm("vLLM's own path") + '"]']
         edges = ["    caller --> layer --> dispatch", "    dispatch --> customop", "    dispatch --> native"]
         g += [f'    customop[["{mm(op + ": opaque torch.library custom op + fake")}"]]',
               f'    kernel["{mm("kernel " + plan.kernel)}"]']
@@ -51,6 +51,13 @@ def design(plan: Plan) -> str:
         edges = ["    caller --> layer --> dispatch",
                  f'    dispatch -->|"{mm("priority: " + provider)}"| provider --> customop',
                  f'    dispatch -->|"{mm("fallback: native")}"| native --> inductor']
+    elif route == "quantization":
+        g += [f'    dispatch{{"{mm("quantization config --quantization " + provider + ": get_quant_method")}"}}',
+              f'    provider["{mm("PluginLinearMethod.apply (LinearMethodBase)")}"]',
+              f'    native["{mm("another quantization: its own linear method")}"]']
+        edges = ["    caller --> layer --> dispatch",
+                 f'    dispatch -->|"{mm("--quantization " + provider)}"| provider --> customop',
+                 f'    dispatch -->|"{mm("another method")}"| native --> inductor']
     else:
         g += [f'    dispatch{{"{mm("CustomOp dispatch: custom_ops " + flag)}"}}',
               f'    provider["{mm("forward_cuda of the register_oot subclass")}"]',
@@ -86,7 +93,7 @@ def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None
         return f"No vLLM plugin: {why}.\n"
     route = plugin_route(plan)
     functions = ", ".join(code(ADAPTER_FUNCTIONS[r]) for r in plugin_routes(plan))
-    lines = [f"vLLM general plugin ({'IR provider' if route == 'ir' else 'out-of-tree CustomOp'} route), rendered from "
+    lines = [f"vLLM general plugin ({ROUTE_KINDS[route].words.split(' (')[0]} route), rendered from "
              f"the route's template; the op's vLLM side is {code(adapter_module(plan))} ({functions}, and "
              f"{code('vllm_layer')} for the integration items). "
              "Entry point, in the pyproject.toml of the package that ships the kernel:", "",
