@@ -124,8 +124,8 @@ def resolve(plan: Plan) -> Resolved:
     _check_signature(resolved, "op.reference", [a.name for a in plan.args if a.role != "output"])
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
-    _check_vllm_adapter(plan)
-    resolved.warnings = _pinned_optional_arguments(resolved)
+    # an op's vLLM side that lacks what its routes call fails their integration items, not its cells: a warning
+    resolved.warnings = _pinned_optional_arguments(resolved) + _vllm_adapter_warnings(plan)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
 
@@ -190,24 +190,27 @@ ADAPTER_FUNCTIONS = {"custom_op": ("vllm_layer", "vllm_forward_inputs"), "ir": (
                      "quantization": ("vllm_layer", "vllm_create_weights", "vllm_apply_inputs")}
 
 
-def _check_vllm_adapter(plan: Plan) -> None:
-    """The op's vLLM side (the plan's vllm.adapter, else the kernel's module) defines what its routes call."""
+def _vllm_adapter_warnings(plan: Plan) -> list[str]:
+    """Where the op's vLLM side (the plan's vllm.adapter, else the kernel's module) does not define what its routes
+    call, in words (a kernel swapped for a variant in another module keeps its cells, and its vLLM items fail)."""
     routes = plugin_routes(plan)
     if not routes:
-        return
+        return []
     module = adapter_module(plan)
     field_name = "vllm.adapter" if plan.vllm.adapter else "vllm.route"
+    where = f"{plan.path}:{plan.where(field_name)}: {field_name}"
     try:
         found = importlib.import_module(module)
     except Exception as exc:
-        raise plan.error(field_name, f"an importable module holding the op's vLLM side ({type(exc).__name__}: "
-                         f"{exc})", module) from None
+        return [f"{where}: the op's vLLM side, {module}, does not import ({type(exc).__name__}: {exc}): its vLLM "
+                "integration items will fail"]
     needed = [name for route in routes for name in ADAPTER_FUNCTIONS[route]]
     missing = [name for name in needed if not callable(getattr(found, name, None))]
-    if missing:
-        raise plan.error(field_name, f"a module defining {', '.join(needed)}: the op's vLLM side, how vLLM's calls "
-                         "map onto the kernel's arguments (docs/adding-an-op.md)",
-                         f"{module} without {', '.join(missing)}")
+    if not missing:
+        return []
+    return [f"{where}: the op's vLLM side, {module}, defines no {', '.join(missing)} (its routes call "
+            f"{', '.join(needed)}; docs/adding-an-op.md): its vLLM integration items will fail; name the module "
+            "that has them in vllm.adapter"]
 
 
 def _check_vllm_schema(plan: Plan) -> None:
