@@ -282,3 +282,22 @@ def test_a_kernel_returning_a_tuple_goes_through_the_custom_op_route(tmp_path, m
     assert "    out, scales = kernel_op(x, scale_ub)\n    return out, scales" in render_plugin(plan)
     rec = integration.check_route(plan, CELL, "custom_op", examples=2)
     assert rec.status == Status.PASSED and rec.kernel_calls >= 2, rec.reason
+
+
+def test_a_page_draws_nothing_of_a_route_the_vllm_it_ran_against_lacks(tmp_path):
+    section = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rotary_embedding}\n'
+    plan = load_plan(rms_norm_plan(tmp_path, extra=section))
+    op_dir = tmp_path / "reports" / "rms_norm"
+    assert "vllm.ir.ops.rotary_embedding" in render(plan, op_dir)[0]  # no item has run: the plan's route, unproven
+    res = collect(plan, op_dir)
+    lacks = "vLLM 0.32.0 has no vllm.ir.ops.rotary_embedding (vllm.ir.ops: rms_norm): no IR route for this op"
+    item = dict(phase="decode", dtype="fp32", tp=1, graph_mode="eager", sm="cpu", vllm="0.32.0")
+    integration_records = {f"vllm-{r}[decode-fp32-cpu]": IntegrationRecord(route=r, **item, status=Status.FAILED,
+                                                                           reason=lacks) for r in ("ir", "plugin")}
+    from harness.rendering.design import design, plugin_markdown
+    from harness.rendering.plan_words import vllm_answer
+
+    for text in (design(plan, integration_records), plugin_markdown(plan, integration_records),
+                 vllm_answer(plan, integration_records)):
+        assert text.count("vllm.ir.ops.rotary_embedding") == 1 and lacks.replace(":", "") in text.replace(":", ""), \
+            text

@@ -13,11 +13,11 @@ from harness.results.store import IntegrationRecord
 from harness.spec.plan import Plan
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
-    plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, unsupported
+    plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, route_lacking, unsupported
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
-def design(plan: Plan) -> str:
+def design(plan: Plan, integration: dict | None = None) -> str:
     if plan.vllm_kernel:
         return "\n".join(["## High-level design", "",
                           f"Nothing plugs into vLLM: {code(VLLM_KERNELS[plan.vllm_kernel].call)} is the kernel vLLM's "
@@ -30,7 +30,8 @@ def design(plan: Plan) -> str:
     g = ["flowchart TD", f'    caller["{mm("decoder layer in the model file")}"]',
          f'    layer["{mm(layer_label)}"]']
     route = plan.vllm.route
-    if route is None or not ROUTE_KINDS[route].driven:
+    lacking = route_lacking(plan, integration)
+    if route is None or not ROUTE_KINDS[route].driven or lacking:
         # a route the harness does not drive (or none): its words only, no vLLM symbol the run did not check
         how = ROUTE_KINDS[route].words.split(" (")[0] if route else "no route named (vllm.route)"
         g += [f'    dispatch{{"{mm("route: " + how + " (not proven here)")}"}}',
@@ -41,6 +42,9 @@ def design(plan: Plan) -> str:
         where = (f"Where {code(plan.name)} would plug into vLLM ({md(plan.vllm.target)}, {route_words(plan)}; "
                  f"{route_proof(plan, None)}):") if route else \
             "The plan names no route into vLLM (`vllm.route`), so nothing here names a vLLM symbol:"
+        if lacking:
+            where = (f"The plan's route ({code(route)}) does not exist in the vLLM its integration items ran "
+                     f"against: {md(lacking)}. Nothing here draws it:")
         return "\n".join(["## High-level design", "", where, "", "```mermaid", *g, *edges, "    customop --> kernel",
                           "```"])
     flag = oot_flag(plan)
@@ -88,7 +92,7 @@ def interfaces(plan: Plan, integration: dict) -> str:
 
 def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None = None) -> str:
     """The plugin as the report shows it: entry point, module, how to select it, and whether it was verified."""
-    why = unsupported(plan)
+    why = unsupported(plan) or md(route_lacking(plan, integration))
     if why:
         return f"No vLLM plugin: {why}.\n"
     route = plugin_route(plan)

@@ -11,7 +11,7 @@ from harness.rendering.markdown import code, md
 from harness.spec.matrix import Cell
 from harness.spec.plan import AXES, Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, unsupported
+from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 INTENTS = {
@@ -121,6 +121,9 @@ def route_proof(plan: Plan, integration: dict | None) -> str:
 def vllm_answer(plan: Plan, integration: dict | None = None) -> str:
     if plan.vllm_kernel:
         return f"none: the kernel is vLLM's own {code(VLLM_KERNELS[plan.vllm_kernel].call)}, in vLLM already"
+    lacking = route_lacking(plan, integration)
+    if lacking:  # name nothing of a route that vLLM lacks, beyond what its item says is missing
+        return f"{md(plan.vllm.target)}; the plan's route {code(plan.vllm.route)} does not exist there: {md(lacking)}"
     return f"{md(plan.vllm.target)}; {route_words(plan)}; {route_proof(plan, integration)}"
 
 

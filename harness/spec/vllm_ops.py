@@ -137,6 +137,19 @@ def plugin_module_name(plan: Plan) -> str:
     return re.sub(r"\W", "_", plan.name.lower()) + "_vllm_plugin"
 
 
+# How an integration item says the installed vLLM lacks what the plan's route needs (harness.integration.routes
+# .missing_in_vllm): "vLLM 0.32.0 has no vllm.ir.ops.x", "... registers no provider", "vLLM 0.32.0's X is not a ...".
+LACKS_ROUTE = re.compile(r"^vLLM \S+?( has no | registers no |'s \S+ is not )")
+
+
+def route_lacking(plan: Plan, integration: dict | None) -> str:
+    """Why the vLLM the plan's integration items ran against lacks its route ("" where none says so): a page then
+    draws and prints nothing of the route, so it names no symbol that vLLM lacks."""
+    routes = (*plugin_routes(plan), "plugin")
+    return next((r.reason for _, r in sorted((integration or {}).items())
+                 if r.route in routes and LACKS_ROUTE.match(r.reason or "")), "")
+
+
 def plugin_route(plan: Plan) -> str | None:
     """The route the plan's plugin registers through, None where the harness cannot drive the plan's route."""
     return None if unsupported(plan) else plan.vllm.route
