@@ -301,3 +301,62 @@ def test_a_page_draws_nothing_of_a_route_the_vllm_it_ran_against_lacks(tmp_path)
                  vllm_answer(plan, integration_records)):
         assert text.count("vllm.ir.ops.rotary_embedding") == 1 and lacks.replace(":", "") in text.replace(":", ""), \
             text
+
+
+SPARSE = """
+import torch
+import torch.nn.functional as F
+
+
+def gelu_and_mul_sparse(x, std_multiplier, approximate):
+    # the plan's kernel (a returning one); any code would do: the test is that vLLM IR reaches it
+    d = x.shape[-1] // 2
+    gate = x[..., :d]
+    mean, std = gate.mean(dim=-1, keepdim=True), gate.std(dim=-1, keepdim=True, unbiased=False)
+    return F.gelu(F.relu(gate - (mean + std * std_multiplier)), approximate=approximate) * x[..., d:]
+
+
+gelu_and_mul_sparse_ref = gelu_and_mul_sparse
+
+
+def vllm_layer(layer_class, x, std_multiplier, approximate):
+    layer = layer_class(activation_sparsity=0.95, approximate=approximate)
+    layer.std_multiplier = std_multiplier
+    return layer, (x,)
+
+
+def vllm_forward_inputs(layer, x):
+    return {"x": x, "std_multiplier": layer.std_multiplier, "approximate": layer.approximate}
+
+
+def vllm_ir_inputs(x, std_multiplier, approximate="none"):
+    return {"x": x, "std_multiplier": std_multiplier, "approximate": approximate}
+"""
+
+SPARSE_PLAN = """
+op:
+  name: gelu_and_mul_sparse
+  intent: drop-in
+  kernel: sparse_side:gelu_and_mul_sparse
+  reference: sparse_side:gelu_and_mul_sparse_ref
+  args:
+    x: {shape: [num_tokens, 2*d], dtype: act}
+    std_multiplier: 1.6448536269514722
+    approximate: none
+  outputs: [out]
+  sizes: {d: [32]}
+matrix: {phase: [decode], dtype: [bf16], tp: [1], graph_mode: [eager], sm: [cpu]}
+vllm: {route: ir, ir_op: gelu_and_mul_sparse, layer: "vllm.model_executor.layers.activation:GeluAndMulSparse"}
+"""
+
+
+@needs_vllm
+@pytest.mark.parametrize("route", ["ir", "custom_op", "plugin"])
+def test_a_third_vllm_ir_op_goes_through_the_same_ir_template(tmp_path, monkeypatch, route):
+    """vLLM 0.32's third IR op, gelu_and_mul_sparse: its kernel, its vLLM side and its plan, nothing else."""
+    _module(tmp_path, monkeypatch, "sparse_side", SPARSE)
+    (tmp_path / "sparse.yaml").write_text(SPARSE_PLAN)
+    plan = load_plan(tmp_path / "sparse.yaml")
+    assert "ir_op = ir.ops.gelu_and_mul_sparse" in render_plugin(plan)
+    rec = integration.check_route(plan, CELL, route, examples=2)
+    assert rec.status == Status.PASSED and rec.kernel_calls >= 2, rec.reason
