@@ -121,3 +121,23 @@ def dynamic_per_token_scaled_fp8_quant_ref(
         x_max = x_max.clamp(max=scale_ub.float())
     scales = (x_max / qmax).clamp(min=1.0 / (qmax * 512.0))
     return (x.float() / scales).clamp(-qmax, qmax).to(out_dtype), scales
+
+
+# ---------------------------------------------------------------- the op's vLLM side (the plan's vllm section)
+# How vLLM's calls map onto the kernel's arguments (dynamic_per_token_fp8_quant's plan): the generated plugin calls
+# these, and so do the harness's integration items. vLLM's QuantFP8 returns (out, scales), as the kernel writes them.
+
+
+def vllm_layer(layer_class, x, scale_ub=None):
+    """vLLM's QuantFP8 quantizing dynamically per token, and the arguments of its forward (x, scale, scale_ub)."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    return layer_class(static=False, group_shape=GroupShape.PER_TOKEN), (x, None, scale_ub)
+
+
+def vllm_forward_inputs(layer, x, scale=None, scale_ub=None):
+    """QuantFP8.forward(x, scale, scale_ub): the kernel quantizes dynamically per token, scales in a column."""
+    if layer.static or layer.is_group_quant or not layer.use_per_token_if_dynamic or scale is not None \
+            or layer.column_major_scales or layer.num_token_padding:
+        return None
+    return {"x": x, "scale_ub": scale_ub}

@@ -115,3 +115,30 @@ def fused_add_rms_norm_ref(
     var = xf.pow(2).mean(dim=-1, keepdim=True)
     xf = xf * torch.rsqrt(var + eps)
     return xf.to(orig_dtype) * weight, new_residual
+
+
+# ---------------------------------------------------------------- the op's vLLM side (the plan's vllm section)
+# How vLLM's calls map onto the kernel's arguments: the generated plugin calls these, and so do the harness's
+# integration items. Each returns the kernel's inputs by the plan's names, or None for a call the kernel does not
+# take (vLLM then runs its own path). The kernel writes x and residual in place; vLLM returns them as its outputs.
+
+
+def vllm_layer(layer_class, x, residual, weight, eps):
+    """vLLM's RMSNorm holding this call's weight, and the arguments of its forward (with a residual)."""
+    layer = layer_class(x.shape[-1], eps=eps, dtype=weight.dtype)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return layer, (x, residual)
+
+
+def vllm_forward_inputs(layer, x, residual=None):
+    """RMSNorm.forward(x, residual): the kernel takes the call with a residual, over the whole row, with a weight."""
+    if residual is None or layer.variance_size_override is not None or not layer.has_weight:
+        return None
+    return {"x": x, "residual": residual, "weight": layer.weight.data, "eps": layer.variance_epsilon}
+
+
+def vllm_ir_inputs(x, x_residual, weight, epsilon, variance_size=None):
+    """vllm.ir.ops.fused_add_rms_norm(x, x_residual, weight, epsilon, variance_size)."""
+    if weight is None or variance_size is not None:
+        return None
+    return {"x": x, "residual": x_residual, "weight": weight, "eps": epsilon}

@@ -106,3 +106,40 @@ def dequantize_weight(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 def dequantized_linear(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
     """The `cublas` baseline: out = x @ weight.T on weights already in x's dtype, one GEMM (cuBLAS on a GPU)."""
     torch.mm(x, weight.T, out=out)
+
+
+# ---------------------------------------------------------------- the op's vLLM side (the plan's vllm section)
+# How vLLM's linear layers reach the kernel through a quantization method: the generated plugin's LinearMethodBase
+# calls these, and the harness's integration items build vLLM's layer with vllm_layer.
+
+
+def vllm_layer(layer_class, quant_config, x, weight, weight_scale):
+    """vLLM's linear layer (ColumnParallelLinear, RowParallelLinear) built with the quantization method's config,
+    holding this call's int8 weight and scales, and the arguments of its forward."""
+    out_features, in_features = weight.shape
+    layer = layer_class(in_features, out_features, bias=False, quant_config=quant_config, params_dtype=x.dtype,
+                        return_bias=False)
+    layer.weight.data.copy_(weight)
+    layer.weight_scale.data.copy_(weight_scale)
+    return layer, (x,)
+
+
+def vllm_create_weights(layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                        params_dtype, **extra_weight_attrs):
+    """The layer's quantized weights, as vLLM's weight loader fills them: int8 [out, in] and fp32 scales per output
+    feature, both sharded with the layer's output (and the weight with its input) partition."""
+    from vllm.model_executor.parameter import ChannelQuantScaleParameter, ModelWeightParameter
+
+    out_features, loader = sum(output_partition_sizes), extra_weight_attrs["weight_loader"]
+    layer.register_parameter("weight", ModelWeightParameter(
+        data=torch.empty(out_features, input_size_per_partition, dtype=torch.int8), input_dim=1, output_dim=0,
+        weight_loader=loader))
+    layer.register_parameter("weight_scale", ChannelQuantScaleParameter(
+        data=torch.empty(out_features, dtype=torch.float32), output_dim=0, weight_loader=loader))
+
+
+def vllm_apply_inputs(layer, x, bias=None):
+    """LinearMethodBase.apply(layer, x, bias): the kernel has no bias."""
+    if bias is not None:
+        return None
+    return {"x": x, "weight": layer.weight, "weight_scale": layer.weight_scale}

@@ -130,3 +130,30 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     var = xf.pow(2).mean(dim=-1, keepdim=True)
     xf = xf * torch.rsqrt(var + eps)
     return xf.to(orig_dtype) * weight
+
+
+# ---------------------------------------------------------------- the op's vLLM side (the plan's vllm section)
+# How vLLM's calls map onto the kernel's arguments: the generated plugin calls these, and so do the harness's
+# integration items. Each returns the kernel's inputs by the plan's names, or None for a call the kernel does not
+# take (vLLM then runs its own path).
+
+
+def vllm_layer(layer_class, x, weight, eps):
+    """vLLM's RMSNorm holding this call's weight, and the arguments of its forward."""
+    layer = layer_class(x.shape[-1], eps=eps, dtype=weight.dtype)
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return layer, (x,)
+
+
+def vllm_forward_inputs(layer, x, residual=None):
+    """RMSNorm.forward(x, residual): the kernel normalises without a residual, over the whole row, with a weight."""
+    if residual is not None or layer.variance_size_override is not None or not layer.has_weight:
+        return None
+    return {"x": x, "weight": layer.weight.data, "eps": layer.variance_epsilon}
+
+
+def vllm_ir_inputs(x, weight, epsilon, variance_size=None):
+    """vllm.ir.ops.rms_norm(x, weight, epsilon, variance_size)."""
+    if weight is None or variance_size is not None:
+        return None
+    return {"x": x, "weight": weight, "eps": epsilon}

@@ -143,3 +143,25 @@ def rotary_embedding_ref(
         return torch.cat((rotated, x3[..., rot_dim:]), dim=-1).reshape(x.shape)
 
     return apply(query), None if key is None else apply(key)
+
+
+# ---------------------------------------------------------------- the op's vLLM side (the plan's vllm section)
+# How vLLM's calls map onto the kernel's arguments: the generated plugin calls these, and so do the harness's
+# integration items. The kernel rotates query and key in place; vLLM's forward returns them as its outputs.
+
+
+def vllm_layer(layer_class, positions, query, key, head_size, cos_sin_cache, is_neox):
+    """vLLM's RotaryEmbedding holding this call's cos/sin cache, and the arguments of its forward."""
+    max_position, rotary_dim = cos_sin_cache.shape
+    layer = layer_class(head_size=head_size, rotary_dim=rotary_dim, max_position_embeddings=max_position,
+                        base=10000.0, is_neox_style=is_neox, dtype=cos_sin_cache.dtype)
+    layer.cos_sin_cache = cos_sin_cache  # the call's own table (the plan draws it with base 10000 too)
+    return layer, (positions, query, key)
+
+
+def vllm_forward_inputs(layer, positions, query, key=None):
+    """RotaryEmbedding.forward(positions, query, key): the kernel takes 1-D positions and a key."""
+    if key is None or positions.dim() != 1:
+        return None
+    return {"positions": positions, "query": query, "key": key, "head_size": layer.head_size,
+            "cos_sin_cache": layer._match_cos_sin_cache_dtype(query), "is_neox": layer.is_neox_style}

@@ -57,3 +57,18 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """vLLM's SiluAndMul.forward_native."""
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+# ---------------------------------------------------------------- the op's vLLM side (the plan's vllm section)
+# How vLLM's calls map onto the kernel's arguments: the generated plugin calls these, and so do the harness's
+# integration items.
+
+
+def vllm_layer(layer_class, x):
+    """vLLM's SiluAndMul (no parameters), and the arguments of its forward."""
+    return layer_class(), (x,)
+
+
+def vllm_forward_inputs(layer, x):
+    """SiluAndMul.forward(x): the kernel's input, by the plan's name."""
+    return {"x": x}

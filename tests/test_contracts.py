@@ -1,5 +1,5 @@
 """Kernel contracts (op.contract, a named baseline's contract): validated at load, honoured by every input drawn,
-by dtype exclusion, by benchmarks, in the report and in the generated vLLM plugin's supports_args."""
+by dtype exclusion, by benchmarks, in the report and in the generated vLLM plugin's supports."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.rendering.python_source import render_plugin
+from harness.rendering.plugin_source import render_plugin
 from tests.plans import rms_norm_plan
 from tests.test_vllm_ops import _ruff
 
@@ -33,6 +33,9 @@ CPU = Hardware("cpu", "cpu", "test cpu", 0, 2)
 CI = RunSettings(examples=25, profile="ci", database=None)
 BUGS = "tests.broken.contract_bugs"
 CONTRACT_LINE = 12  # where contract_plan puts op.contract (after op.outputs)
+
+
+RMS_VLLM = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
 
 
 def contract_plan(tmp_path: Path, contract: str, **kw) -> Path:
@@ -323,12 +326,13 @@ multiple_of: {hidden: 8}
 at_most: {hidden: 16384}
 dtypes: [bf16, fp16]
 why: vectorised 16-byte loads
-""", dtype="[bf16, fp16]"))
+""", dtype="[bf16, fp16]", extra=RMS_VLLM))
     text = render_plugin(plan)
-    assert ("        return False\n"
-            f"    # op.contract (plan.yaml line {CONTRACT_LINE}): vectorised 16-byte loads\n"
-            "    # out: allocated contiguous by this plugin\n"
-            "    return (x.is_contiguous()\n"
+    assert (f"    # op.contract (plan.yaml line {CONTRACT_LINE}): vectorised 16-byte loads\n"
+            "    # out: allocated contiguous by run_kernel\n"
+            "    return (x.dim() == 2 and x.stride(-1) == 1\n"
+            "            and weight.dim() == 1 and weight.stride(-1) == 1 and weight.dtype == x.dtype\n"
+            "            and x.is_contiguous()\n"
             "            and x.stride(-2) % 8 == 0\n"
             "            and x.shape[-1] % 8 == 0\n"
             "            and x.shape[-1] <= 16384\n"
@@ -336,7 +340,7 @@ why: vectorised 16-byte loads
     (tmp_path / "plugin.py").write_text(text)
     proc = _ruff(tmp_path / "plugin.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "    return True\n" in render_plugin(load_plan(ROOT / "plan.yaml"))  # no contract: the template's checks
+    assert "and weight.dtype == x.dtype)\n" in render_plugin(load_plan(ROOT / "plan.yaml"))  # no contract: the plan's
 
 
 def test_a_symbol_with_a_coefficient_is_read_off_the_shape(tmp_path):
@@ -345,7 +349,8 @@ def test_a_symbol_with_a_coefficient_is_read_off_the_shape(tmp_path):
     contract = "  contract: {multiple_of: {intermediate: 64}, row_stride_multiple_of: {out: 8}}\n"
     path.write_text(text.replace("  outputs: [out]\n", "  outputs: [out]\n" + contract, 1))
     rendered = render_plugin(load_plan(path))
-    assert "return ((x.shape[-1] // 2) % 8 == 0\n            and (x.shape[-1] // 2) % 64 == 0)" in rendered
+    assert ("return (x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] % 2 == 0\n"
+            "            and (x.shape[-1] // 2) % 8 == 0\n            and (x.shape[-1] // 2) % 64 == 0)") in rendered
 
 
 _SUPPORTS = r"""
@@ -364,7 +369,7 @@ calls = {
     "fp32": (torch.zeros(4, 64), torch.ones(64)),
     "not 2-d": (torch.zeros(64, dtype=torch.bfloat16), w),
 }
-print(json.dumps({k: m.supports_args(x, weight, 1e-6) for k, (x, weight) in calls.items()}))
+print(json.dumps({k: m.supports(x, weight, 1e-6) for k, (x, weight) in calls.items()}))
 """
 
 
@@ -372,7 +377,7 @@ print(json.dumps({k: m.supports_args(x, weight, 1e-6) for k, (x, weight) in call
 def test_the_rendered_plugin_rejects_calls_outside_the_contract(tmp_path):
     """In a fresh process (the plugin registers its op with torch.library, as vLLM would load it)."""
     plan = load_plan(contract_plan(tmp_path, "contiguous: [x]\nmultiple_of: {hidden: 8}\nat_most: {hidden: 16384}\n"
-                                   "dtypes: [bf16]", dtype="[fp32, bf16]"))
+                                   "dtypes: [bf16]", dtype="[fp32, bf16]", extra=RMS_VLLM))
     (tmp_path / "plugin.py").write_text(render_plugin(plan))
     proc = subprocess.run([sys.executable, "-c", _SUPPORTS, str(tmp_path / "plugin.py")], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

@@ -113,6 +113,7 @@ matrix:
   graph_mode: [eager]
   sm: {sm}
 benchmark: {benchmark}
+vllm: {{route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm, in_tree_provider: vllm_c}}
 {extra}""")
     return load_plan(path)
 
@@ -224,7 +225,7 @@ def test_design_interfaces_and_critical_path_come_from_the_plan():
     assert '"(Tensor(a0!) x, Tensor(a1!) residual, Tensor weight, float eps) -> ()"' in blocks[0]
     assert 'mutates_args=("x", "residual")' in blocks[0]
     # the vLLM plugin module the integration items load through vLLM's plugin loader
-    assert "ir.ops.fused_add_rms_norm.register_impl(PROVIDER" in blocks[1]
+    assert "ir_op = ir.ops.fused_add_rms_norm" in blocks[1] and "ir_op.register_impl(PROVIDER" in blocks[1]
     assert '[project.entry-points."vllm.general_plugins"]' in interfaces
     path = section(text, "Critical path")
     assert "```mermaid\nsequenceDiagram" in path
@@ -253,7 +254,7 @@ vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activati
     text, _ = report.render(load_plan(path), tmp_path / "reports" / "silu_and_mul")
     interfaces = section(text, "Key interfaces")
     assert 'CustomOp.register_oot(PluginSiluAndMul, name="SiluAndMul")' in interfaces
-    assert "torch.empty(x.shape[:-1] + (x.shape[-1] // 2,), dtype=x.dtype, device=x.device)" in interfaces
+    assert "out = torch.empty((x.shape[-2], (x.shape[-1] // 2)), dtype=x.dtype, device=x.device)" in interfaces
     for block in re.findall(r"```python\n(.*?)```", interfaces, re.S):
         ast.parse(block)
     assert "all-gather out on dim 1" in section(text, "Critical path")
@@ -515,7 +516,7 @@ def test_cells_the_plan_excludes_are_not_required(tmp_path):
     text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
     assert "no results from a machine of this SM yet (1 cell)" in sm_line(text, "sm100")
     not_run = next(t for t in tables(section(text, "Support matrix")) if t[0].startswith("| reason"))
-    assert any("excluded by the plan (line 21): no \\| prefill &lt;here&gt;" in line and "| 1 " in line
+    assert any("excluded by the plan (line 22): no \\| prefill &lt;here&gt;" in line and "| 1 " in line
                and "prefill · bf16 · tp1 · eager · sm100" in line for line in not_run), not_run
     assert "Benchmark on sm100 (every dtype and regime)" in section(text, "Open items")
     op_dir = tmp_path / "b" / "rms_norm"

@@ -24,7 +24,7 @@ from harness.rendering.design import plugin_markdown
 from harness.results.store import IntegrationRecord, Status, to_json
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_kernel, vllm_missing
-from harness.rendering.python_source import render_plugin
+from harness.rendering.plugin_source import render_plugin
 from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provider_name
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
@@ -35,6 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RMS_PLAN = ROOT / "plan.yaml"
 FUSED_PLAN = ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml"
 SILU_PLAN = ROOT / "kernels" / "plans" / "silu_and_mul.yaml"
+ROPE_PLAN = ROOT / "kernels" / "plans" / "rotary_embedding.yaml"
+QUANT_PLAN = ROOT / "kernels" / "plans" / "dynamic_per_token_fp8_quant.yaml"
+INT8_COLUMN = ROOT / "kernels" / "plans" / "int8_linear_column.yaml"
+INT8_ROW = ROOT / "kernels" / "plans" / "int8_linear_row.yaml"
 VLLM_SECTION = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
@@ -109,7 +113,9 @@ def test_plugin_module_for_rms_norm_registers_an_ir_provider():
     compile(text, "rms_norm_vllm_plugin.py", "exec")
     assert "from kernels.rms_norm import rms_norm as kernel" in text
     assert 'PROVIDER = "rms_norm_kernel"' in text
-    assert "ir.ops.rms_norm.register_impl(PROVIDER, supports_args=supports_args)(rms_norm_impl)" in text
+    assert "ir_op = ir.ops.rms_norm" in text
+    assert "ir_op.register_impl(PROVIDER, supports_args=supports_args, inplace=False)(provider)" in text
+    assert "kernel_op(out, x, weight, eps)" in text and "adapter.vllm_ir_inputs(" in text
     assert 'CustomOp.register_oot(PluginRMSNorm, name="RMSNorm")' in text
     assert 'ROUTE = "ir"' in text
     assert """--ir-op-priority '{"rms_norm": ["rms_norm_kernel", "native"]}'""" in text
@@ -121,6 +127,7 @@ def test_plugin_module_for_fused_and_silu():
     fused = render_plugin(load_plan(FUSED_PLAN))
     compile(fused, "fused.py", "exec")
     assert "register_impl(PROVIDER, supports_args=supports_args, inplace=True)" in fused
+    assert "kernel_op(x, residual, weight, eps)\n    return x, residual" in fused
     silu_plan = load_plan(SILU_PLAN)
     silu = render_plugin(silu_plan)
     compile(silu, "silu.py", "exec")
@@ -143,18 +150,20 @@ def test_plugin_section_for_the_report(tmp_path):
 
 
 def test_plan_names_the_provider(tmp_path):
-    plan = load_plan(small_rms_plan(tmp_path, extra="vllm: {ir_op: rms_norm, provider: triton_rms}\n"))
+    plan = load_plan(small_rms_plan(tmp_path, extra=VLLM_SECTION.replace("}", ", provider: triton_rms}")))
     assert provider_name(plan) == "triton_rms"
     assert 'PROVIDER = "triton_rms"' in render_plugin(plan)
     with pytest.raises(PlanError, match=r"plan.yaml:\d+: vllm.provider: expected a provider name .*'native'"):
-        load_plan(small_rms_plan(tmp_path, extra="vllm: {ir_op: rms_norm, provider: native}\n"))
+        load_plan(small_rms_plan(tmp_path, extra=VLLM_SECTION.replace("}", ", provider: native}")))
 
 
 # ---------------------------------------------------------------- with vLLM: both routes reach the kernel
 
 BUNDLED = [(RMS_PLAN, "ir"), (RMS_PLAN, "custom_op"), (RMS_PLAN, "plugin"),
            (FUSED_PLAN, "ir"), (FUSED_PLAN, "custom_op"), (FUSED_PLAN, "plugin"),
-           (SILU_PLAN, "custom_op"), (SILU_PLAN, "plugin")]
+           (SILU_PLAN, "custom_op"), (SILU_PLAN, "plugin"), (ROPE_PLAN, "custom_op"), (ROPE_PLAN, "plugin"),
+           (QUANT_PLAN, "custom_op"), (QUANT_PLAN, "plugin"), (INT8_COLUMN, "quantization"), (INT8_COLUMN, "plugin"),
+           (INT8_ROW, "quantization"), (INT8_ROW, "plugin")]
 
 
 @needs_vllm
@@ -169,9 +178,9 @@ def test_bundled_op_reaches_the_kernel_through_vllm(plan_path, route):
     _assert_clean(plan)
 
 
-@needs_vllm
-def test_silu_and_mul_has_no_ir_route():
-    assert integration.why_not_runnable(load_plan(SILU_PLAN), "ir").startswith("vLLM 0.32.0 has no IR op for silu_and_mul")
+def test_silu_and_mul_takes_the_custom_op_route_only():
+    assert integration.integration_routes(load_plan(SILU_PLAN)) == ("custom_op", "plugin")
+    assert integration.integration_routes(load_plan(RMS_PLAN)) == ("ir", "custom_op", "plugin")
 
 
 def _assert_clean(plan):
@@ -184,25 +193,25 @@ def _assert_clean(plan):
         assert not any(name.endswith("_kernel") or name == "elsewhere" for name in op.impls), op.impls
         assert op.get_priority() == []
     assert plugin_module_name(plan) not in sys.modules
+    from vllm.model_executor.layers import quantization
+
+    assert provider_name(plan) not in quantization.QUANTIZATION_METHODS
 
 
 # ---------------------------------------------------------------- with vLLM: registrations that do not take effect
 
 
 def _bad_supports_args(plan_path) -> str:
-    """The generated plugin with a supports_args that rejects every input (same signature)."""
-    text = render_plugin(load_plan(plan_path))
-    start = text.index("def supports_args(")
-    signature = text[start:text.index(":\n", start) + 2]
-    return text + "\n\n" + signature + "    return False\n"
+    """The generated plugin with a `supports` that rejects every call (both routes ask it)."""
+    return render_plugin(load_plan(plan_path)) + "\n\ndef supports(*args, **kwargs) -> bool:\n    return False\n"
 
 
 @needs_vllm
 @pytest.mark.parametrize("route, words", [
     ("ir", "it dispatched to forward_native and vllm.ir.ops.rms_norm chose 'native': the provider's supports_args "
            "returned False for (bfloat16["),
-    ("custom_op", "it dispatched to forward_cpu, which fell back to forward_native (the plugin's supports_args "
-                  "rejected bfloat16["),
+    ("custom_op", "it dispatched to forward_cpu, which fell back to forward_native (the op's adapter or the "
+                  "plugin's supports turned down bfloat16["),
 ])
 def test_supports_args_returning_false_fails_with_that_cause(tmp_path, route, words):
     plan = load_plan(small_rms_plan(tmp_path))
@@ -261,7 +270,8 @@ def doubled(out, x, weight, eps):
 def test_wrong_kernel_reached_through_vllm_fails_the_comparison(tmp_path, monkeypatch):
     (tmp_path / "wrong_kernels.py").write_text(WRONG_KERNEL)
     monkeypatch.syspath_prepend(str(tmp_path))
-    plan = load_plan(small_rms_plan(tmp_path, kernel="wrong_kernels:doubled"))
+    section = VLLM_SECTION.replace("}", ", adapter: kernels.rms_norm}")  # the op's vLLM side, beside its kernel
+    plan = load_plan(small_rms_plan(tmp_path, section, kernel="wrong_kernels:doubled"))
     outcome = check_route(plan, cell("fp32"), "ir")
     assert outcome["status"] == "failed" and outcome["kernel_calls"] > 0, outcome
     assert "output 'out'" in outcome["reason"], outcome
@@ -276,15 +286,13 @@ def test_wrong_kernel_reached_through_vllm_fails_the_comparison(tmp_path, monkey
 def test_vllms_forward_native_matches_the_bundled_reference(plan_path):
     """The bundled references round as vLLM's own forward_native does (bit for bit)."""
     ours = load_plan(plan_path)
-    op = integration.vllm_op(ours)
     sizes = {sym: 96 for sym in ours.sizes}
     for dtype in ("fp32", "bf16"):
         ex = Example(num_tokens=5, sizes=sizes, layouts={"x": ("strided", 3)}, seed=7)
         values = build_args(ours, cell(dtype), ex, "cpu")
         expected = reference_outputs(ours, resolve(ours).reference, values)
-        layer, forward_args = integration.build_layer(op, [v.clone() if isinstance(v, torch.Tensor) else v for v in
-                                                           (values[a.name] for a in ours.args)],
-                                                      integration.vllm_config())
+        copies = {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in values.items()}
+        layer, forward_args = integration.build_layer(ours, copies, integration.vllm_config())
         got = layer.forward_native(*forward_args)
         got = got if isinstance(got, tuple) else (got,)
         for name, value in zip(ours.outputs, got):
@@ -293,7 +301,7 @@ def test_vllms_forward_native_matches_the_bundled_reference(plan_path):
 
 def test_tolerance_comes_from_vllm_ir_unless_the_plan_sets_it(tmp_path):
     plan = load_plan(small_rms_plan(tmp_path))
-    assert tolerance_for(plan, "fp16") == Tolerance(1e-2, 2e-3)  # vLLM IR's rms_norm override
+    assert tolerance_for(plan, "fp16") == Tolerance(1e-3, 1e-3)  # vLLM IR's default; rms_norm's override: its plan
     assert tolerance_for(plan, "bf16") == Tolerance(1e-3, 1.6e-2)
     assert tolerance_for(load_plan(RMS_PLAN), "fp16") == load_plan(RMS_PLAN).tolerance["fp16"]  # the plan's own
     assert tolerance_for(load_plan(SILU_PLAN), "fp16") == Tolerance(1e-3, 1e-3)  # no IR op: vLLM's test default

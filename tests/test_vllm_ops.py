@@ -1,4 +1,5 @@
-"""vLLM ops as data: the descriptions, the plugin templates rendered from them, and both checked against vLLM."""
+"""The plan's route into vLLM as data: the route templates, the plugins rendered from them for the bundled plans, and
+the names the plans give checked against vLLM's own registries."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ from string import Template
 
 import pytest
 
-from harness.spec.load import load_plan
+from harness.rendering.plugin_source import TEMPLATES, plugin_template, render_plugin
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.rendering.python_source import plugin_template, render_plugin
-from harness.spec.tolerances import IR_DEFAULT_TOLERANCE
-from harness.spec.vllm_ops import VLLM_OPS, enable_setting, provider_name, vllm_op
+from harness.spec.load import load_plan
+from harness.spec.tolerances import tolerance_for
+from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
+    plugin_route, provider_name, unsupported
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
-BUNDLED = dict(zip(("rms_norm", "fused_add_rms_norm", "silu_and_mul"), PLANS))  # each vLLM op's bundled plan
+BUNDLED_PLANS = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]
+# The bundled plans whose route the harness drives: a plugin and integration items each.
+DRIVEN = [p for p in BUNDLED_PLANS if plugin_route(load_plan(p))]
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
 
 
@@ -28,85 +31,113 @@ def _ruff(path: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("op", sorted(VLLM_OPS))
-def test_every_description_has_a_template_and_a_bundled_plan(op):
-    """Every placeholder of the template is one the plugin fills in (the bundled plan's plugin lints, below)."""
-    template = Template(plugin_template(VLLM_OPS[op]).read_text())
+@pytest.mark.parametrize("route", [r for r, kind in ROUTE_KINDS.items() if kind.driven])
+def test_every_driven_route_has_one_template_and_it_names_no_op(route):
+    """One template per route, whose placeholders the plugin fills in; nothing op-specific is written in it."""
+    template = Template(plugin_template(route).read_text())
     assert template.is_valid()
-    assert set(template.get_identifiers()) == {"docstring", "kernel", "op", "provider", "route", "contract"}
-    assert vllm_op(load_plan(BUNDLED[op])) is VLLM_OPS[op]
+    assert set(template.get_identifiers()) <= {"docstring", "imports", "generic", "op", "layer_module", "layer_class",
+                                               "ir_op", "inplace", "provider", "route", "act_dtypes",
+                                               "min_capability"}
+    text = plugin_template(route).read_text()
+    for plan_path in BUNDLED_PLANS:
+        plan = load_plan(plan_path)
+        for name in (plan.name, plan.vllm.layer, plan.vllm.ir_op, plan.vllm.custom_op):
+            assert not name or name not in text, f"{route}.py.tmpl names {name}"
+    assert sorted(p.name for p in TEMPLATES.iterdir()) == sorted(f"{r}.py.tmpl" for r, k in ROUTE_KINDS.items()
+                                                                 if k.driven)
 
 
-@pytest.mark.parametrize("plan_path", PLANS, ids=lambda p: p.stem)
+def test_the_bundled_plans_drive_the_routes_vllm_has_for_their_kind():
+    routes = {load_plan(p).name: load_plan(p).vllm.route for p in BUNDLED_PLANS if not load_plan(p).vllm_kernel}
+    assert routes["rms_norm"] == routes["fused_add_rms_norm"] == "ir"
+    assert routes["silu_and_mul"] == routes["rotary_embedding"] == routes["dynamic_per_token_fp8_quant"] == "custom_op"
+    assert routes["paged_attention"] == "attention"
+    assert routes["int8_linear_column"] == routes["int8_linear_row"] == "quantization"
+    assert {routes[n] for n in ("rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
+                                "silu_and_mul_quant")} == {"fusion"}
+
+
+@pytest.mark.parametrize("plan_path", DRIVEN, ids=lambda p: p.stem)
 def test_rendered_plugin_lints_and_names_the_one_op(plan_path, tmp_path):
     plan = load_plan(plan_path)
     text = render_plugin(plan)
-    assert f'OP = "{plan.op_qualname}"' in text and f'PROVIDER = "{provider_name(plan)}"' in text
-    assert enable_setting(plan) in text
+    assert f'OP = "{plan.op_qualname}"' in text and enable_setting(plan) in text
+    assert (f'PROVIDER = "{provider_name(plan)}"' in text) == (plan.vllm.route == "ir")
+    assert (f'QUANTIZATION = "{provider_name(plan)}"' in text) == (plan.vllm.route == "quantization")
+    assert f"import {adapter_module(plan)} as adapter" in text
     (tmp_path / "plugin.py").write_text(text)
     proc = _ruff(tmp_path / "plugin.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_flags_say_which_kernel_they_turn_on():
-    rms, silu = VLLM_OPS["rms_norm"], VLLM_OPS["silu_and_mul"]
-    assert (rms.in_tree_flag, rms.oot_flag) == ("+rms_norm", "+RMSNorm")
-    assert (silu.in_tree_flag, silu.oot_flag) == ("+silu_and_mul", "+SiluAndMul")
-    assert "+SiluAndMul" in enable_setting(load_plan(PLANS[2]))
-    assert '"rms_norm": ["rms_norm_kernel", "native"]' in enable_setting(load_plan(PLANS[0]))
+    rms, silu = load_plan(ROOT / "plan.yaml"), load_plan(ROOT / "kernels/plans/silu_and_mul.yaml")
+    assert (in_tree_flag(rms), oot_flag(rms)) == ("+rms_norm", "+RMSNorm")
+    assert (in_tree_flag(silu), oot_flag(silu)) == ("+silu_and_mul", "+SiluAndMul")
+    assert "+SiluAndMul" in enable_setting(silu)
+    assert '"rms_norm": ["rms_norm_kernel", "native"]' in enable_setting(rms)
+
+
+def test_a_route_the_harness_does_not_drive_says_why():
+    plan = load_plan(ROOT / "kernels/plans/rms_norm_static_fp8_quant.yaml")
+    assert plugin_route(plan) is None
+    assert "fusion" in unsupported(plan)
 
 
 _AGAINST_VLLM = r"""
 import json, sys
 import torch
 from vllm import ir
-from vllm.model_executor.custom_op import op_registry
+from vllm.model_executor.custom_op import CustomOp, op_registry
+from vllm.model_executor.layers.linear import LinearBase
 from harness.runtime.resolve import import_object
-from harness.spec.tolerances import IR_DEFAULT_TOLERANCE
-from harness.spec.vllm_ops import VLLM_OPS
+from harness.spec.load import load_plan
 dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 out = {}
-for name, op in VLLM_OPS.items():
-    layer = import_object(op.layer)
-    entry = {"custom_op_registered": op_registry.get(op.custom_op) is layer,
-             "ir_op_exists": op.ir_op is None or hasattr(ir.ops, op.ir_op), "tolerance": {}}
-    if op.ir_op:
+for path in sys.argv[1:]:
+    v = load_plan(path).vllm
+    layer = import_object(v.layer)
+    entry = {"custom_op": v.custom_op is None or op_registry.get(v.custom_op) in [c for c in layer.__mro__],
+             "is_custom_op": issubclass(layer, CustomOp), "is_linear": issubclass(layer, LinearBase),
+             "ir_op": v.ir_op is None or hasattr(ir.ops, v.ir_op), "tolerance": {}, "providers": []}
+    if v.ir_op and hasattr(ir.ops, v.ir_op):
+        entry["providers"] = sorted(getattr(ir.ops, v.ir_op).impls)
         for dt, t in dtypes.items():
-            tol = getattr(ir.ops, op.ir_op).get_tolerance(t)
+            tol = getattr(ir.ops, v.ir_op).get_tolerance(t)
             entry["tolerance"][dt] = [float(tol["atol"]), float(tol["rtol"])]
-    out[name] = entry
+    out[path] = entry
 print(json.dumps(out))
 """
 
 
 @needs_vllm
-def test_descriptions_match_vllms_own_registries():
-    """CustomOp registry names, IR ops and IR tolerances as vLLM itself has them (a fresh process: vLLM's import
-    registers ops this process's tests also define)."""
-    proc = subprocess.run([sys.executable, "-c", _AGAINST_VLLM], cwd=ROOT, capture_output=True, text=True,
+def test_the_plans_names_match_vllms_own_registries():
+    """CustomOp registry names, IR ops, in-tree providers and IR tolerances as vLLM itself has them (a fresh process:
+    vLLM's import registers ops this process's tests also define)."""
+    paths = [str(p) for p in DRIVEN]
+    proc = subprocess.run([sys.executable, "-c", _AGAINST_VLLM, *paths], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name, op in VLLM_OPS.items():
-        assert seen[name]["custom_op_registered"], f"vLLM registers no CustomOp {op.custom_op!r} for {op.layer}"
-        assert seen[name]["ir_op_exists"], f"vLLM has no vllm.ir.ops.{op.ir_op}"
-        for dt, (atol, rtol) in seen[name]["tolerance"].items():
-            mine = op.tolerance_overrides.get(dt, IR_DEFAULT_TOLERANCE[dt])
-            assert (mine.atol, mine.rtol) == pytest.approx((atol, rtol)), f"{name} {dt}: vLLM IR says {atol}/{rtol}"
+    for path in paths:
+        plan, entry = load_plan(path), seen[path]
+        assert entry["custom_op"], f"{path}: {plan.vllm.custom_op} is not {plan.vllm.layer}'s"
+        assert entry["is_linear"] if plan.vllm.route == "quantization" else entry["is_custom_op"], entry
+        assert entry["ir_op"], f"{path}: vLLM has no vllm.ir.ops.{plan.vllm.ir_op}"
+        assert not plan.vllm.in_tree_provider or plan.vllm.in_tree_provider in entry["providers"], entry
+        for dt, (atol, rtol) in entry["tolerance"].items():
+            mine = tolerance_for(plan, dt)
+            assert (mine.atol, mine.rtol) == pytest.approx((atol, rtol)), f"{path} {dt}: vLLM IR says {atol}/{rtol}"
 
 
 @needs_vllm
-@pytest.mark.parametrize("op", sorted(VLLM_OPS))
-def test_bundled_plugin_imports_and_registers_with_vllm(op, tmp_path):
-    (tmp_path / "plugin.py").write_text(render_plugin(load_plan(BUNDLED[op])))
+@pytest.mark.parametrize("plan_path", DRIVEN, ids=lambda p: p.stem)
+def test_bundled_plugin_imports_and_registers_with_vllm(plan_path, tmp_path):
+    (tmp_path / "plugin.py").write_text(render_plugin(load_plan(plan_path)))
     code = ("import importlib.util, sys\nspec = importlib.util.spec_from_file_location('plugin', sys.argv[1])\n"
             "m = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(m)\nm.register()\nm.register()\n"
             "import torch\nname = m.OP.split('::')\nassert hasattr(getattr(torch.ops, name[0]), name[1])\nprint('ok')")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plugin.py")], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
-
-
-def test_vllm_op_is_found_by_ir_op_name_or_custom_op():
-    assert vllm_op(load_plan(PLANS[1])).name == "fused_add_rms_norm"
-    assert vllm_op(load_plan(PLANS[2])).ir_op is None

@@ -104,16 +104,20 @@ def sm_verdicts(res: Merged, recs: list[Recommendation] | None = None) -> list[S
     return out
 
 
-def _blocking(res: Merged, cells: list) -> tuple[list, list]:
-    """The failed and the unexpectedly passing cells among `cells` (empty lists: nothing blocks)."""
+def _blocking(res: Merged, cells: list) -> tuple[list, list, list]:
+    """The failed and the unexpectedly passing cells among `cells`, and the failed vLLM integration items of their
+    SM (a kernel vLLM cannot reach, or that differs inside vLLM, does not ship); empty: nothing blocks."""
     failed = [c for c in cells if res.status(c) == Status.FAILED]
     xpass = [c for c in cells if res.status(c) == Status.XPASS]
-    return (failed, xpass) if failed or xpass else ()
+    sms = {c.sm for c in cells}
+    integration = [r for r in res.integration.values() if r.sm in sms and r.status in (Status.FAILED, Status.XPASS)]
+    return (failed, xpass, integration) if failed or xpass or integration else ()
 
 
-def _blocked_rule(failed: list, xpass: list, where: str) -> str:
-    return (f"{len(failed)} failed, {len(xpass)} unexpectedly passing; any failed or unexpected-pass cell blocks "
-            f"the integration {where}")
+def _blocked_rule(failed: list, xpass: list, integration: list, where: str) -> str:
+    items = f", {len(integration)} vLLM integration items failed" if integration else ""
+    return (f"{len(failed)} failed, {len(xpass)} unexpectedly passing{items}; any failed or unexpected-pass cell"
+            f"{' or integration item' if integration else ''} blocks the integration {where}")
 
 
 def _not_run(res: Merged, sm: str, cells: list) -> tuple[list, str]:

@@ -1,24 +1,33 @@
 """vLLM in the loop: the kernel registered the way its plugin registers it, and vLLM's own layer reaching it.
 
-Integration items (`vllm-ir[decode-bf16-cpu]`, `vllm-custom_op[...]`, `vllm-plugin[...]`): the kernel
-is registered as an IR provider, as an out-of-tree CustomOp, or through the generated
+Integration items (`vllm-ir[decode-bf16-cpu]`, `vllm-custom_op[...]`, `vllm-quantization[...]`,
+`vllm-plugin[...]`), for the routes the plan's `vllm:` section names: the kernel is registered as an IR
+provider, as an out-of-tree CustomOp or as a quantization method, or through the generated
 `vllm.general_plugins` plugin loaded by vLLM's own loader; vLLM's layer is then called on drawn
-inputs and must call the kernel (counted) and match the reference. A registration that leaves
-vLLM on its own path fails with the reason vLLM took it.
+inputs and must call the kernel (counted) and match the reference. Before that the route is checked against
+the installed vLLM (`missing_in_vllm`), and a registration that leaves vLLM on its own path fails with the
+reason vLLM took it.
+
+What is op-specific comes from the op's adapter module (the plan's `vllm.adapter`, by default the kernel's
+module): `vllm_layer` builds vLLM's layer for one call, `vllm_forward_inputs` / `vllm_ir_inputs` /
+`vllm_create_weights` + `vllm_apply_inputs` map vLLM's calls onto the kernel's arguments. A failure says whose code raised: the kernel's, the op's adapter's, the generated
+plugin's (the harness's) or vLLM's.
 
 vLLM is optional: it is imported here only when an item runs (`vllm_missing()` says whether it can
-be). The op descriptions and every name a deployment types come from harness.spec.vllm_ops.
+be). Every name a deployment types comes from harness.spec.vllm_ops.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
 import re
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,24 +35,25 @@ from typing import Callable
 import torch
 from hypothesis import given
 
-from harness.runtime.calls import kernel_args, reference_outputs
+from harness.runtime.calls import first_line, reference_outputs
 from harness.runtime.device import detect, package_version
 from harness.runtime.inputs import build_args, examples as example_strategy
 from harness.spec.matrix import Cell
-from harness.runtime.numerics import Mismatch, Stats, compare
+from harness.runtime.numerics import Mismatch, Stats
 from harness.runtime.resolve import import_object, resolve
 from harness.spec.dtypes import CELL_DTYPES, DTYPE
 from harness.spec.plan import Plan, Tolerance
 from harness.results.store import IntegrationRecord, Status
 
-from harness.runtime.runner import RunSettings, hypothesis_settings
+from harness.runtime.runner import RunSettings, compare_judged, hypothesis_settings
 from harness.runtime.tasks import IntegrationTask
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.spec.vllm_ops import VllmOp, plugin_module_name, plugin_route, provider_name, unsupported, vllm_op
-from harness.rendering.python_source import render_plugin
+from harness.spec.vllm_ops import adapter_module, layer_class, plugin_module_name, plugin_route, plugin_routes, \
+    provider_name, unsupported
+from harness.rendering.plugin_source import render_plugin
 
-ROUTES = ("ir", "custom_op", "plugin")
+ROUTES = ("ir", "custom_op", "plugin")  # every route an item may take; a plan's own: integration_routes
 # The layers take floating-point activations; quantized dtypes belong to other vLLM ops.
 LAYER_DTYPES = tuple(name for name in CELL_DTYPES if DTYPE[name].kind == "float")  # fp32, fp16, bf16
 # Drawn examples per integration item: each proves dispatch and compares, the numerics cells do the rest.
@@ -71,16 +81,37 @@ def vllm_config(custom_ops: list[str] | None = None):
     return _default_config
 
 
-def build_layer(op: VllmOp, args: list, config):
-    """vLLM's layer for one call, built as vLLM builds it (inside a config context), holding the call's tensors."""
+def integration_routes(plan: Plan) -> tuple[str, ...]:
+    """The routes a plan's integration items take: each route its plugin registers through, then the plugin itself
+    loaded by vLLM's plugin loader. None where the harness cannot drive the plan's route (the page says why)."""
+    routes = plugin_routes(plan)
+    return (*routes, "plugin") if routes else ()
+
+
+def adapter_function(plan: Plan, name: str) -> Callable:
+    """A function of the op's adapter module (vllm_layer, vllm_forward_inputs, vllm_ir_inputs)."""
+    module = adapter_module(plan)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise Failure(f"the op's adapter module {module} (vllm.adapter) has no {name}: {first_line(exc)}; "
+                      "docs/adding-an-op.md says what it defines") from None
+
+
+def build_layer(plan: Plan, values: dict, config, quant_config=None):
+    """vLLM's layer for one call, built by the op's adapter (`vllm_layer`) inside a config context, as vLLM builds its
+    layers, and the arguments of its forward. A quantization method's config goes to `quant_config`."""
     from vllm.config import set_current_vllm_config
 
-    kwargs, tensors, forward_args = op.layer_call(*args)
+    make = adapter_function(plan, "vllm_layer")
+    params = list(inspect.signature(make).parameters)[1:]  # after the layer class: the plan's arguments it names
+    given = {**values, "quant_config": quant_config}
     with set_current_vllm_config(config):
-        layer = import_object(op.layer)(**kwargs)
-    for name, tensor in tensors.items():
-        setattr(layer, name, torch.nn.Parameter(tensor, requires_grad=False))
-    return layer, forward_args
+        try:
+            return make(import_object(plan.vllm.layer), **{name: given[name] for name in params if name in given})
+        except Exception as exc:
+            raise Failure(f"the op's adapter {adapter_module(plan)}.vllm_layer raised {first_line(exc)} "
+                          f"({_origin(exc)})") from None
 
 
 @contextlib.contextmanager
@@ -136,15 +167,60 @@ class Failure(AssertionError):
     """An integration check that failed, with the cause in words."""
 
 
-class CallCounter:
-    """Stands in for the plugin's `kernel`: counts the calls vLLM's layer makes into it."""
+class Raised(Failure):
+    """Code the item wraps (the kernel, the op's adapter) raised: says whose code it was."""
 
-    def __init__(self, fn: Callable):
-        self.fn, self.calls = fn, 0
+
+class Watched:
+    """Stands in for one function of the plugin module (its `kernel`, the op's `adapter` functions): counts the calls
+    vLLM makes into it, and tells an exception it raises from one raised by the code around it."""
+
+    def __init__(self, fn: Callable, who: str):
+        self.fn, self.who, self.calls = fn, who, 0
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
-        return self.fn(*args, **kwargs)
+        try:
+            return self.fn(*args, **kwargs)
+        except Raised:
+            raise
+        except Exception as exc:
+            raise Raised(f"{self.who} raised {first_line(exc)} ({_origin(exc)})") from exc
+
+
+class WatchedModule:
+    """The op's adapter module as the plugin sees it, with each of its functions Watched, and what it maps vLLM's
+    calls onto checked against the kernel's inputs (the plugin calls run_kernel with them)."""
+
+    def __init__(self, module, who: str, inputs: list[str]):
+        self._module, self._who, self._inputs = module, who, inputs
+
+    def __getattr__(self, name):
+        value = getattr(self._module, name)
+        if not callable(value):
+            return value
+        watched = Watched(value, f"{self._who}.{name}")
+
+        def checked(*args, **kwargs):
+            got = watched(*args, **kwargs)
+            if got is not None and name.endswith("_inputs") and set(got) != set(self._inputs):
+                raise Raised(f"{self._who}.{name} returned the arguments {', '.join(sorted(got))}; the kernel's "
+                             f"inputs are {', '.join(self._inputs)} (the plan's names)")
+            return got
+
+        return checked
+
+
+def _origin(exc: BaseException) -> str:
+    """Where an exception was raised: the innermost frame's file:line."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
+
+
+def _raised_in(exc: BaseException, path: str | None) -> bool:
+    """Whether the innermost frame of an exception is in the file `path`."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames and path and Path(frames[-1].filename) == Path(path))
 
 
 def _describe(args) -> str:
@@ -163,11 +239,14 @@ class Route:
 
     def __init__(self, plan: Plan, route: str, module, priority: list[str] | None = None,
                  custom_ops: list[str] | None = None):
-        self.plan, self.route, self.module, self.op = plan, route, module, vllm_op(plan)
+        self.plan, self.route, self.module = plan, route, module
+        self.layer_class = layer_class(plan)
         self.kind = plugin_route(plan) if route == "plugin" else route
-        self.counter = CallCounter(module.kernel)
-        module.kernel = self.counter  # the plugin's functions look `kernel` up when called
-        self.priority = self.custom_ops = None
+        self.counter = Watched(module.kernel, f"the kernel {plan.kernel}")
+        module.kernel = self.counter  # the plugin's functions look `kernel` and `adapter` up when called
+        module.adapter = WatchedModule(module.adapter, f"the op's adapter {adapter_module(plan)}",
+                                       [a.name for a in plan.args if a.role != "output"])
+        self.priority = self.custom_ops = self.quant_config = None
         self.seen_dispatch: list = []  # (chosen provider, args) per IR dispatch
         self.stack = contextlib.ExitStack()
         try:
@@ -182,18 +261,25 @@ class Route:
         if self.kind == "ir":
             from vllm import ir
 
-            self.ir_op = getattr(ir.ops, self.op.ir_op)
+            self.ir_op = getattr(ir.ops, plan.vllm.ir_op)
             self.priority = list(priority) if priority is not None else [provider_name(plan), "native"]
             registered = sorted(self.ir_op.impls)
             missing = [p for p in self.priority if p not in self.ir_op.impls]
             if missing:
                 raise Failure(f"the IR priority list {self.priority} names '{missing[0]}', which is not registered "
-                              f"for vllm.ir.ops.{self.op.ir_op} (registered: {', '.join(registered)})")
+                              f"for vllm.ir.ops.{plan.vllm.ir_op} (registered: {', '.join(registered)})")
             self.stack.enter_context(self.ir_op.set_priority(self.priority))
             self._watch_dispatch()
             self.config = vllm_config()
+        elif self.kind == "quantization":
+            from vllm.model_executor.layers.quantization import get_quantization_config
+
+            self.config = vllm_config()
+            _single_rank_model_parallel(self.config)  # vLLM's linear layers ask their tensor-parallel group
+            # the config as vLLM makes it for --quantization <name>: looked up by name, built from its config dict
+            self.quant_config = get_quantization_config(provider_name(plan)).from_config({})
         else:
-            self.custom_ops = list(custom_ops) if custom_ops is not None else ["none", f"+{self.op.layer_class}"]
+            self.custom_ops = list(custom_ops) if custom_ops is not None else ["none", f"+{self.layer_class}"]
             self.config = vllm_config(self.custom_ops)
 
     def _watch_dispatch(self):
@@ -211,17 +297,29 @@ class Route:
         self.stack.close()
 
     def call(self, values: dict) -> tuple:
-        """vLLM's layer on one call's inputs, outputs in plan.outputs order; Failure if it did not call the kernel."""
-        layer, forward_args = build_layer(self.op, kernel_args(self.plan, values), self.config)
+        """vLLM's layer on one call's inputs, outputs in plan.outputs order; Failure if it did not call the kernel,
+        saying whose code raised where one did."""
+        layer, forward_args = build_layer(self.plan, values, self.config, self.quant_config)
         before, self.seen_dispatch[:] = self.counter.calls, []
-        out = layer(*forward_args)
+        try:
+            out = layer(*forward_args)
+        except Raised:
+            raise
+        except Exception as exc:
+            if _raised_in(exc, getattr(self.module, "__file__", None)):
+                raise Failure(f"the generated plugin {plugin_module_name(self.plan)} raised {first_line(exc)} "
+                              f"({_origin(exc)}): the harness's code, not the kernel's or vLLM's") from None
+            raise Failure(f"vLLM's {self.layer_class} raised {first_line(exc)} ({_origin(exc)})") from None
         if self.counter.calls == before:
             raise Failure(self.why_not_called(layer, forward_args))
         return out if isinstance(out, tuple) else (out,)
 
     def why_not_called(self, layer, forward_args) -> str:
-        name = self.op.layer_class
+        name = self.layer_class
         head = f"vLLM's {name} did not call the kernel"
+        if self.kind == "quantization":
+            method = type(getattr(layer, "quant_method", None)).__name__
+            return f"{head}: its quant_method is {method}, not the plugin's PluginLinearMethod"
         method = _bound_method(layer)
         plugin_class = getattr(self.module, f"Plugin{name}", None)
         if self.kind == "custom_op":
@@ -235,10 +333,10 @@ class Route:
                         f"{self.config.compilation_config.custom_ops} does not enable the out-of-tree op, which "
                         f"vLLM renamed to '{name}': enable '+{name}')")
             rejected = _describe(forward_args)
-            return (f"{head}: it dispatched to {method}, which fell back to forward_native (the plugin's "
-                    f"supports_args rejected {rejected})")
+            return (f"{head}: it dispatched to {method}, which fell back to forward_native (the op's adapter or "
+                    f"the plugin's supports turned down {rejected})")
         provider = provider_name(self.plan)
-        ir_name = f"vllm.ir.ops.{self.op.ir_op}"
+        ir_name = f"vllm.ir.ops.{self.plan.vllm.ir_op}"
         if not self.seen_dispatch:
             return f"{head}: it dispatched to {method}, which does not go through {ir_name}"
         chosen, args = self.seen_dispatch[-1]
@@ -255,6 +353,25 @@ class Route:
             return f"{where}, which comes before '{provider}' in the priority list {effective}"
         return (f"{where}: the provider's supports_args returned False for ({_describe(args)}), so vLLM "
                 f"fell back to '{chosen}'")
+
+
+def _single_rank_model_parallel(config) -> None:
+    """vLLM's distributed state for one rank (gloo), once per process: what a one-GPU deployment has."""
+    import socket
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    if model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}")
+        initialize_model_parallel(1)
 
 
 def _bound_method(layer) -> str:
@@ -286,6 +403,11 @@ def _unregister(plan: Plan) -> None:
             del ir_op.impls[provider]
     for name in [n for n, cls in op_registry_oot.items() if cls.__module__ == module]:
         del op_registry_oot[name]
+    from vllm.model_executor.layers import quantization
+
+    for name in [n for n, cls in quantization._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.items() if cls.__module__ == module]:
+        del quantization._CUSTOMIZED_METHOD_TO_QUANT_CONFIG[name]
+        quantization.QUANTIZATION_METHODS.remove(name)
 
 
 def open_route(plan: Plan, route: str, stack: contextlib.ExitStack, plugin_text: str | None = None,
@@ -305,19 +427,35 @@ def open_route(plan: Plan, route: str, stack: contextlib.ExitStack, plugin_text:
 
 def why_not_runnable(plan: Plan, route: str) -> str:
     """Why this route cannot be checked here ("" when it can). Imports vLLM when it is installed."""
-    why = vllm_missing() or unsupported(plan)
-    if why:
-        return why
-    op = vllm_op(plan)
-    if route == "ir":
-        if op.ir_op is None:
-            return f"vLLM {vllm_version()} has no IR op for {plan.name} (vllm.ir.ops: {_ir_ops()}): CustomOp route only"
-        if plan.vllm.ir_op and plan.vllm.ir_op != op.ir_op:
-            return f"vllm.ir_op names {plan.vllm.ir_op}; the harness drives vllm.ir.ops.{op.ir_op} for this op"
+    return vllm_missing() or unsupported(plan)
+
+
+def missing_in_vllm(plan: Plan, route: str) -> str:
+    """What the route needs that the installed vLLM lacks ("" when it has it all): the IR op and the in-tree provider
+    the plan names, the layer, a CustomOp. A plan naming a route vLLM lacks fails its items with this reason."""
+    kind = plugin_route(plan) if route == "plugin" else route
+    here = f"vLLM {vllm_version()}"
+    try:
+        layer = import_object(plan.vllm.layer)
+    except Exception as exc:
+        return f"{here} has no {plan.vllm.layer} (vllm.layer): {first_line(exc)}"
+    if kind == "ir":
         from vllm import ir
 
-        if not hasattr(ir.ops, op.ir_op):
-            return f"vLLM {vllm_version()} has no vllm.ir.ops.{op.ir_op} (vllm.ir.ops: {_ir_ops()})"
+        if not hasattr(ir.ops, plan.vllm.ir_op):
+            return f"{here} has no vllm.ir.ops.{plan.vllm.ir_op} (vllm.ir.ops: {_ir_ops()}): no IR route for this op"
+        provider = plan.vllm.in_tree_provider
+        if provider and provider not in getattr(ir.ops, plan.vllm.ir_op).impls:
+            return (f"{here} registers no provider '{provider}' (vllm.in_tree_provider) for vllm.ir.ops."
+                    f"{plan.vllm.ir_op} (registered: {', '.join(sorted(getattr(ir.ops, plan.vllm.ir_op).impls))})")
+    from vllm.model_executor.custom_op import CustomOp
+
+    if kind == "custom_op" and not (isinstance(layer, type) and issubclass(layer, CustomOp)):
+        return f"{here}'s {plan.vllm.layer} is not a CustomOp: no out-of-tree CustomOp route for it"
+    from vllm.model_executor.layers.linear import LinearBase
+
+    if kind == "quantization" and not (isinstance(layer, type) and issubclass(layer, LinearBase)):
+        return f"{here}'s {plan.vllm.layer} is not a linear layer (LinearBase): no quantization method serves it"
     return ""
 
 
@@ -345,6 +483,9 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
     rec = IntegrationRecord(route=route, **cell.axes(), status=Status.PASSED)
     with contextlib.ExitStack() as stack:
         try:
+            missing = missing_in_vllm(plan, route)
+            if missing:
+                raise Failure(missing)
             r = open_route(plan, route, stack, plugin_text, priority, custom_ops)
         except Failure as exc:
             r, rec.status, rec.reason = None, Status.FAILED, str(exc)
@@ -352,17 +493,28 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
             r, rec.status = None, Status.FAILED
             rec.reason = f"registering through the {route} route raised {type(exc).__name__}: {exc}"
         if r is not None:
-            rec.registered_as = ({"ir_op": r.op.ir_op, "provider": provider_name(plan), "priority": r.priority}
-                                 if r.kind == "ir" else {"layer": r.op.layer_class, "custom_ops": r.custom_ops})
+            rec.registered_as = (
+                {"ir_op": plan.vllm.ir_op, "provider": provider_name(plan), "priority": r.priority} if r.kind == "ir"
+                else {"layer": r.layer_class, "quantization": provider_name(plan)} if r.kind == "quantization"
+                else {"layer": r.layer_class, "custom_ops": r.custom_ops})
 
             def test(ex):
                 nonlocal count
                 count += 1
                 values = build_args(plan, cell, ex, device)
-                expected = reference_outputs(plan, reference, values)
+                try:
+                    expected = reference_outputs(plan, reference, values)
+                except Mismatch:
+                    raise
+                except Exception as exc:
+                    raise Failure(f"the reference {plan.reference} raised {first_line(exc)} ({_origin(exc)})") from None
+                drawn = {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in values.items()}
                 got = r.call(values)
-                for name, actual in zip(plan.outputs, got):
-                    compare(name, actual, expected[name], tol, stats)
+                if len(got) != len(plan.outputs):
+                    raise Failure(f"vLLM's {r.layer_class} returned {len(got)} values; op.outputs names "
+                                  f"{len(plan.outputs)} ({', '.join(plan.outputs)})")
+                for name, actual in zip(plan.outputs, got):  # quantized outputs in their domain, as the cells
+                    compare_judged(plan, reference, cell.dtype, stats, name, actual, expected[name], drawn, False)
 
             test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__vllm_{route}_{cell.id}")
             run = RunSettings(examples=examples, profile=profile, database=database)
@@ -371,9 +523,10 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
                 test()
             except (Failure, Mismatch) as exc:
                 rec.status, rec.reason = Status.FAILED, str(exc)
-            except Exception as exc:
+            except Exception as exc:  # the harness's own code around the call (inputs, reference, comparison)
                 rec.status = Status.FAILED
-                rec.reason = f"vLLM's {r.op.layer_class} raised {type(exc).__name__}: {str(exc).strip()[:500]}"
+                rec.reason = (f"the harness raised {first_line(exc)[:500]} ({_origin(exc)}) around vLLM's "
+                              f"{r.layer_class}: the harness's code, not the kernel's or vLLM's")
             rec.kernel_calls = r.counter.calls
     rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
     rec.tolerance, rec.error, rec.vllm = Tolerance(tol.atol, tol.rtol), stats.record(), vllm_version()

@@ -26,10 +26,9 @@ from harness.runtime.bench import BenchOutcome, BenchSpec, bench_specs, check_mo
 from harness.runtime.device import detect, provenance, use_triton_interpreter
 from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
-from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, ROUTES, run_integration_item
+from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, integration_routes, run_integration_item
 from harness.spec.matrix import Cell, Decision, decide, expand, pairwise_sample
 from harness.runtime.check_code import plan_code_warnings
-from harness.runtime.resolve import resolve
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
 from harness.rendering.plots import draw_plots
@@ -172,12 +171,11 @@ class PlanFile(pytest.File):
                 yield item
 
     def _integration_items(self, plan: Plan, hw):
-        """One per (route, phase, dtype) on this machine's SM, for plans whose `vllm:` section names a vLLM op (and
-        whose kernel is not vLLM's own: that is in vLLM already)."""
-        if hw.sm not in plan.matrix["sm"] or not (plan.vllm.layer or plan.vllm.ir_op or plan.vllm.custom_op) \
-                or plan.vllm_kernel:
+        """One per (route, phase, dtype) on this machine's SM, for plans whose `vllm:` section names a route the harness
+        drives (a kernel that is vLLM's own is in vLLM already; the page says why other routes are not proven)."""
+        if hw.sm not in plan.matrix["sm"]:
             return
-        for route in ROUTES:
+        for route in integration_routes(plan):
             for phase in plan.matrix["phase"]:
                 for dtype in [d for d in plan.matrix["dtype"] if d in LAYER_DTYPES]:
                     cell = Cell(phase, dtype, 1, "eager", hw.sm)

@@ -15,7 +15,7 @@ from harness.rendering.plan_words import capture_sizes, custom_op_name, describe
 from harness.rendering.support import mark_status
 from harness.results.merge import Merged
 from harness.spec.status import Status
-from harness.spec.vllm_ops import plugin_route
+from harness.spec.vllm_ops import ROUTE_KINDS, plugin_route, provider_name
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
@@ -44,9 +44,17 @@ def tradeoffs(res: Merged, recs: list[Recommendation]) -> str:
     elif plugin_route(plan) == "ir":
         items.append("vLLM IR: the provider is chosen by priority per platform and falls back to native where "
                      "`supports_args` rejects a call; a fallback is silent, so check the priority per platform.")
-    else:
+    elif plugin_route(plan) == "custom_op":
         items.append("CustomOp route: `register_oot` replaces the layer class for every model, and the op then "
                      "carries the layer's name in `custom_ops`.")
+    elif plugin_route(plan) == "quantization":
+        items.append(f"Quantization method: a deployment chooses it for the whole model (`--quantization "
+                     f"{provider_name(plan)}`), and every linear layer it serves runs the kernel; a linear method has "
+                     "no per-call fallback, so a call outside the kernel's contract is an error, not vLLM's own path.")
+    elif plan.vllm.route:
+        items.append(f"Route {code(plan.vllm.route)}, {ROUTE_KINDS[plan.vllm.route].words}: the route this kind of "
+                     "op takes into vLLM, not proven here; until an integration item proves it, the kernel's numerics "
+                     "and speed are all this page shows.")
     caps = [c for c in res.cells if c.sm == "cpu" and c.id in res.records
             and res.records[c.id].facts.get("token_cap")]
     if caps and plan.vllm_kernel:
@@ -143,7 +151,7 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[
             parts.append(f"{counts['uncovered']} on SMs without results")
         return f"{len(cells)} cells: " + ", ".join(parts)
 
-    rows = [["integration route", vllm_answer(plan), "plan: vllm"]]
+    rows = [["integration route", vllm_answer(plan, res.integration), "plan: vllm"]]
     if "torch_compile" in plan.matrix["graph_mode"]:
         rows.append(["torch.compile", f"opaque {code(custom_op_name(plan))} with a fake implementation",
                      md("torch_compile " + tally(graph_mode="torch_compile"))])

@@ -99,7 +99,7 @@ def constraints(res: Merged) -> str:
         ["Tensor parallelism", tp_answer(plan)],
         ["Graph modes", md(", ".join(plan.matrix["graph_mode"])) + f"; CUDA graph capture sizes "
                         f"{'from the plan' if plan.capture_sizes else 'as vLLM'}: {cs[0]} … {cs[-1]} ({len(cs)} sizes)"],
-        ["vLLM target and route", vllm_answer(plan)],
+        ["vLLM target and route", vllm_answer(plan, res.integration)],
         ["Hardware (SMs)", md(", ".join(plan.matrix["sm"]))],
         ["Reference", code(plan.reference)],
         ["Shapes", f"{sizes}; decode 1 … {n.max_num_seqs} tokens; prefill {n.prefill_tokens[0]} … "

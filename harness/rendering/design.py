@@ -5,17 +5,19 @@ Mermaid sequence of one forward pass)."""
 from __future__ import annotations
 
 from harness.rendering.markdown import code, md, mm
-from harness.rendering.plan_words import capture_sizes, custom_op_name, ir_op, layer_class, layer_path
-from harness.rendering.python_source import custom_op_source, render_plugin
+from harness.rendering.plan_words import capture_sizes, custom_op_name, layer_class, layer_path, route_proof, \
+    route_words
+from harness.rendering.plugin_source import ADAPTER_FUNCTIONS, render_plugin
+from harness.rendering.python_source import custom_op_source
 from harness.results.store import IntegrationRecord
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import enable_setting, plugin_entry_point, plugin_module_name, plugin_route, \
-    provider_name, unsupported, vllm_op
+from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
+    plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, route_lacking, unsupported
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
-def design(plan: Plan) -> str:
+def design(plan: Plan, integration: dict | None = None) -> str:
     if plan.vllm_kernel:
         return "\n".join(["## High-level design", "",
                           f"Nothing plugs into vLLM: {code(VLLM_KERNELS[plan.vllm_kernel].call)} is the kernel vLLM's "
@@ -24,18 +26,42 @@ def design(plan: Plan) -> str:
     op = custom_op_name(plan)
     layer = layer_path(plan)
     layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"
-    op_desc = vllm_op(plan)
     provider = provider_name(plan)
-    flag = op_desc.oot_flag if op_desc else f"+{plan.vllm.custom_op or plan.name}"
     g = ["flowchart TD", f'    caller["{mm("decoder layer in the model file")}"]',
          f'    layer["{mm(layer_label)}"]']
-    if plugin_route(plan) == "ir":
-        g += [f'    dispatch{{"{mm("vLLM IR dispatch: vllm.ir.ops." + ir_op(plan) + ", priority per platform")}"}}',
+    route = plan.vllm.route
+    lacking = route_lacking(plan, integration)
+    if route is None or not ROUTE_KINDS[route].driven or lacking:
+        # a route the harness does not drive (or none): its words only, no vLLM symbol the run did not check
+        how = ROUTE_KINDS[route].words.split(" (")[0] if route else "no route named (vllm.route)"
+        g += [f'    dispatch{{"{mm("route: " + how + " (not proven here)")}"}}',
+              '    native["' + mm("vLLM's own path") + '"]']
+        edges = ["    caller --> layer --> dispatch", "    dispatch --> customop", "    dispatch --> native"]
+        g += [f'    customop[["{mm(op + ": opaque torch.library custom op + fake")}"]]',
+              f'    kernel["{mm("kernel " + plan.kernel)}"]']
+        where = (f"Where {code(plan.name)} would plug into vLLM ({md(plan.vllm.target)}, {route_words(plan)}; "
+                 f"{route_proof(plan, None)}):") if route else \
+            "The plan names no route into vLLM (`vllm.route`), so nothing here names a vLLM symbol:"
+        if lacking:
+            where = (f"The plan's route ({code(route)}) does not exist in the vLLM its integration items ran "
+                     f"against: {md(lacking)}. Nothing here draws it:")
+        return "\n".join(["## High-level design", "", where, "", "```mermaid", *g, *edges, "    customop --> kernel",
+                          "```"])
+    flag = oot_flag(plan)
+    if route == "ir":
+        g += [f'    dispatch{{"{mm("vLLM IR dispatch: vllm.ir.ops." + plan.vllm.ir_op + ", priority per platform")}"}}',
               f'    provider["{mm("provider " + provider + " (register_impl)")}"]',
               f'    native["{mm("native provider: forward_native")}"]']
         edges = ["    caller --> layer --> dispatch",
                  f'    dispatch -->|"{mm("priority: " + provider)}"| provider --> customop',
                  f'    dispatch -->|"{mm("fallback: native")}"| native --> inductor']
+    elif route == "quantization":
+        g += [f'    dispatch{{"{mm("quantization config --quantization " + provider + ": get_quant_method")}"}}',
+              f'    provider["{mm("PluginLinearMethod.apply (LinearMethodBase)")}"]',
+              f'    native["{mm("another quantization: its own linear method")}"]']
+        edges = ["    caller --> layer --> dispatch",
+                 f'    dispatch -->|"{mm("--quantization " + provider)}"| provider --> customop',
+                 f'    dispatch -->|"{mm("another method")}"| native --> inductor']
     else:
         g += [f'    dispatch{{"{mm("CustomOp dispatch: custom_ops " + flag)}"}}',
               f'    provider["{mm("forward_cuda of the register_oot subclass")}"]',
@@ -66,17 +92,20 @@ def interfaces(plan: Plan, integration: dict) -> str:
 
 def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None = None) -> str:
     """The plugin as the report shows it: entry point, module, how to select it, and whether it was verified."""
-    why = unsupported(plan)
+    why = unsupported(plan) or md(route_lacking(plan, integration))
     if why:
         return f"No vLLM plugin: {why}.\n"
-    op = vllm_op(plan)
     route = plugin_route(plan)
-    lines = [f"vLLM general plugin ({'IR provider' if route == 'ir' else 'out-of-tree CustomOp'} route). "
+    functions = ", ".join(code(ADAPTER_FUNCTIONS[r]) for r in plugin_routes(plan))
+    lines = [f"vLLM general plugin ({ROUTE_KINDS[route].words.split(' (')[0]} route), rendered from "
+             f"the route's template; the op's vLLM side is {code(adapter_module(plan))} ({functions}, and "
+             f"{code('vllm_layer')} for the integration items). "
              "Entry point, in the pyproject.toml of the package that ships the kernel:", "",
              "```toml", plugin_entry_point(plan).rstrip(), "```", "",
              f"Module `{plugin_module_name(plan)}.py`:", "", "```python", render_plugin(plan).rstrip(), "```", "",
-             f"Select it in a deployment: `{enable_setting(plan)}`. (`{op.in_tree_flag}` in `custom_ops` turns on "
-             f"vLLM's own kernel, `torch.ops._C.{op.in_tree}`, instead.)", ""]
+             f"Select it in a deployment: `{enable_setting(plan)}`."
+             + (f" (`{in_tree_flag(plan)}` in `custom_ops` turns on vLLM's own kernel instead.)"
+                if in_tree_flag(plan) else ""), ""]
     if integration is not None:
         plugin_items = {k: v for k, v in sorted(integration.items()) if k.startswith("vllm-plugin[")}
         passed = [k for k, v in plugin_items.items() if v.status == Status.PASSED]

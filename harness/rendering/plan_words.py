@@ -10,7 +10,8 @@ import json
 from harness.rendering.markdown import code, md
 from harness.spec.matrix import Cell
 from harness.spec.plan import AXES, Plan
-from harness.spec.vllm_ops import plugin_route, provider_name, vllm_op
+from harness.spec.status import Status
+from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 INTENTS = {
@@ -32,10 +33,6 @@ def layer_path(plan: Plan) -> str | None:
 def layer_class(plan: Plan) -> str:
     path = layer_path(plan)
     return path.split(":")[-1].split(".")[-1] if path else "the model layer"
-
-
-def ir_op(plan: Plan) -> str:
-    return plan.vllm.ir_op or plan.name
 
 
 def capture_sizes(plan: Plan) -> list[int]:
@@ -83,18 +80,51 @@ def tp_answer(plan: Plan) -> str:
     return f"{text}; sizes {sizes}"
 
 
-def vllm_answer(plan: Plan) -> str:
+def route_words(plan: Plan) -> str:
+    """The plan's route into vLLM in words, naming only what the plan names (the proof is `route_proof`'s)."""
+    route = plan.vllm.route
+    if route is None:
+        return "none named (the plan has no `vllm.route`)"
+    words = ROUTE_KINDS[route].words
+    if route == "ir":
+        return f"{words}: provider {code(provider_name(plan))} for {code('vllm.ir.ops.' + plan.vllm.ir_op)}"
+    if route == "custom_op":
+        return f"{words} replacing {code(plan.vllm.layer)}, enabled by {code(oot_flag(plan))} in `custom_ops`"
+    return words + (f" for {code(plan.vllm.layer)}" if plan.vllm.layer else "")
+
+
+def route_proof(plan: Plan, integration: dict | None) -> str:
+    """Whether the route was proven: on which vLLM, by how many integration items (calls counted, outputs compared),
+    or why not; "" for a kernel that is vLLM's own."""
+    if plan.vllm_kernel:
+        return ""
+    why = unsupported(plan)
+    if why:
+        return f"not proven here: {md(why)}"
+    routes = (*plugin_routes(plan), "plugin")
+    items = {k: r for k, r in sorted((integration or {}).items()) if r.route in routes}
+    failed = {k: r for k, r in items.items() if r.status in (Status.FAILED, Status.XPASS)}
+    passed = {k: r for k, r in items.items() if r.status == Status.PASSED}
+    if failed:
+        first = next(iter(failed.values()))
+        on = f" on vLLM {first.vllm}" if first.vllm else ""
+        return f"FAILED{on} in {len(failed)} of {len(items)} integration items: {md(first.reason)}"
+    if passed:
+        versions = ", ".join(sorted({r.vllm for r in passed.values() if r.vllm})) or "?"
+        sms = ", ".join(dict.fromkeys(r.sm for r in passed.values()))
+        return (f"proven on vLLM {versions} ({sms}): {len(passed)} integration items passed, vLLM's layer called "
+                "the kernel and matched the reference")
+    reasons = sorted({r.reason for r in items.values() if r.reason})
+    return f"not proven here: {md(reasons[0])}" if reasons else "not proven here: no integration item has run yet"
+
+
+def vllm_answer(plan: Plan, integration: dict | None = None) -> str:
     if plan.vllm_kernel:
         return f"none: the kernel is vLLM's own {code(VLLM_KERNELS[plan.vllm_kernel].call)}, in vLLM already"
-    op = vllm_op(plan)
-    if plugin_route(plan) == "ir":
-        how = (f"vLLM IR provider {code(provider_name(plan))} for {code('vllm.ir.ops.' + ir_op(plan))} "
-               "(`register_impl`)")
-    else:
-        how = f"CustomOp out-of-tree subclass of {code(layer_path(plan) or '?')} (`register_oot`)"
-        if op:
-            how += f", enabled by {code(op.oot_flag)} in `custom_ops`"
-    return f"{md(plan.vllm.target)}; {how}"
+    lacking = route_lacking(plan, integration)
+    if lacking:  # name nothing of a route that vLLM lacks, beyond what its item says is missing
+        return f"{md(plan.vllm.target)}; the plan's route {code(plan.vllm.route)} does not exist there: {md(lacking)}"
+    return f"{md(plan.vllm.target)}; {route_words(plan)}; {route_proof(plan, integration)}"
 
 
 def contract_text(contract) -> str:

@@ -36,7 +36,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         header(res, v, per_sm),
         problem_breakdown(plan),
         constraints(res),
-        design(plan),
+        design(plan, res.integration),
         interfaces(plan, res.integration),
         critical_path(plan),
         support_matrix(res),

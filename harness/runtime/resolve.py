@@ -34,6 +34,7 @@ from typing import Any, Callable
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
+from harness.spec.vllm_ops import adapter_module, plugin_routes
 
 OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
 # The fields whose path may lead into vLLM's package: a reference or native may be vLLM's forward_native, and the
@@ -131,7 +132,8 @@ def resolve(plan: Plan) -> Resolved:
     _check_signature(resolved, "op.native", inputs)  # called exactly like the reference
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
-    resolved.warnings = _pinned_optional_arguments(resolved)
+    # an op's vLLM side that lacks what its routes call fails their integration items, not its cells: a warning
+    resolved.warnings = _pinned_optional_arguments(resolved) + _vllm_adapter_warnings(plan)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
 
@@ -191,6 +193,34 @@ def _check_signature(resolved: Resolved, field_name: str, names: list[str], posi
         path = getattr(resolved.plan, field_name.split(".")[1])
         raise resolved.plan.error(field_name, f"a function taking the plan's arguments {how} ({', '.join(names)}): "
                                   f"{exc}", f"{path}{sig}") from None
+
+
+# What the op's adapter module defines for each route its plugin takes (docs/adding-an-op.md).
+ADAPTER_FUNCTIONS = {"custom_op": ("vllm_layer", "vllm_forward_inputs"), "ir": ("vllm_ir_inputs",),
+                     "quantization": ("vllm_layer", "vllm_create_weights", "vllm_apply_inputs")}
+
+
+def _vllm_adapter_warnings(plan: Plan) -> list[str]:
+    """Where the op's vLLM side (the plan's vllm.adapter, else the kernel's module) does not define what its routes
+    call, in words (a kernel swapped for a variant in another module keeps its cells, and its vLLM items fail)."""
+    routes = plugin_routes(plan)
+    if not routes:
+        return []
+    module = adapter_module(plan)
+    field_name = "vllm.adapter" if plan.vllm.adapter else "vllm.route"
+    where = f"{plan.path}:{plan.where(field_name)}: {field_name}"
+    try:
+        found = importlib.import_module(module)
+    except Exception as exc:
+        return [f"{where}: the op's vLLM side, {module}, does not import ({type(exc).__name__}: {exc}): its vLLM "
+                "integration items will fail"]
+    needed = [name for route in routes for name in ADAPTER_FUNCTIONS[route]]
+    missing = [name for name in needed if not callable(getattr(found, name, None))]
+    if not missing:
+        return []
+    return [f"{where}: the op's vLLM side, {module}, defines no {', '.join(missing)} (its routes call "
+            f"{', '.join(needed)}; docs/adding-an-op.md): its vLLM integration items will fail; name the module "
+            "that has them in vllm.adapter"]
 
 
 def _check_vllm_schema(plan: Plan) -> None:

@@ -21,6 +21,12 @@ from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHA
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
 
+# What each route into vLLM needs the plan to name: the IR op the provider registers for and the layer whose calls
+# reach it; the CustomOp layer the out-of-tree class replaces; the linear layer a quantization method serves.
+ROUTE_NEEDS = {"ir": ("ir_op", "layer"), "custom_op": ("layer",), "quantization": ("layer",)}
+ROUTE_NEEDS_WHY = {"ir_op": "vLLM IR op the provider registers for", "layer": "vLLM layer whose calls reach the kernel"}
+
+
 class Where:
     """A plan file's path and line map: PlanErrors at the line of a location."""
 
@@ -78,6 +84,10 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     if vllm.provider in ("native", "unfused"):
         raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
                      "and unfused", vllm.provider)
+    for field_name in ROUTE_NEEDS.get(vllm.route, ()):
+        if getattr(vllm, field_name) is None:
+            raise w.fail(("vllm", "route"), f"vllm.{field_name} beside route {vllm.route} (the {ROUTE_NEEDS_WHY[field_name]})",
+                         f"route {vllm.route} without vllm.{field_name}")
     plan = Plan(
         path=path, name=op.name, intent=op.intent, kernel=op.kernel, reference=op.reference, fake=op.fake,
         description=op.description, replaces=op.replaces, args=args, outputs=outputs, mutates=mutates, sizes=sizes,
@@ -86,7 +96,8 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, contract_of, numerics),
         tp=_tp(w, spec.tp, args, outputs, matrix["tp"], tuple(sizes)),
         quantization=_quantization(w, spec.quantization, args, outputs), generate=op.generate,
-        vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider),
+        vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider, vllm.adapter,
+                  vllm.in_tree_provider, vllm.why_not_proven),
         capture_sizes=many(spec.cuda_graph.capture_sizes) or None if spec.cuda_graph else None,
         accumulation=op.accumulation, raw_text=text,
         contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(), native=op.native,

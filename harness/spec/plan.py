@@ -34,7 +34,9 @@ STRUCTURED_INITS = ("positions", "seq_lens", "query_start_loc", "block_tables", 
 PARAM_INITS = ("uniform", "integers", "cos_sin_cache")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 ROLES = ("input", "output")
-VLLM_ROUTES = ("ir", "custom_op")
+# How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
+# an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
+VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention", "fusion")
 BASELINES = ("native", "compiled", "vllm")
 # `op.kernel: vllm:<name>`: vLLM's own compiled kernel torch.ops._C.<name> (harness.spec.vllm_schemas), loaded by
 # harness.runtime.vllm_kernels from an installed vLLM or a vLLM ops library.
@@ -318,11 +320,16 @@ class TensorParallel:
 @dataclass(frozen=True)
 class Vllm:
     target: str = "v1"
-    route: str = "ir"
+    route: str | None = None  # one of VLLM_ROUTES; None: the plan names no route into vLLM
     layer: str | None = None  # e.g. vllm.model_executor.layers.layernorm:RMSNorm
     ir_op: str | None = None  # name under vllm.ir.ops
     custom_op: str | None = None  # vLLM CustomOp registry name, e.g. rms_norm
     provider: str | None = None  # IR provider name the plugin registers (default: <op name>_kernel)
+    # the module holding the op's vLLM side (how vLLM's calls map onto the kernel's arguments): the kernel's own
+    # module unless the plan names another (harness.spec.vllm_ops.adapter_module)
+    adapter: str | None = None
+    in_tree_provider: str | None = None  # vLLM's own IR provider for the op (vllm_c), where it has one
+    why_not_proven: str | None = None  # a route the harness cannot drive yet: why, in the plan's words
 
 
 @dataclass(frozen=True)

@@ -242,12 +242,17 @@ class Benchmark(Section):
 
 class Vllm(Section):
     target: Literal["v1"] = "v1"
-    route: Literal[VLLM_ROUTES] = "ir"
+    route: Optional[Literal[VLLM_ROUTES]] = None
     layer: Optional[import_path()] = None
     ir_op: Optional[str] = Field(None, description="a vLLM IR op name")
     custom_op: Optional[str] = Field(None, description="a vLLM CustomOp name")
     provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
         "a provider name of lowercase letters, digits and _ other than native and unfused"))
+    adapter: Optional[str] = Field(None, pattern=r"^[\w.]+$", description=(
+        "a module 'package.module' holding the op's vLLM side (vllm_layer, vllm_forward_inputs, vllm_ir_inputs)"))
+    in_tree_provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
+        "vLLM's own IR provider for the op (vllm_c)"))
+    why_not_proven: Optional[str] = Field(None, description="why the route is not proven by this harness (words)")
 
 
 class CudaGraph(Section):

@@ -1,13 +1,9 @@
-"""The vLLM ops the harness knows, as data: one description per op, and every name derived from it.
+"""The plan's route into vLLM, and every name a deployment types, derived from the plan's `vllm:` section.
 
-Each description says where the op lives in vLLM (its layer class and CustomOp registry name, its
-vLLM IR op, its in-tree `torch.ops._C` kernel and that kernel's schema), which tolerances vLLM IR
-checks it with, and how one kernel call maps onto a call of vLLM's layer. The plugin that ships a kernel for
-it is generated from its template (harness/rendering/plugin_templates/<op>.py.tmpl, filled by
-harness.rendering.python_source). Adding a vLLM op means adding one description here and one template there.
-
-The names a deployment types come from here too, so the report, the generated plugin and the
-integration items cannot disagree:
+Everything op-specific lives beside the op: the plan names the route kind, the vLLM layer and IR op, and the
+module holding the op's vLLM side (the adapter: how vLLM's calls map onto the kernel's arguments, by default the
+kernel's own module). Here are only the route kinds and the names that follow from the plan, so the report, the
+generated plugin and the integration items cannot disagree:
 - `+<custom_op>` in `compilation_config.custom_ops` turns on vLLM's own kernel for the layer;
 - `+<LayerClass>` turns on an out-of-tree replacement (`CustomOp.register_oot` renames it to the
   in-tree class name, so `+<custom_op>` no longer reaches it);
@@ -15,7 +11,7 @@ integration items cannot disagree:
 
 `profile_setting` gives the setting for each decision the report makes, per vLLM profile: with Inductor
 (vLLM's default: forward_native compiled by Inductor, IR priority `["native"]`, custom_ops `none`) and
-without it (vLLM's default: vLLM's own kernels, IR priority `["vllm_c", "native"]`, custom_ops `all`).
+without it (vLLM's default: vLLM's own kernels, IR priority `[<in-tree provider>, "native"]`, custom_ops `all`).
 
 Plain Python: nothing here imports torch or vLLM.
 """
@@ -23,84 +19,63 @@ Plain Python: nothing here imports torch or vLLM.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
-from harness.spec.plan import Plan, Tolerance
+from harness.spec.plan import Plan
 from harness.spec.vllm_defaults import INDUCTOR_OFF, INDUCTOR_ON, switch_setting, vllm_default
 from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
 
 
-def _rms_norm_layer(out, x, weight, eps):
-    return {"hidden_size": x.shape[-1], "eps": eps, "dtype": weight.dtype}, {"weight": weight}, (x,)
-
-
-def _fused_add_rms_norm_layer(x, residual, weight, eps):
-    return {"hidden_size": x.shape[-1], "eps": eps, "dtype": weight.dtype}, {"weight": weight}, (x, residual)
-
-
-def _silu_and_mul_layer(out, x):
-    return {}, {}, (x,)
-
-
 @dataclass(frozen=True)
-class VllmOp:
-    """One vLLM op whose in-tree kernel follows the calling convention of the plan's kernel."""
+class RouteKind:
+    """One way into vLLM, for one kind of op: what it registers, and whether this harness drives it."""
 
     name: str
-    layer: str  # vLLM's layer class that runs it, as an import path
-    custom_op: str  # the layer's in-tree CustomOp registry name
-    ir_op: str | None  # its vllm.ir op, None where vLLM has none
-    in_tree: str  # torch.ops._C.<in_tree>, described in harness.spec.vllm_schemas
-    # kernel args (in call order) -> (layer constructor kwargs, layer tensors, layer.forward args)
-    layer_call: Callable
-    # vLLM IR's tolerance for the op where it differs from the IR defaults (harness.spec.tolerances.ir_tolerance)
-    tolerance_overrides: dict[str, Tolerance] = field(default_factory=dict)
-    # per kernel arg (in call order), the template's supports_args parameter vLLM passes it as; None: not passed
-    # (an output the plugin allocates). The contract's checks are written on these
-    # (harness.rendering.python_source.contract_checks).
-    supports_params: tuple[str | None, ...] = ()
-
-    @property
-    def layer_class(self) -> str:
-        return self.layer.rpartition(":")[2]
-
-    @property
-    def in_tree_flag(self) -> str:
-        """The custom_ops entry that turns on vLLM's own kernel for the layer."""
-        return f"+{self.custom_op}"
-
-    @property
-    def oot_flag(self) -> str:
-        """The custom_ops entry that turns on an out-of-tree replacement (renamed to the layer class)."""
-        return f"+{self.layer_class}"
-
-    @property
-    def in_tree_schema(self) -> str:
-        """The in-tree kernel's schema, as vLLM registers it."""
-        return VLLM_KERNELS[self.in_tree].schema
+    words: str  # what the route is, as a page says it
+    driven: bool  # the harness has a plugin template and integration items for it
+    not_driven_why: str = ""  # why not, where it is not
 
 
-# Where an op's vLLM IR tolerance differs from IR's defaults (harness.spec.tolerances.IR_DEFAULT_TOLERANCE).
-_NORM_FP16 = {"fp16": Tolerance(1e-2, 2e-3)}  # 1 ulp where the weight product rounds
-
-VLLM_OPS = {op.name: op for op in (
-    VllmOp("rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "rms_norm", "rms_norm",
-           _rms_norm_layer, _NORM_FP16, supports_params=(None, "x", "weight", "epsilon")),
-    VllmOp("fused_add_rms_norm", "vllm.model_executor.layers.layernorm:RMSNorm", "rms_norm", "fused_add_rms_norm",
-           "fused_add_rms_norm", _fused_add_rms_norm_layer, _NORM_FP16,
-           supports_params=("x", "x_residual", "weight", "epsilon")),
-    VllmOp("silu_and_mul", "vllm.model_executor.layers.activation:SiluAndMul", "silu_and_mul", None,
-           "silu_and_mul", _silu_and_mul_layer, supports_params=(None, "x")),
+ROUTE_KINDS = {k.name: k for k in (
+    RouteKind("ir", "vLLM IR provider (`register_impl`)", True),
+    RouteKind("custom_op", "out-of-tree CustomOp (`CustomOp.register_oot`)", True),
+    RouteKind("quantization", "quantization method (a `QuantizationConfig` registered with "
+                              "`register_quantization_config` and a `LinearMethodBase` whose `apply` calls the kernel)",
+              True),
+    RouteKind("attention", "attention backend", False,
+              "the harness has no plugin template for attention backends yet"),
+    RouteKind("fusion", "vLLM's fusion passes (a pattern that replaces the unfused ops with the kernel)", False,
+              "the harness does not drive vLLM's fusion passes yet"),
 )}
 
 
-def vllm_op(plan: Plan) -> VllmOp | None:
-    """The vLLM op the plan's kernel replaces: by its IR op, its own name, then its CustomOp name."""
-    for key in (plan.vllm.ir_op, plan.name, plan.vllm.custom_op):
-        if key in VLLM_OPS:
-            return VLLM_OPS[key]
-    return None
+def layer_class(plan: Plan) -> str | None:
+    """The class name of the vLLM layer the plan's kernel serves (`RMSNorm`), None where it names none."""
+    return plan.vllm.layer.rpartition(":")[2].rpartition(".")[2] if plan.vllm.layer else None
+
+
+def oot_flag(plan: Plan) -> str:
+    """The custom_ops entry that turns on an out-of-tree replacement (renamed to the layer class)."""
+    return f"+{layer_class(plan)}"
+
+
+def in_tree_flag(plan: Plan) -> str | None:
+    """The custom_ops entry that turns on vLLM's own kernel for the layer, where the plan names its CustomOp."""
+    return f"+{plan.vllm.custom_op}" if plan.vllm.custom_op else None
+
+
+def adapter_module(plan: Plan) -> str:
+    """The module holding the op's vLLM side: the plan's `vllm.adapter`, else the kernel's own module."""
+    return plan.vllm.adapter or plan.kernel.partition(":")[0]
+
+
+def plugin_routes(plan: Plan) -> tuple[str, ...]:
+    """The routes the plan's plugin registers through: its own, and the out-of-tree CustomOp for the layer an IR
+    provider's op serves (every vLLM IR op's layer is a CustomOp)."""
+    route = plugin_route(plan)
+    if route is None:
+        return ()
+    return ("ir", "custom_op") if route == "ir" else (route,)
 
 
 def unsupported(plan: Plan) -> str:
@@ -108,23 +83,25 @@ def unsupported(plan: Plan) -> str:
     if plan.vllm_kernel:
         return (f"the kernel is vLLM's own {VLLM_KERNELS[plan.vllm_kernel].call}, already in vLLM: no plugin, no "
                 "integration items")
-    op = vllm_op(plan)
-    if op is None:
-        return (f"the harness drives vLLM's {', '.join(sorted(VLLM_OPS))} only; the plan names none of them "
-                f"(vllm.ir_op, op.name, vllm.custom_op)")
-    if plan.vllm.layer and plan.vllm.layer != op.layer:
-        return f"vllm.layer names {plan.vllm.layer}; the harness drives {op.layer} for this op"
+    route = plan.vllm.route
+    if route is None:
+        return "the plan names no route into vLLM (vllm.route)"
+    kind = ROUTE_KINDS[route]
+    if not kind.driven:
+        return plan.vllm.why_not_proven or kind.not_driven_why
     return ""
 
 
 def vllm_kernel_for(plan: Plan) -> VllmKernel | None:
     """vLLM's compiled kernel for the plan's op: the one `op.kernel: vllm:<name>` names, else the one of the op's name
-    (or of the vLLM op it replaces)."""
+    (or of the CustomOp it replaces)."""
     if plan.vllm_kernel:
         return VLLM_KERNELS[plan.vllm_kernel]
-    op = vllm_op(plan)
-    return next((k for k in VLLM_KERNELS.values() if plan.name in (k.name, k.in_tree)
-                 or op is not None and op.in_tree == k.in_tree), None)
+    for key in (plan.name, plan.vllm.custom_op):
+        kernel = next((k for k in VLLM_KERNELS.values() if key in (k.name, k.in_tree)), None)
+        if kernel:
+            return kernel
+    return None
 
 
 def baseline_unsupported(plan: Plan) -> str:
@@ -152,7 +129,8 @@ def baseline_unsupported(plan: Plan) -> str:
 
 
 def provider_name(plan: Plan) -> str:
-    """The IR provider name the plugin registers and a deployment lists in --ir-op-priority."""
+    """The name the plugin registers the kernel under: the IR provider a deployment lists in --ir-op-priority, or
+    the quantization method it passes to --quantization."""
     return plan.vllm.provider or re.sub(r"\W", "_", plan.name.lower()) + "_kernel"
 
 
@@ -160,10 +138,22 @@ def plugin_module_name(plan: Plan) -> str:
     return re.sub(r"\W", "_", plan.name.lower()) + "_vllm_plugin"
 
 
-def plugin_route(plan: Plan) -> str:
-    """The route the plugin registers through: the plan's, except that ops without an IR op take custom_op."""
-    op = vllm_op(plan)
-    return "ir" if plan.vllm.route == "ir" and (op is None or op.ir_op) else "custom_op"
+# How an integration item says the installed vLLM lacks what the plan's route needs (harness.integration.routes
+# .missing_in_vllm): "vLLM 0.32.0 has no vllm.ir.ops.x", "... registers no provider", "vLLM 0.32.0's X is not a ...".
+LACKS_ROUTE = re.compile(r"^vLLM \S+?( has no | registers no |'s \S+ is not )")
+
+
+def route_lacking(plan: Plan, integration: dict | None) -> str:
+    """Why the vLLM the plan's integration items ran against lacks its route ("" where none says so): a page then
+    draws and prints nothing of the route, so it names no symbol that vLLM lacks."""
+    routes = (*plugin_routes(plan), "plugin")
+    return next((r.reason for _, r in sorted((integration or {}).items())
+                 if r.route in routes and LACKS_ROUTE.match(r.reason or "")), "")
+
+
+def plugin_route(plan: Plan) -> str | None:
+    """The route the plan's plugin registers through, None where the harness cannot drive the plan's route."""
+    return None if unsupported(plan) else plan.vllm.route
 
 
 def plugin_entry_point(plan: Plan) -> str:
@@ -171,10 +161,8 @@ def plugin_entry_point(plan: Plan) -> str:
     return f'[project.entry-points."vllm.general_plugins"]\n{plan.name} = "{plugin_module_name(plan)}:register"\n'
 
 
-# vLLM IR's provider names (vllm/ir/op.py reserves "native"; vllm/kernels/vllm_c.py registers vLLM's own kernels
-# as "vllm_c" for these ops, as of vLLM 0.32).
-NATIVE_PROVIDER, VLLM_C_PROVIDER = "native", "vllm_c"
-VLLM_C_IR_OPS = ("rms_norm", "fused_add_rms_norm")
+# vLLM IR's provider name for the reference it wraps (vllm/ir/op.py reserves "native").
+NATIVE_PROVIDER = "native"
 # What a deployment runs for the layer: the plan's kernel (through its plugin), vLLM's own kernel, forward_native.
 USES = ("kernel", "vllm", "native")
 VLLM_DEFAULT = "vLLM's default"
@@ -207,29 +195,33 @@ def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
         raise ValueError(f"use must be one of {', '.join(USES)}; got {use!r}")
     if plan.vllm_kernel:  # the kernel is vLLM's own: enabling it is turning vLLM's switch for it on
         return switch_setting(plan.vllm_kernel, use == "kernel", inductor)
-    op = vllm_op(plan)
-    if op is None or unsupported(plan):
+    if unsupported(plan):
         return ""
+    ir_op, in_tree = plan.vllm.ir_op, plan.vllm.in_tree_provider
+    if plugin_route(plan) == "quantization":  # a quantization method is chosen per deployment, not per layer
+        return f"--quantization {provider_name(plan)}" if use == "kernel" else VLLM_DEFAULT
     if plugin_route(plan) == "ir":
-        has_vllm_c = op.ir_op in VLLM_C_IR_OPS
         if use == "kernel":
             # without Inductor, calls the kernel rejects (supports_args) fall back to vLLM's kernel, not native
-            fallback = [NATIVE_PROVIDER] if inductor or not has_vllm_c else [VLLM_C_PROVIDER, NATIVE_PROVIDER]
-            return _ir_priority(op.ir_op, [provider_name(plan), *fallback])
+            fallback = [NATIVE_PROVIDER] if inductor or not in_tree else [in_tree, NATIVE_PROVIDER]
+            return _ir_priority(ir_op, [provider_name(plan), *fallback])
         if use == "vllm":
-            return _ir_priority(op.ir_op, [VLLM_C_PROVIDER, NATIVE_PROVIDER]) if has_vllm_c else VLLM_DEFAULT
-        return _ir_priority(op.ir_op, [NATIVE_PROVIDER])
+            return _ir_priority(ir_op, [in_tree, NATIVE_PROVIDER]) if in_tree else VLLM_DEFAULT
+        return _ir_priority(ir_op, [NATIVE_PROVIDER])
     base = "none" if inductor else "all"
     if use == "kernel":
-        return _custom_ops([base, op.oot_flag])
+        return _custom_ops([base, oot_flag(plan)])
     if use == "vllm":
-        return _custom_ops([base, op.in_tree_flag])
-    return _custom_ops([base] if inductor else [base, f"-{op.custom_op}"])
+        return _custom_ops([base, in_tree_flag(plan)]) if in_tree_flag(plan) else VLLM_DEFAULT
+    if inductor or not plan.vllm.custom_op:
+        return _custom_ops([base])
+    return _custom_ops([base, f"-{plan.vllm.custom_op}"])
 
 
 def enable_setting(plan: Plan) -> str:
     """How a deployment selects the kernel once the plugin is loaded (vLLM does not select it by itself)."""
-    op = vllm_op(plan)
+    if plugin_route(plan) == "quantization":
+        return f"--quantization {provider_name(plan)}"
     if plugin_route(plan) == "ir":
-        return f"""--ir-op-priority '{{"{op.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
-    return f"""--compilation-config '{{"custom_ops": ["none", "{op.oot_flag}"]}}'"""
+        return f"""--ir-op-priority '{{"{plan.vllm.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
+    return f"""--compilation-config '{{"custom_ops": ["none", "{oot_flag(plan)}"]}}'"""

@@ -12,8 +12,8 @@ names it. Two uses:
   the schema's parameters (any names), checked against them when the plan's code resolves
   (harness.runtime.resolve).
 
-The full description of the vLLM ops the harness puts kernels into (layer, CustomOp, IR op, plugin)
-is harness.spec.vllm_ops.VllmOp; this table only says which compiled kernel does the op. Plain Python, at
+Where a plan's kernel goes into vLLM (layer, CustomOp, IR op, quantization method) is the plan's own `vllm:`
+section (harness.spec.vllm_ops); this table only says which compiled kernel does the op. Plain Python, at
 the bottom of the layers so that the plan's schema knows the kernels' names.
 """
 
