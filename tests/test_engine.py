@@ -29,6 +29,8 @@ LAYERS = engine.TINY_LLAMA["num_hidden_layers"]
 CALLS_PER_FORWARD = {"rms_norm": 1, "fused_add_rms_norm": 2 * LAYERS, "silu_and_mul": LAYERS}
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
+# Under xdist the engine tests share one worker (scripts/test.sh runs --dist loadgroup), so the engines start once.
+one_worker = pytest.mark.xdist_group("engine")
 WEIGHTLESS = '''\
 import torch
 
@@ -57,6 +59,7 @@ def served(tmp_path_factory):
 
 @needs_vllm
 @pytest.mark.engine
+@one_worker
 def test_the_engine_calls_every_plugins_kernel_in_every_layer_and_step_kind(served):
     plans, baseline, plugged, _ = served
     assert not baseline.error and not plugged.error, (baseline.error, plugged.error)
@@ -71,6 +74,7 @@ def test_the_engine_calls_every_plugins_kernel_in_every_layer_and_step_kind(serv
 
 @needs_vllm
 @pytest.mark.engine
+@one_worker
 def test_greedy_tokens_match_the_engine_without_the_plugins(served):
     plans, baseline, plugged, _ = served
     assert len(baseline.tokens) == len(engine.PROMPT_LENGTHS)
@@ -80,6 +84,7 @@ def test_greedy_tokens_match_the_engine_without_the_plugins(served):
 
 @needs_vllm
 @pytest.mark.engine
+@one_worker
 def test_a_kernel_that_drops_the_weight_changes_the_greedy_tokens(served):
     _, baseline, _, (broken, run) = served
     assert run.calls["rms_norm"]  # loaded and called: the tokens, not the plumbing, catch it
