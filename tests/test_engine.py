@@ -157,3 +157,28 @@ def test_where_vllms_pass_cannot_run_the_fusion_item_says_why(tmp_path):
     assert rec.status.value == "not_run", rec
     assert "act_quant_fusion does not import" in rec.reason and "CpuPlatform" in rec.reason, rec.reason
     assert rec.fusion.pass_name == "ActivationQuantFusionPass" and rec.fusion.custom_ops == ["none"]
+
+
+class NoFusion:
+    """Stands in for vLLM's pass where its module does not import (vLLM's CPU build): rewrites nothing."""
+
+    matched_count = 0
+
+    def __init__(self, config):
+        self.calls = 0
+
+    def __call__(self, graph):
+        self.calls += 1
+
+
+@needs_vllm
+def test_the_fusion_check_reads_the_graph_around_the_pass_and_compares_outputs():
+    """check_fusion's compile, graph reading and comparison, on this machine: vLLM's RMSNorm → QuantFP8 compiled by
+    Inductor around a pass that rewrites nothing, so the page would say "no match" and name the ops kept."""
+    import dataclasses
+
+    case = dataclasses.replace(FUSION_CASES["rms_norm_static_fp8_quant"], pass_path="tests.test_engine:NoFusion")
+    profile = fusion_profiles(case)[0]  # custom ops off
+    outcome = fusion.check_fusion(load_plan(ROOT / "kernels/plans/rms_norm_static_fp8_quant.yaml"), case, profile)
+    assert outcome.matched == 0 and outcome.fused_kernels == [], outcome
+    assert fusion.describe(case, outcome).startswith("no match: the graph keeps"), outcome

@@ -158,7 +158,7 @@ def check_fusion(plan: Plan, case: FusionCase, profile: FusionProfile) -> Fusion
 
     module_name, _, cls = case.pass_path.partition(":")
     pass_cls = getattr(importlib.import_module(module_name), cls)
-    dtype, device = DTYPE[FUSION_DTYPE].torch, detect().device
+    dtype, device = getattr(torch, DTYPE[FUSION_DTYPE].torch), detect().device
     config = VllmConfig(
         compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE, custom_ops=list(profile.custom_ops),
                                              pass_config=PassConfig(**{case.pass_flag: True}, eliminate_noops=True)),
