@@ -18,6 +18,8 @@ import json
 import os
 import sys
 
+import torch
+
 from harness.runtime.interpreter import make_faithful
 
 PROBE_ENV = "HARNESS_ENGINE_PROBE"  # JSON: {"dir": folder for the call files, "ops": {module: op name}}
@@ -27,11 +29,13 @@ MODEL_CODE = os.sep + os.path.join("vllm", "model_executor", "models") + os.sep
 def step_kind() -> tuple[str, int | None]:
     """The current forward's kind and token count, from vLLM's forward context: "prefill" (every request
     in it brings more than one query token), "decode" (one each), "mixed", "dummy" (a forward without
-    requests: start-up profiling and warm-up), or "outside forward"."""
+    requests: start-up profiling and warm-up), "capture" (vLLM capturing a CUDA graph), or "outside forward"."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     if not is_forward_context_available():
         return "outside forward", None
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return "capture", None  # reading the batch's lengths would sync with the host, which a capture forbids
     metadata = get_forward_context().attn_metadata
     if isinstance(metadata, list):  # one dict per micro-batch
         metadata = metadata[0] if metadata else None
