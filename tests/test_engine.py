@@ -182,3 +182,58 @@ def test_the_fusion_check_reads_the_graph_around_the_pass_and_compares_outputs()
     outcome = fusion.check_fusion(load_plan(ROOT / "kernels/plans/rms_norm_static_fp8_quant.yaml"), case, profile)
     assert outcome.matched == 0 and outcome.fused_kernels == [], outcome
     assert fusion.describe(case, outcome).startswith("no match: the graph keeps"), outcome
+
+
+# ---------------------------------------------------------------- the page's sections, from records alone
+
+
+def _page(tmp_path, plan_path: Path, records: dict) -> str:
+    from harness.rendering.report import render
+    from harness.results.store import Provenance, Results, write_atomic
+
+    plan = load_plan(plan_path)
+    results = Results(plan.name, {"r": Provenance(sm="sm90", device="cuda", gpu="NVIDIA H200", device_count=1,
+                                                   cpu_count=16, date="2026-12-01T00:00:00Z")})
+    for key, rec in records.items():
+        rec.run = "r"
+        results.integration[key] = rec
+    write_atomic(tmp_path / plan.name / "results" / "sm90-nvidia-h200.json", results)
+    return render(plan, tmp_path / plan.name)[0]
+
+
+def test_the_fusion_section_says_per_profile_whether_the_pattern_matched_and_the_fused_kernel(tmp_path):
+    from harness.results.store import FusionOutcome, IntegrationRecord, Status
+
+    def rec(profile, status=Status.PASSED, reason="", **outcome):
+        return IntegrationRecord(route="fusion", phase="all", dtype="bf16", tp=1, graph_mode="torch_compile",
+                                 sm="sm90", status=status, reason=reason, vllm="0.32.0",
+                                 fusion=FusionOutcome(profile, **outcome))
+    page = _page(tmp_path, ROOT / "kernels/plans/rms_norm_static_fp8_quant.yaml", {
+        "fusion[none-bf16-sm90]": rec("none", matched=2, fused_kernels=["_C::rms_norm_static_fp8_quant"]),
+        "fusion[all-bf16-sm90]": rec("all", matched=0, fused_kernels=[],
+                                     ops_after=["_C::static_scaled_fp8_quant", "vllm_ir::rms_norm"]),
+        "fusion[+quant_fp8-bf16-sm90]": rec("+quant_fp8", Status.FAILED, "sequence 0: the fused graph's output differs"),
+        "fusion[+rms_norm-bf16-sm90]": rec("+rms_norm", Status.NOT_RUN, "vllm not installed")})
+    section = page.split("## vLLM's fusion pass")[1].split("\n## ")[0]
+    assert "`RMSNormQuantFusionPass`" in section and "`torch.ops._C.rms_norm_static_fp8_quant`" in section
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    assert "✅ matched 2; the fused node calls `_C::rms_norm_static_fp8_quant`" in rows["custom ops off (vLLM's "
+                                                                                     "default with Inductor)"]
+    assert "no match: the graph keeps `_C::static_scaled_fp8_quant`, `vllm_ir::rms_norm`" in rows[
+        "custom ops on (vLLM's default without Inductor)"]
+    assert "❌ sequence 0" in rows["only quant_fp8 on"]
+    assert "⏭ not run here (1)" in rows["only rms_norm on"] and "1. Not run here: vllm not installed" in section
+
+
+def test_the_engine_section_shows_calls_by_step_kind_and_the_token_comparison(tmp_path):
+    from harness.results.store import EngineOutcome, IntegrationRecord, Status
+
+    outcome = EngineOutcome(model="a tiny Llama", requests=6, ops=["rms_norm"], calls={"prefill": 1, "decode": 15},
+                            cuda_graphs=True, tokens_compared=58,
+                            first_difference="request 3, token 0: 785 with the plugins, 753 without (a near tie)")
+    page = _page(tmp_path, ROOT / "plan.yaml", {"engine[tiny_llama-sm90]": IntegrationRecord(
+        route="engine", phase="all", dtype="bf16", tp=1, graph_mode="cuda_graph", sm="sm90", status=Status.FAILED,
+        reason="rms_norm: the kernel was not called in mixed steps", vllm="0.32.0", engine=outcome)})
+    row = next(line for line in page.split("## A running engine")[1].splitlines() if line.startswith("| sm90"))
+    assert "| ❌ rms_norm: the kernel was not called in mixed steps | a tiny Llama | 1 / 0 / 15 " in row, row
+    assert "request 3, token 0" in row and "CUDA graphs" in row, row

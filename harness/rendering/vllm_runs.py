@@ -87,7 +87,7 @@ def engine_section(res: Merged) -> str:
         e = rec.engine
         if rec.status == Status.NOT_RUN:
             rows.append([rec.sm, f"{_mark(rec)} not run here ({numbers[rec.reason]})", NO_RESULT, NO_RESULT,
-                         NO_RESULT, md(rec.vllm or NO_RESULT)])
+                         NO_RESULT, NO_RESULT, md(rec.vllm or NO_RESULT)])
             continue
         calls = " / ".join(str(e.calls.get(k, 0)) for k in ("prefill", "mixed", "decode")) if e else NO_RESULT
         tokens = NO_RESULT if e is None else (
@@ -95,8 +95,8 @@ def engine_section(res: Merged) -> str:
             else md(e.first_difference or "") or "differ")
         status = _mark(rec) + ("" if rec.status == Status.PASSED else f" {md(rec.reason)}")
         graphs = NO_RESULT if e is None else ("CUDA graphs" if e.cuda_graphs else "eager")
-        rows.append([rec.sm, f"{status} {md(e.model) if e else ''}".strip(), calls, tokens, graphs,
+        rows.append([rec.sm, status, md(e.model) if e else NO_RESULT, calls, tokens, graphs,
                      md(rec.vllm or NO_RESULT)])
-    lines += [table(rows, ["SM", "engine", "kernel calls (prefill / mixed / decode steps)", "greedy tokens", "graphs",
-                           "vLLM"]), "", *notes, ""]
+    lines += [table(rows, ["SM", "result", "model", "kernel calls (prefill / mixed / decode steps)", "greedy tokens",
+                           "graphs", "vLLM"]), "", *notes, ""]
     return "\n".join(lines)
