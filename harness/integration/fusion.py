@@ -176,10 +176,17 @@ def check_fusion(plan: Plan, case: FusionCase, profile: FusionProfile) -> Fusion
         width = 2 * HIDDEN if case.layer_custom_op == "silu_and_mul" else HIDDEN
         x = torch.rand(NUM_TOKENS, width, dtype=dtype, device=device)
         residual = torch.rand(NUM_TOKENS, width, dtype=dtype, device=device) if case.residual else None
-        torch._dynamo.mark_dynamic(x, 0)
-        got = torch.compile(model, backend=fused)(x.clone(), None if residual is None else residual.clone())
+
+        def inputs():  # fresh copies (the fused add writes its residual), the token dimension dynamic
+            copies = [t.clone() if t is not None else None for t in (x, residual)]
+            for t in copies:
+                if t is not None:
+                    torch._dynamo.mark_dynamic(t, 0)
+            return copies
+
+        got = torch.compile(model, backend=fused)(*inputs())
         torch._dynamo.reset()
-        want = torch.compile(model, backend=unfused)(x.clone(), None if residual is None else residual.clone())
+        want = torch.compile(model, backend=unfused)(*inputs())
     outcome.matched = int(fusion_pass.matched_count)
     outcome.fused_kernels = sorted(op for op in fused.after if op not in fused.before)
     outcome.ops_before = sorted(op for op in fused.before if _is_custom(op))
