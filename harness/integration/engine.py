@@ -159,27 +159,25 @@ def _serve(spec: EngineSpec) -> EngineRun:
         run.tokens.append(list(completion.token_ids))
         run.top_logprobs.append([{int(t): float(lp.logprob) for t, lp in pos.items()}
                                  for pos in completion.logprobs or []])
-    lines = _probe_lines(spec.probe_dir)
-    for line in lines[len(before):]:
+    after = _probe_lines(spec.probe_dir)
+    for line in [line for path, lines in after.items() for line in lines[len(before.get(path, [])):]]:
         if not line["in_forward"] or line["step"] in ("outside forward", "dummy", "capture"):
             run.calls_outside_forward[line["op"]] = run.calls_outside_forward.get(line["op"], 0) + 1
             continue
         per_op = run.calls.setdefault(line["op"], {})
         per_op[line["step"]] = per_op.get(line["step"], 0) + 1
         run.steps_seen[line["step"]] = run.steps_seen.get(line["step"], 0) + 1
-    for line in before:
+    for line in [line for lines in before.values() for line in lines]:
         run.startup_calls[line["op"]] = run.startup_calls.get(line["op"], 0) + 1
     return run
 
 
-def _probe_lines(probe_dir: str) -> list[dict]:
-    """Every call the probe wrote so far, over all of the engine's processes (their files in name order)."""
+def _probe_lines(probe_dir: str) -> dict[str, list[dict]]:
+    """Every call the probe wrote so far, per file: one per engine process that called a kernel."""
     if not probe_dir:
-        return []
-    lines = []
-    for path in sorted(Path(probe_dir).glob("calls-*.jsonl")):
-        lines += [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
-    return lines
+        return {}
+    return {str(path): [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+            for path in sorted(Path(probe_dir).glob("calls-*.jsonl"))}
 
 
 def main(spec_path: str) -> int:

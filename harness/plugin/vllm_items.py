@@ -3,7 +3,7 @@ ops, and a running engine (`engine[tiny_llama-cpu]`) for plans whose kernel repl
 
 Collected by harness.plugin.session beside the route items, recorded in the results file's integration
 section. Markers `fusion` and `engine` select or deselect them (`-m "not engine"` leaves out the engine's
-start-ups, about a minute and a half on a 2-core CPU machine).
+start-ups, 2 to 4 minutes on a 2-core CPU machine).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from harness.spec.plan import Plan
 from harness.spec.vllm_fusions import FUSION_DTYPE, FusionProfile, fusion_case
 
 MARKERS = ("fusion: vLLM's fusion pass over vLLM's layers, per profile",
-           "engine: vLLM's engine serving requests with the plan's plugin (about 90 s on a 2-core CPU machine)")
+           "engine: vLLM's engine serving requests with the plan's plugin (minutes on a CPU machine)")
 FUSION_TIMEOUT_S = 600.0  # two Inductor compiles of a few layers, and vLLM's import in a fresh worker
 
 
