@@ -6,7 +6,8 @@ bash scripts/setup.sh test || exit 1
 # The layer contract (pyproject.toml, [tool.importlinter]) first: a module importing upward fails fast.
 .venv/bin/lint-imports || exit 1
 workers=$(.venv/bin/python -c "import os; print(min(4, os.cpu_count() or 1))")
-.venv/bin/python -m pytest tests -p xdist -n "$workers" "$@"
+# loadgroup: tests marked xdist_group share a worker (tests/test_engine.py's engines start once).
+.venv/bin/python -m pytest tests -p xdist -n "$workers" --dist loadgroup "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
   echo "error: no tests were collected" >&2

@@ -27,6 +27,7 @@ from harness.runtime.device import detect, provenance, use_triton_interpreter
 from harness.runtime.interpreter import make_faithful
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, integration_routes, run_integration_item
+from harness.plugin.vllm_items import MARKERS as VLLM_RUN_MARKERS, vllm_run_items
 from harness.spec.matrix import Cell, Decision, decide, expand, pairwise_sample
 from harness.runtime.check_code import plan_code_warnings
 from harness.spec.load import load_plan
@@ -115,6 +116,8 @@ def pytest_configure(config):
         for v in values:
             config.addinivalue_line("markers", f"{f'tp{v}' if isinstance(v, int) else v}: cells with this matrix value")
     config.addinivalue_line("markers", "bench: benchmark items (collected with --bench)")
+    for line in VLLM_RUN_MARKERS:
+        config.addinivalue_line("markers", line)
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = [str(plan_path)]  # `pytest --plan X` alone collects the plan, not the test suite
     profile = config.getoption("--plan-profile") or _hypothesis_profile() or ("ci" if os.environ.get("CI") else "dev")
@@ -163,6 +166,7 @@ class PlanFile(pytest.File):
                 item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
             yield item
         yield from self._integration_items(plan, hw)
+        yield from vllm_run_items(self, plan, hw.sm, s)  # vLLM's fusion passes; a running engine
         if self.config.getoption("--bench"):
             for spec in bench_specs(plan, hw.sm):
                 item = BenchItem.create(self, spec, skip_reason(plan, spec, hw, s.max_cpu_ranks))

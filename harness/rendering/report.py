@@ -21,6 +21,7 @@ from harness.rendering.context import constraints, header, problem_breakdown
 from harness.rendering.design import critical_path, design, interfaces
 from harness.rendering.performance import performance
 from harness.rendering.support import accepted_inputs, support_matrix
+from harness.rendering.vllm_runs import engine_section, fusion_section
 from harness.results.merge import collect
 from harness.spec.plan import Plan
 
@@ -41,6 +42,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         critical_path(plan),
         support_matrix(res),
         *([accepted] if accepted else []),  # what the kernel accepts, where the cells recorded it
+        *[s for s in (fusion_section(res), engine_section(res)) if s],  # vLLM's fusion pass, a running engine
         performance(res, op_dir, recs),
         tradeoffs(res, recs),
         open_items_section(open_items(res, recs)),

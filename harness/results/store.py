@@ -248,8 +248,39 @@ class BenchRecord:
 
 
 @dataclass
+class FusionOutcome:
+    """A fusion item: vLLM's fusion pass over vLLM's layer sequence under one profile (harness.integration.fusion)."""
+
+    profile: str  # harness.spec.vllm_fusions.FusionProfile.id
+    custom_ops: list[str] = field(default_factory=list)
+    ir_priority: dict[str, list[str]] = field(default_factory=dict)
+    pass_name: str = ""
+    matched: int | None = None  # the pass's matched_count; None where it did not run
+    fused_kernels: list[str] | None = None  # the ops new in the graph after the pass: what the fused nodes call
+    ops_before: list[str] | None = None  # vLLM's (and plugins') ops in the graph before the pass
+    ops_after: list[str] | None = None
+
+
+@dataclass
+class EngineOutcome:
+    """An engine item: vLLM's engine serving requests with the plugins loaded (harness.integration.engine)."""
+
+    model: str = ""
+    requests: int = 0
+    ops: list[str] = field(default_factory=list)  # the plans whose plugins the engine loaded together
+    calls: dict[str, int] = field(default_factory=dict)  # step kind (prefill, mixed, decode) -> the kernel's calls
+    calls_outside_forward: int = 0
+    cuda_graphs: bool = False
+    tokens_compared: int = 0
+    first_difference: str | None = None  # where greedy tokens first differ (within the other run's top candidates)
+    start_s: float | None = None  # the engine's start with the plugins
+    serve_s: float | None = None
+
+
+@dataclass
 class IntegrationRecord:
-    """One vLLM integration item: vLLM's own layer reaching the kernel through one route."""
+    """One vLLM integration item: vLLM's own layer reaching the kernel through one route, vLLM's fusion pass over
+    its layers (route "fusion"), or a running engine calling the kernel (route "engine")."""
 
     route: str
     phase: str
@@ -266,6 +297,8 @@ class IntegrationRecord:
     error: ErrorStats | None = None
     vllm: str | None = None
     duration_s: float | None = None
+    fusion: FusionOutcome | None = None
+    engine: EngineOutcome | None = None
     finished: str = ""
     run: str = ""
 

@@ -1,0 +1,431 @@
+"""A running vLLM engine: the generated plugins loaded by vLLM's plugin mechanism, called inside a real forward.
+
+An engine item starts vLLM's engine on a tiny Llama whose config.json and seeded dummy weights are
+written here (no tokenizer: nothing is downloaded), serves several concurrent requests of different lengths, so
+that the scheduler runs prefill-only, mixed (decode tokens with a prefill chunk) and decode-only
+steps, and compares the greedy tokens with a run of the same engine without the plugins.
+
+The plugins reach the engine's processes as vLLM expects of an installed package: each generated
+plugin module, with a `vllm.general_plugins` entry point in a `.dist-info` beside it, lies in a
+folder on the engine's PYTHONPATH, and VLLM_PLUGINS names the plugins to load. A second plugin,
+harness.integration.engine_probe, counts the kernel's calls in those processes, by forward step.
+
+Each engine runs in a Python process of its own (`python -m harness.integration.engine SPEC`): vLLM
+starts its engine core by spawn, which needs a main module of its own, and a fresh process keeps
+this one's imports and plugins out of it. One start serves every op whose plugin it loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.integration.engine_probe import PROBE_ENV
+from harness.rendering.python_source import render_plugin
+from harness.results.store import EngineOutcome, IntegrationRecord, Status
+from harness.runtime.device import detect, package_version
+from harness.runtime.vllm_kernels import vllm_missing
+from harness.spec.plan import Plan
+from harness.spec.vllm_ops import plugin_module_name, plugin_route, provider_name, unsupported, vllm_op
+
+# A Llama small enough to start in about 40 s on a 2-core CPU machine (the heads and sizes of a real one, scaled
+# down). Its weights are drawn from a seed and written beside the config (write_model): vLLM's own dummy weights
+# (uniform in +-1e-3) make every logit nearly equal, so no kernel, however wrong, would change a greedy token.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+}
+# Prompts of different lengths and different numbers of new tokens. With at most 4 sequences and 48 tokens per
+# step, the first step is prefill only, later ones decode some requests while prefilling (chunks of) others, and
+# the last ones decode only.
+PROMPT_LENGTHS = (5, 23, 41, 9, 64, 17)
+NEW_TOKENS = (12, 6, 9, 16, 5, 10)
+MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 4, 48, 256
+TOP_LOGPROBS = 5  # how many candidates per position a run returns, for the comparison of two runs
+STEP_KINDS = ("prefill", "mixed", "decode")
+ENGINE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine run, as its process reads it: the model folder, the plugin folders, what to select."""
+
+    model_dir: str
+    out: str
+    probe_dir: str = ""
+    plugin_paths: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()  # entry-point names for VLLM_PLUGINS
+    probe_ops: dict = field(default_factory=dict)  # generated plugin module -> op name
+    ir_op_priority: dict = field(default_factory=dict)
+    custom_ops: tuple[str, ...] = ()
+    dtype: str = "bfloat16"
+    cuda_graphs: bool = False  # True on a GPU: vLLM captures its CUDA graphs (enforce_eager=False)
+
+
+@dataclass
+class EngineRun:
+    """What one engine run returned: per request its greedy tokens and top log-probabilities, and the calls the
+    probe counted while the requests were served (op -> step kind -> calls)."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[dict[int, float]]] = field(default_factory=list)
+    calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    calls_outside_forward: dict[str, int] = field(default_factory=dict)
+    startup_calls: dict[str, int] = field(default_factory=dict)
+    steps_seen: dict[str, int] = field(default_factory=dict)  # step kind -> kernel calls of any op (workload check)
+    start_s: float = 0.0
+    serve_s: float = 0.0
+    error: str = ""
+
+
+def write_model(model_dir: Path, seed: int = 0) -> None:
+    """The tiny Llama's config.json and seeded weights (model.safetensors, Hugging Face's Llama names): linear
+    layers scaled by their fan-in so activations stay near 1, norm weights between 0.5 and 1.5 (so a kernel that
+    drops the weight is seen), and an output head whose logits spread over several units (so a greedy token is
+    decided by a margin, not by rounding)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = TINY_LLAMA
+    hidden, inter, vocab = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    head = hidden // cfg["num_attention_heads"]
+    gen = torch.Generator().manual_seed(seed)
+
+    def linear(rows, cols, gain=1.0):
+        return (torch.randn(rows, cols, generator=gen) * gain / cols ** 0.5).to(torch.bfloat16)
+
+    def norm():
+        return (0.5 + torch.rand(hidden, generator=gen)).to(torch.bfloat16)
+
+    weights = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16),
+               "model.norm.weight": norm(), "lm_head.weight": linear(vocab, hidden, gain=4.0)}
+    for i in range(cfg["num_hidden_layers"]):
+        layer = f"model.layers.{i}"
+        weights |= {
+            f"{layer}.input_layernorm.weight": norm(), f"{layer}.post_attention_layernorm.weight": norm(),
+            f"{layer}.self_attn.q_proj.weight": linear(hidden, hidden),
+            f"{layer}.self_attn.k_proj.weight": linear(cfg["num_key_value_heads"] * head, hidden),
+            f"{layer}.self_attn.v_proj.weight": linear(cfg["num_key_value_heads"] * head, hidden),
+            f"{layer}.self_attn.o_proj.weight": linear(hidden, hidden),
+            f"{layer}.mlp.gate_proj.weight": linear(inter, hidden),
+            f"{layer}.mlp.up_proj.weight": linear(inter, hidden),
+            f"{layer}.mlp.down_proj.weight": linear(hidden, inter)}
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file(weights, str(model_dir / "model.safetensors"))
+
+
+def workload(seed: int = 0) -> list[list[int]]:
+    """The requests' prompt token ids (drawn once from a seed, above the special tokens)."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, TINY_LLAMA["vocab_size"]) for _ in range(n - 1)] for n in PROMPT_LENGTHS]
+
+
+# ---------------------------------------------------------------- the engine's process
+
+
+def _serve(spec: EngineSpec) -> EngineRun:
+    """Start the engine, serve the workload, read the probe's counts. Runs in the engine's own process."""
+    from vllm import LLM, SamplingParams
+
+    run = EngineRun()
+    start = time.monotonic()
+    kwargs = {"compilation_config": {"custom_ops": list(spec.custom_ops)}} if spec.custom_ops else {}
+    if spec.ir_op_priority:
+        kwargs["ir_op_priority"] = spec.ir_op_priority
+    llm = LLM(model=spec.model_dir, load_format="safetensors", skip_tokenizer_init=True, dtype=spec.dtype, seed=0,
+              max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+              enforce_eager=not spec.cuda_graphs, **kwargs)
+    run.start_s = round(time.monotonic() - start, 1)
+    before = _probe_lines(spec.probe_dir)  # start-up: profiling and warm-up forwards
+    params = [SamplingParams(max_tokens=n, temperature=0.0, logprobs=TOP_LOGPROBS, detokenize=False, ignore_eos=True)
+              for n in NEW_TOKENS]
+    start = time.monotonic()
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in workload()], params, use_tqdm=False)
+    run.serve_s = round(time.monotonic() - start, 1)
+    for out in outputs:
+        completion = out.outputs[0]
+        run.tokens.append(list(completion.token_ids))
+        run.top_logprobs.append([{int(t): float(lp.logprob) for t, lp in pos.items()}
+                                 for pos in completion.logprobs or []])
+    after = _probe_lines(spec.probe_dir)
+    for line in [line for path, lines in after.items() for line in lines[len(before.get(path, [])):]]:
+        if not line["in_forward"] or line["step"] in ("outside forward", "dummy", "capture"):
+            run.calls_outside_forward[line["op"]] = run.calls_outside_forward.get(line["op"], 0) + 1
+            continue
+        per_op = run.calls.setdefault(line["op"], {})
+        per_op[line["step"]] = per_op.get(line["step"], 0) + 1
+        run.steps_seen[line["step"]] = run.steps_seen.get(line["step"], 0) + 1
+    for line in [line for lines in before.values() for line in lines]:
+        run.startup_calls[line["op"]] = run.startup_calls.get(line["op"], 0) + 1
+    return run
+
+
+def _probe_lines(probe_dir: str) -> dict[str, list[dict]]:
+    """Every call the probe wrote so far, per file: one per engine process that called a kernel."""
+    if not probe_dir:
+        return {}
+    return {str(path): [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+            for path in sorted(Path(probe_dir).glob("calls-*.jsonl"))}
+
+
+def main(spec_path: str) -> int:
+    spec = EngineSpec(**json.loads(Path(spec_path).read_text()))
+    try:
+        run = _serve(spec)
+    except Exception as exc:  # the engine did not start or failed serving: said in words, not as a traceback
+        run = EngineRun(error=f"{type(exc).__name__}: {str(exc).strip()[:1000]}")
+    Path(spec.out).write_text(json.dumps(asdict(run)))
+    return 0
+
+
+# ---------------------------------------------------------------- the harness's side
+
+
+def engine_unsupported(plan: Plan) -> str:
+    """Why the harness cannot put this plan's kernel into an engine ("" when it can)."""
+    return vllm_missing() or unsupported(plan)
+
+
+def selection(plans: list[Plan]) -> tuple[dict, tuple[str, ...]]:
+    """The engine arguments that select every plan's kernel once its plugin is loaded: IR priorities for plugins
+    on the IR route, `+<Layer>` in custom_ops for out-of-tree CustomOps (added to vLLM's default, not replacing it,
+    so that every other layer runs as it does without the plugins)."""
+    priority, custom_ops, layers = {}, [], {}
+    for plan in plans:
+        op = vllm_op(plan)
+        if plugin_route(plan) == "ir":
+            if op.ir_op in priority:
+                raise ValueError(f"two plans provide vllm.ir.ops.{op.ir_op}: {layers[op.ir_op]} and {plan.name}")
+            priority[op.ir_op], layers[op.ir_op] = [provider_name(plan), "native"], plan.name
+        else:
+            if op.layer_class in layers:
+                raise ValueError(f"two plans replace vLLM's {op.layer_class}: {layers[op.layer_class]} and {plan.name}")
+            custom_ops.append(op.oot_flag)
+            layers[op.layer_class] = plan.name
+    return priority, tuple(custom_ops)
+
+
+def _write_distribution(root: Path, module: str, entry_name: str, target: str, text: str | None) -> None:
+    """A module (written from `text`, or an existing one when None) and a .dist-info naming its entry point."""
+    if text is not None:
+        (root / f"{module}.py").write_text(text)
+    dist = root / f"{entry_name}-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {entry_name}\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{entry_name} = {target}\n")
+
+
+PROBE_PLUGIN = "harness_engine_probe"
+
+
+def engine_env(spec: EngineSpec) -> dict[str, str]:
+    """The engine process's environment: its plugins on the path and named, nothing downloaded, a small KV cache,
+    Triton's interpreter where there is no GPU (set before anything imports Triton)."""
+    harness_root = str(Path(__file__).resolve().parents[2])
+    path = [*spec.plugin_paths, harness_root, os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p), "HF_HUB_OFFLINE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_PLUGINS": ",".join(spec.plugins)}
+    if not spec.cuda_graphs:
+        env.setdefault("TRITON_INTERPRET", "1")
+    if spec.probe_ops:
+        env[PROBE_ENV] = json.dumps({"dir": spec.probe_dir, "ops": spec.probe_ops})
+    return env
+
+
+def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: float = ENGINE_TIMEOUT_S) -> EngineRun:
+    """One engine run in a process of its own, with the plans' plugins loaded and selected (none: vLLM as it is)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = workdir / "model"
+    write_model(model_dir)
+    plugin_dir, probe_dir = workdir / "plugins", workdir / "calls"
+    plugins, probe_ops = [], {}
+    if plans:
+        plugin_dir.mkdir()
+        probe_dir.mkdir()
+        for plan in plans:
+            module = plugin_module_name(plan)
+            _write_distribution(plugin_dir, module, plan.name, f"{module}:register", render_plugin(plan))
+            plugins.append(plan.name)
+            probe_ops[module] = plan.name
+        _write_distribution(plugin_dir, "", PROBE_PLUGIN, "harness.integration.engine_probe:register", None)
+        plugins.append(PROBE_PLUGIN)
+    priority, custom_ops = selection(plans)
+    # Each plan's own folder, where its kernel module lies (the harness puts it on the import path the same way).
+    kernel_dirs = sorted({str(Path(p.path).resolve().parent) for p in plans})
+    spec = EngineSpec(str(model_dir), str(workdir / "run.json"), str(probe_dir) if plans else "",
+                      (str(plugin_dir), *kernel_dirs) if plans else (), tuple(plugins), probe_ops, priority,
+                      custom_ops, cuda_graphs=cuda_graphs)
+    (workdir / "spec.json").write_text(json.dumps(asdict(spec)))
+    with open(workdir / "engine.log", "w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.integration.engine", str(workdir / "spec.json")],
+                                  env=engine_env(spec), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return EngineRun(error=f"the engine did not finish within {timeout_s:.0f} s (its log: "
+                                   f"{workdir / 'engine.log'})")
+    out = Path(spec.out)
+    if not out.exists():
+        return EngineRun(error=f"the engine's process exited with status {proc.returncode} before writing its "
+                               f"results; the end of its log: {_log_tail(workdir / 'engine.log')}")
+    data = json.loads(out.read_text())
+    data["top_logprobs"] = [[{int(t): lp for t, lp in pos.items()} for pos in req] for req in data["top_logprobs"]]
+    return EngineRun(**data)
+
+
+def _log_tail(path: Path, lines: int = 8) -> str:
+    return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def engine_workdir(keep: Path | None = None):
+    """A folder for one engine run's files: `keep` when given (kept for inspection), else a temporary one."""
+    if keep is not None:
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="vllm-engine-") as tmp:
+        yield Path(tmp)
+
+
+# ---------------------------------------------------------------- comparing two runs
+
+
+def compare_greedy(baseline: EngineRun, plugged: EngineRun) -> list[str]:
+    """Where the run with the plugins departs from the run without them, as vLLM's own model tests compare two
+    runs (tests/models/utils.py, check_logprobs_close): per request the greedy tokens match up to the first
+    position where they differ; there each run's token must be among the other run's top candidates (a near tie
+    that a 1-ulp difference flips), and the rest of the request is not compared. [] when the runs agree."""
+    problems = []
+    if len(baseline.tokens) != len(plugged.tokens):
+        return [f"{len(plugged.tokens)} requests came back with the plugins, {len(baseline.tokens)} without"]
+    for i, (want, got) in enumerate(zip(baseline.tokens, plugged.tokens)):
+        if len(want) != len(got):
+            problems.append(f"request {i}: {len(got)} tokens with the plugins, {len(want)} without")
+            continue
+        for pos, (a, b) in enumerate(zip(want, got)):
+            if a == b:
+                continue
+            theirs, ours = baseline.top_logprobs[i][pos], plugged.top_logprobs[i][pos]
+            if b not in theirs or a not in ours:
+                problems.append(f"request {i} (prompt of {PROMPT_LENGTHS[i]} tokens), token {pos}: {b} with the "
+                                f"plugins, {a} without, and {'neither' if b not in theirs and a not in ours else 'one'}"
+                                f" is among the other run's top {TOP_LOGPROBS}")
+            break
+    return problems
+
+
+def missing_calls(plugged: EngineRun, plans: list[Plan], cuda_graphs: bool = False) -> list[str]:
+    """The plans whose kernel the engine did not call in each step kind while serving. [] when all were called.
+
+    Under CUDA graphs a replayed step runs the captured kernel without calling Python, and the compiled model's
+    calls come from Inductor's code, not the model's forward: there any call at all (capture included) counts."""
+    problems = []
+    for plan in plans:
+        if cuda_graphs:
+            total = (sum(plugged.calls.get(plan.name, {}).values()) + plugged.startup_calls.get(plan.name, 0)
+                     + plugged.calls_outside_forward.get(plan.name, 0))
+            if not total:
+                problems.append(f"{plan.name}: the engine never called the kernel, not even while capturing its "
+                                "CUDA graphs")
+            continue
+        calls = plugged.calls.get(plan.name, {})
+        absent = [k for k in STEP_KINDS if k in plugged.steps_seen and not calls.get(k)]
+        if not calls:
+            problems.append(f"{plan.name}: the engine served the requests without calling the kernel inside the "
+                            f"model's forward ({plugged.calls_outside_forward.get(plan.name, 0)} calls elsewhere)")
+        elif absent:
+            problems.append(f"{plan.name}: the kernel was not called in {' or '.join(absent)} steps")
+    return problems
+
+
+def workload_problems(plugged: EngineRun) -> list[str]:
+    """Step kinds the workload meant to exercise and the engine did not run."""
+    absent = [k for k in STEP_KINDS if not plugged.steps_seen.get(k)]
+    return [f"the engine ran no {' or '.join(absent)} step while serving the requests"] if absent else []
+
+
+# ---------------------------------------------------------------- the engine item
+
+
+ROUTE = "engine"
+MODEL_WORDS = (f"a tiny Llama ({TINY_LLAMA['num_hidden_layers']} layers, hidden {TINY_LLAMA['hidden_size']}, "
+               f"vocabulary {TINY_LLAMA['vocab_size']}), seeded random weights")
+
+
+def item_name(sm: str) -> str:
+    return f"{ROUTE}[tiny_llama-{sm}]"
+
+
+def serve_with_and_without(plans: list[Plan], workdir: Path, cuda_graphs: bool) -> tuple[EngineRun, EngineRun]:
+    """The engine without the plugins and with them, side by side (each start waits mostly on its own processes)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        baseline = pool.submit(run_engine, [], workdir / "without-plugins", cuda_graphs)
+        plugged = pool.submit(run_engine, plans, workdir / "with-plugins", cuda_graphs)
+        return baseline.result(), plugged.result()
+
+
+def engine_problems(plans: list[Plan], baseline: EngineRun, plugged: EngineRun, cuda_graphs: bool = False) -> list[str]:
+    """Everything that makes the engine check fail, in words: an engine that did not serve, steps the workload
+    missed, a kernel not called, greedy tokens that depart from the run without the plugins."""
+    errors = [f"the engine {which} the plugins failed: {run.error}"
+              for which, run in (("without", baseline), ("with", plugged)) if run.error]
+    if errors:
+        return errors
+    workload = [] if cuda_graphs else workload_problems(plugged)  # replayed steps write no calls to classify
+    return [*workload, *missing_calls(plugged, plans, cuda_graphs), *compare_greedy(baseline, plugged)]
+
+
+def first_difference(baseline: EngineRun, plugged: EngineRun) -> str | None:
+    """The first position where the greedy tokens differ though each is among the other's top candidates."""
+    for i, (want, got) in enumerate(zip(baseline.tokens, plugged.tokens)):
+        pos = next((p for p, (a, b) in enumerate(zip(want, got)) if a != b), None)
+        if pos is not None:
+            return f"request {i}, token {pos}: {got[pos]} with the plugins, {want[pos]} without (a near tie)"
+    return None
+
+
+def engine_outcome(plans: list[Plan], plan: Plan, baseline: EngineRun, plugged: EngineRun,
+                   cuda_graphs: bool) -> EngineOutcome:
+    return EngineOutcome(model=MODEL_WORDS, requests=len(PROMPT_LENGTHS), ops=[p.name for p in plans],
+                         calls=dict(plugged.calls.get(plan.name, {})),
+                         calls_outside_forward=plugged.calls_outside_forward.get(plan.name, 0),
+                         cuda_graphs=cuda_graphs, tokens_compared=sum(len(t) for t in baseline.tokens),
+                         first_difference=first_difference(baseline, plugged), start_s=plugged.start_s or None,
+                         serve_s=plugged.serve_s or None)
+
+
+def run_engine_item(plan: Plan, sm: str, keep: Path | None = None) -> IntegrationRecord:
+    """The plan's engine item: its plugin in a running engine, against the engine without it. On a GPU the engine
+    captures CUDA graphs; on a CPU machine it runs eagerly, the kernel in Triton's interpreter."""
+    start = time.monotonic()
+    cuda_graphs = detect().device == "cuda"
+    rec = IntegrationRecord(route=ROUTE, phase="all", dtype="bf16", tp=1, sm=sm, status=Status.PASSED,
+                            graph_mode="cuda_graph" if cuda_graphs else "eager", vllm=package_version("vllm"))
+    why = engine_unsupported(plan)
+    if why:
+        rec.status, rec.reason = Status.NOT_RUN, why
+        return rec
+    with engine_workdir(keep) as workdir:
+        baseline, plugged = serve_with_and_without([plan], workdir, cuda_graphs)
+    problems = engine_problems([plan], baseline, plugged, cuda_graphs)
+    rec.engine = engine_outcome([plan], plan, baseline, plugged, cuda_graphs)
+    rec.kernel_calls = sum(rec.engine.calls.values())
+    if problems:
+        rec.status, rec.reason = Status.FAILED, "; ".join(problems)
+    rec.duration_s = round(time.monotonic() - start, 3)
+    return rec
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
