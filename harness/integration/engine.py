@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.integration.engine_probe import PROBE_ENV
-from harness.rendering.python_source import render_plugin
+from harness.rendering.plugin_source import render_plugin
 from harness.results.store import EngineOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, package_version
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.plan import Plan
-from harness.spec.vllm_ops import plugin_module_name, plugin_route, provider_name, unsupported, vllm_op
+from harness.spec.vllm_ops import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
 
 # A Llama small enough to start in about 40 s on a 2-core CPU machine (the heads and sizes of a real one, scaled
 # down). Its weights are drawn from a seed and written beside the config (write_model): vLLM's own dummy weights
@@ -195,6 +195,9 @@ def main(spec_path: str) -> int:
 
 def engine_unsupported(plan: Plan) -> str:
     """Why the harness cannot put this plan's kernel into an engine ("" when it can)."""
+    if not vllm_missing() and not unsupported(plan) and plugin_route(plan) not in ("ir", "custom_op"):
+        return (f"the engine item drives the ir and custom_op routes; a {plugin_route(plan)} route needs a model whose "
+                "checkpoint selects it")
     return vllm_missing() or unsupported(plan)
 
 
@@ -204,16 +207,16 @@ def selection(plans: list[Plan]) -> tuple[dict, tuple[str, ...]]:
     so that every other layer runs as it does without the plugins)."""
     priority, custom_ops, layers = {}, [], {}
     for plan in plans:
-        op = vllm_op(plan)
+        ir_op, layer = plan.vllm.ir_op, layer_class(plan)
         if plugin_route(plan) == "ir":
-            if op.ir_op in priority:
-                raise ValueError(f"two plans provide vllm.ir.ops.{op.ir_op}: {layers[op.ir_op]} and {plan.name}")
-            priority[op.ir_op], layers[op.ir_op] = [provider_name(plan), "native"], plan.name
+            if ir_op in priority:
+                raise ValueError(f"two plans provide vllm.ir.ops.{ir_op}: {layers[ir_op]} and {plan.name}")
+            priority[ir_op], layers[ir_op] = [provider_name(plan), "native"], plan.name
         else:
-            if op.layer_class in layers:
-                raise ValueError(f"two plans replace vLLM's {op.layer_class}: {layers[op.layer_class]} and {plan.name}")
-            custom_ops.append(op.oot_flag)
-            layers[op.layer_class] = plan.name
+            if layer in layers:
+                raise ValueError(f"two plans replace vLLM's {layer}: {layers[layer]} and {plan.name}")
+            custom_ops.append(oot_flag(plan))
+            layers[layer] = plan.name
     return priority, tuple(custom_ops)
 
 
