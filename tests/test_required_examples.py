@@ -79,3 +79,20 @@ def test_a_bug_in_a_declared_path_fails_where_random_draws_miss_it(tmp_path):
     assert rec.status == Status.FAILED, rec
     assert rec.minimal_example.startswith("num_tokens=128 hidden=128"), rec.minimal_example
     assert rec.facts["path two_pass"].startswith("num_tokens=128 hidden=128"), rec.facts
+
+
+def test_an_output_larger_than_a_chunk_is_compared_slice_by_slice_to_its_last_row(tmp_path, monkeypatch):
+    import torch
+
+    from harness.runtime import runner
+    from harness.runtime.numerics import Mismatch
+
+    monkeypatch.setattr(runner, "CHUNK_ELEMENTS", 64)  # as an int32-overflow example is, at a CPU's size
+    plan = load_plan(rms_norm_plan(tmp_path, dtype="[fp32]"))
+    check = runner.CellCheck(plan, Cell.from_id("decode-fp32-tp1-eager-cpu"), "cpu")
+    expected = torch.randn(40, 16)
+    check.compare("out", expected.clone(), expected, {}, False)
+    wrong = expected.clone()
+    wrong[-1, -1] += 1.0
+    with pytest.raises(Mismatch, match="output 'out'"):
+        check.compare("out", wrong, expected, {}, False)

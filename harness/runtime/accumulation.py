@@ -27,6 +27,9 @@ FACTOR = 4.0
 CLEAN_SIGMAS = 3.0  # a reference row shifted by more than this many sigma is left out
 MIN_ROWS = 8
 MIN_ROW_ELEMENTS = 64
+# Larger outputs are left to the tolerance: the check's fp64 copies of a 2**31-element output (the int32-overflow
+# example) need more memory than an H200 has, and smaller examples of the same cell already show the accumulator.
+MAX_ELEMENTS = 2**27
 CHECKED_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -56,7 +59,7 @@ def check(name: str, actual, expected, truth: torch.Tensor) -> None:
     """Mismatch if `actual`'s error against `truth` is consistent with a 16-bit accumulator where the reference
     (`expected`, accumulating in fp32) is not."""
     if not isinstance(actual, torch.Tensor) or actual.dtype not in CHECKED_DTYPES or actual.dim() == 0 \
-            or actual.shape != truth.shape or actual.shape[-1] < MIN_ROW_ELEMENTS:
+            or actual.shape != truth.shape or actual.shape[-1] < MIN_ROW_ELEMENTS or actual.numel() > MAX_ELEMENTS:
         return
     a, e, t = _rows(actual), _rows(expected), _rows(truth)
     finite = torch.isfinite(a).all(-1) & torch.isfinite(e).all(-1) & torch.isfinite(t).all(-1)
