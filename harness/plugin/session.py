@@ -71,6 +71,12 @@ class Session:
     verdict: str = ""  # the report's verdict line, and per SM
     verdicts: list[SmVerdict] = field(default_factory=list)
     plan_warnings: list[str] = field(default_factory=list)  # file:line: what the plan leaves idle, said at the end
+    # Whether the kernel killed its worker in every numerics cell so far, and per vLLM route the first item whose
+    # worker it killed: such a kernel's later items of that route are not run (each would cost a worker and vLLM's
+    # import, to crash again), so a plan whose kernel faults everywhere costs about what a passing one does.
+    cells_killed: int = 0
+    cells_survived: int = 0
+    route_faults: dict[str, str] = field(default_factory=dict)
 
     def run_settings(self, examples: int | None = None) -> RunSettings:
         return RunSettings(examples=examples or self.examples, profile=self.profile, database=self.database)
@@ -257,6 +263,11 @@ class CellItem(PlanItem):
                                                                         known))
             if shrunk and shrunk.example not in known:
                 known.append(shrunk.example)
+        if s.isolation != "none" or self.cell.tp > 1:
+            if isinstance(value, Fault):
+                s.cells_killed += 1
+            else:
+                s.cells_survived += 1
         if isinstance(value, Fault):
             value = Outcome(CellRecord(**self.cell.axes(), status=Status.FAILED, reason=value.reason,
                                        examples=value.examples, facts=value.facts or {}), traceback=value.traceback)
@@ -326,7 +337,14 @@ class VllmItem(PlanItem):
         task = IntegrationTask(s.plan, self.cell, self.route, s.run_settings(max(1, min(s.examples, MAX_EXAMPLES))))
         # vLLM items get a worker of their own: importing vLLM costs seconds, and the plugin they load defines
         # the same torch.library op the cells define.
+        if self.route in s.route_faults and s.cells_killed and not s.cells_survived:
+            why = (f"not run: the kernel killed its worker in every numerics cell ({s.cells_killed}) and in "
+                   f"{s.route_faults[self.route]}; this route's other items would only crash again")
+            self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=Status.NOT_RUN, reason=why))
+            pytest.skip(why)
         value = s.worker("vllm").call(run_integration_item, task, s.plan.numerics.timeout_s)
+        if isinstance(value, Fault):
+            s.route_faults.setdefault(self.route, f"{self.name} ({value.reason.splitlines()[0][:160]})")
         rec = value.record if not isinstance(value, Fault) else IntegrationRecord(
             route=self.route, **self.cell.axes(), status=Status.FAILED, reason=value.reason)
         if rec.status == Status.NOT_RUN:

@@ -86,7 +86,10 @@ class EngineItem(_VllmRunItem):
     """vLLM's engine serving requests with the plan's plugin loaded, against the engine without it."""
 
     def setup(self):
-        why = engine_unsupported(self.plan_session.plan)
+        s = self.plan_session
+        why = engine_unsupported(s.plan) or (
+            f"not run: the kernel killed its worker in every numerics cell ({s.cells_killed}); an engine serving it "
+            "would only crash" if s.cells_killed and not s.cells_survived else "")
         if why:
             self._finish(IntegrationRecord(route="engine", phase="all", dtype="bf16", tp=1, graph_mode="eager",
                                            sm=self.sm, status=Status.NOT_RUN, reason=why))
