@@ -7,7 +7,8 @@ bash scripts/setup.sh test || exit 1
 .venv/bin/lint-imports || exit 1
 workers=$(.venv/bin/python -c "import os; print(min(4, os.cpu_count() or 1))")
 # loadgroup: tests marked xdist_group share a worker (tests/test_engine.py's engines start once).
-.venv/bin/python -m pytest tests -p xdist -n "$workers" --dist loadgroup "$@"
+# --durations: the slowest tests named in every log, against the 10-minute budget of a 2-core CI machine.
+.venv/bin/python -m pytest tests -p xdist -n "$workers" --dist loadgroup --durations=15 "$@"
 rc=$?
 if [ "$rc" = 5 ]; then
   echo "error: no tests were collected" >&2
