@@ -398,7 +398,8 @@ def test_the_kernels_device_samples_reach_pytest_benchmark_through_its_fixture(p
     assert stored["stats"]["rounds"] == 4 and stored["stats"]["data"] == pytest.approx([1e-6, 2e-6, 3e-6, 4e-6])
     assert stored["stats"]["median"] == pytest.approx(2.5e-6)
     assert stored["extra_info"] == {"impl": "kernel", "timer": "cuda_events", "calls_per_sample": 1, "gbps": 3.0,
-                                    "pct_copy_bw": None, "launches": 1, "rotated_sets": 8, "speedup": {"native": 1.5}}
+                                    "pct_copy_bw": None, "launches": 1, "rotated_sets": 8, "speedup": {"native": 1.5},
+                                    "bound_us": None, "pct_of_bound": None}
 
 
 def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pytester, monkeypatch):

@@ -46,7 +46,7 @@ matrix:
   tp: {tp}
   graph_mode: [eager]
   sm: [sm90]
-vllm: {{route: ir, ir_op: rms_norm}}
+vllm: {{route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm, in_tree_provider: vllm_c}}
 benchmark: {{decode: [64], prefill: [2048], baselines: [native, compiled, vllm]}}
 """)
     return load_plan(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import os
 import re
@@ -796,10 +797,15 @@ def mermaid_checker():
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
         pytest.skip("node and npm are needed to parse Mermaid diagrams with Mermaid itself")
-    if not (MERMAID_CHECK / "node_modules" / "mermaid").exists():
-        done = subprocess.run([npm, "install", "--prefix", str(MERMAID_CHECK), "--no-package-lock", "--no-audit",
-                               "--no-fund"], capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"npm install failed:\n{done.stderr[-3000:]}"
+    # One install at a time: under xdist each worker has this session fixture, and a second npm install into the
+    # same folder while the first runs leaves packages half written (a fresh clone's check failed so).
+    with open(MERMAID_CHECK / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (MERMAID_CHECK / "node_modules" / ".installed").exists():
+            done = subprocess.run([npm, "install", "--prefix", str(MERMAID_CHECK), "--no-package-lock", "--no-audit",
+                                   "--no-fund"], capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, f"npm install failed:\n{done.stderr[-3000:]}"
+            (MERMAID_CHECK / "node_modules" / ".installed").touch()
 
     def check(*files: Path) -> tuple[int, list[dict]]:
         done = subprocess.run([node, str(MERMAID_CHECK / "check.mjs"), *map(str, files)], capture_output=True,

@@ -193,8 +193,16 @@ def main(spec_path: str) -> int:
 # ---------------------------------------------------------------- the harness's side
 
 
+# The CustomOp layers an unquantized Llama calls in its forward (QuantFP8 and the fused quant ops are not among them).
+TINY_LLAMA_LAYERS = ("RMSNorm", "SiluAndMul", "RotaryEmbedding")
+
+
 def engine_unsupported(plan: Plan) -> str:
     """Why the harness cannot put this plan's kernel into an engine ("" when it can)."""
+    if not vllm_missing() and not unsupported(plan) and plugin_route(plan) == "custom_op" \
+            and layer_class(plan) not in TINY_LLAMA_LAYERS:
+        return (f"the tiny Llama the engine item serves has no {layer_class(plan)} (an unquantized model runs "
+                f"{', '.join(TINY_LLAMA_LAYERS)}): the route items prove this op's route")
     if not vllm_missing() and not unsupported(plan) and plugin_route(plan) not in ("ir", "custom_op"):
         return (f"the engine item drives the ir and custom_op routes; a {plugin_route(plan)} route needs a model whose "
                 "checkpoint selects it")
