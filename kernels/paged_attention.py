@@ -169,6 +169,21 @@ def paged_attention(
     )
 
 
+def _sequences(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc):
+    """Per sequence with query tokens: its token rows (q0, q1), its K and V gathered through its block table
+    ([seq_len, kv_heads, head_size], the cache's dtype), and the positions of its query tokens (causal masks)."""
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    starts = query_start_loc.tolist()
+    for s, seq_len in enumerate(seq_lens.tolist()):
+        q0, q1 = starts[s], starts[s + 1]
+        if q1 == q0:
+            continue
+        blocks = block_tables[s, : math.ceil(seq_len / block_size)].long()
+        k = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
+        v = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
+        yield q0, q1, k, v, torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
+
+
 def paged_attention_ref(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -181,21 +196,12 @@ def paged_attention_ref(
     """Gather each sequence's K/V through its block table, causal softmax attention in fp32, rounded to
     query's dtype (like vLLM's ref_paged_attn, but without rounding the probabilities). Rows no
     sequence owns are 0."""
-    _, block_size, num_kv_heads, head_size = key_cache.shape
-    group = query.shape[1] // num_kv_heads
-    starts = query_start_loc.tolist()
+    group = query.shape[1] // key_cache.shape[2]
     out = torch.zeros_like(query)
-    for s, seq_len in enumerate(seq_lens.tolist()):
-        q0, q1 = starts[s], starts[s + 1]
-        if q1 == q0:
-            continue
-        blocks = block_tables[s, : math.ceil(seq_len / block_size)].long()
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len].float()
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len].float()
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    for q0, q1, k, v, q_abs in _sequences(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc):
+        k, v = k.float().repeat_interleave(group, dim=1), v.float().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", query[q0:q1].float(), k) * scale
-        q_abs = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
-        hidden = torch.arange(seq_len, device=query.device)[None, :] > q_abs[:, None]
+        hidden = torch.arange(k.shape[0], device=query.device)[None, :] > q_abs[:, None]
         probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
         out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out
@@ -213,19 +219,11 @@ def paged_attention_native(
     """The plan's op.native: attention as PyTorch runs it without a custom kernel, in query's dtype: each sequence's
     K/V gathered through its block table, then torch's scaled_dot_product_attention (GQA, causal by position). The
     reference's fp32 einsums are the accuracy oracle, not a speed baseline."""
-    _, block_size, num_kv_heads, head_size = key_cache.shape
-    starts = query_start_loc.tolist()
     out = torch.zeros_like(query)
-    for s, seq_len in enumerate(seq_lens.tolist()):
-        q0, q1 = starts[s], starts[s + 1]
-        if q1 == q0:
-            continue
-        blocks = block_tables[s, : math.ceil(seq_len / block_size)].long()
+    for q0, q1, k, v, q_abs in _sequences(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc):
         # [1, heads, tokens, head_size]: 3-d inputs take SDPA's fp32 math path on a CPU machine, 4-d its fused one
-        k = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len].transpose(0, 1)[None]
-        v = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:seq_len].transpose(0, 1)[None]
-        q_abs = torch.arange(seq_len - (q1 - q0), seq_len, device=query.device)
-        visible = torch.arange(seq_len, device=query.device)[None, :] <= q_abs[:, None]
+        k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+        visible = torch.arange(k.shape[2], device=query.device)[None, :] <= q_abs[:, None]
         o = torch.nn.functional.scaled_dot_product_attention(query[q0:q1].transpose(0, 1)[None], k, v,
                                                              attn_mask=visible, scale=scale, enable_gqa=True)
         out[q0:q1] = o[0].transpose(0, 1)
