@@ -216,15 +216,24 @@ def paged_attention_native(
     query_start_loc: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """The plan's op.native: attention as PyTorch runs it without a custom kernel, in query's dtype: each sequence's
-    K/V gathered through its block table, then torch's scaled_dot_product_attention (GQA, causal by position). The
-    reference's fp32 einsums are the accuracy oracle, not a speed baseline."""
-    out = torch.zeros_like(query)
-    for q0, q1, k, v, q_abs in _sequences(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc):
-        # [1, heads, tokens, head_size]: 3-d inputs take SDPA's fp32 math path on a CPU machine, 4-d its fused one
-        k, v = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        visible = torch.arange(k.shape[2], device=query.device)[None, :] <= q_abs[:, None]
-        o = torch.nn.functional.scaled_dot_product_attention(query[q0:q1].transpose(0, 1)[None], k, v,
-                                                             attn_mask=visible, scale=scale, enable_gqa=True)
-        out[q0:q1] = o[0].transpose(0, 1)
-    return out
+    """The plan's op.native: attention as PyTorch runs it without a custom kernel, in query's dtype: each query
+    token's K/V gathered through its sequence's block table, then one batched torch scaled_dot_product_attention
+    (GQA, keys up to the token's position). Everything stays on the device (no host loop over sequences), so it runs
+    under CUDA-graph capture and torch.compile. A decode batch gathers each sequence's pages once; a chunked-prefill
+    batch gathers them once per query token, a cost the page's bounds show. The reference's fp32 einsums are the
+    accuracy oracle, not a speed baseline."""
+    num_tokens = query.shape[0]
+    ends = query_start_loc[1:].long()
+    tokens = torch.arange(num_tokens, device=query.device)
+    seq = torch.searchsorted(ends, tokens, right=True)  # the sequence each token belongs to; num_seqs: none
+    owned = seq < ends.shape[0]
+    seq = seq.clamp(max=ends.shape[0] - 1)
+    position = seq_lens.long()[seq] - (ends[seq] - tokens)  # the token's position in its sequence
+    blocks = block_tables.long()[seq]  # [num_tokens, max_blocks_per_seq]; padding holds a valid block id
+    # [num_tokens, kv_heads, keys, head_size]
+    k = key_cache[blocks].flatten(1, 2).transpose(1, 2)
+    v = value_cache[blocks].flatten(1, 2).transpose(1, 2)
+    visible = torch.arange(k.shape[2], device=query.device)[None, :] <= position[:, None]
+    o = torch.nn.functional.scaled_dot_product_attention(query[:, :, None], k, v, attn_mask=visible[:, None, None],
+                                                         scale=scale, enable_gqa=True)
+    return torch.where(owned[:, None, None], o[:, :, 0], 0).to(query.dtype)

@@ -52,6 +52,10 @@ import torch
 # 32768 x 8192 about 11% above what this budget measures (docs/performance.md, "Tried and not adopted").
 TARGET_MS, WARMUP_MS = 30.0, 10.0
 EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
+# A slow call (a prefill-sized fp32 GEMM of 17 ms on an H200) needs no 100 samples: its clocks are up after the
+# first and its spread is a fraction of a percent. Its fewest timed calls are those worth SLOW_CALL_MS of device
+# time, at least SLOW_CALL_SAMPLES, so calls under SLOW_CALL_MS / 100 (3 ms) keep the 100.
+SLOW_CALL_MS, SLOW_CALL_SAMPLES = 300.0, 10
 GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of many calls
 # Replays get half the eager budget: each is the mean of at least GRAPH_REPLAY_MS of calls, so their q20/q80
 # spread sat inside the noise floor at every one of plan.yaml's 252 CUDA-graph speedups on an H200, where the
@@ -195,8 +199,11 @@ def _time_eager(call, sets) -> Timing:
     estimate_ms, host_s = _estimate(run, 5)
     for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 10_000))):
         run()
-    samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, EAGER_SAMPLES), host_s)
-    launches = _isolated_calls(run, _clamp(LAUNCH_MS / estimate_ms, LAUNCH_SAMPLES))
+    fewest = max(SLOW_CALL_SAMPLES, min(EAGER_SAMPLES[0], math.ceil(SLOW_CALL_MS / estimate_ms)))
+    samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, (fewest, EAGER_SAMPLES[1])), host_s)
+    # A call of a millisecond or more is hundreds of times its launch cost: 3 isolated calls show that.
+    fewest = LAUNCH_SAMPLES[0] if estimate_ms < 1.0 else 3
+    launches = _isolated_calls(run, _clamp(LAUNCH_MS / estimate_ms, (fewest, LAUNCH_SAMPLES[1])))
     return Timing(samples, "cuda_events", launch_samples_us=launches)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_attention import paged_attention, paged_attention_ref
+from kernels.paged_attention import paged_attention, paged_attention_native, paged_attention_ref
 from tests.broken.paged_attention_bugs import attends_whole_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,6 +84,19 @@ def _run_and_compare(batch: Batch, dtype: torch.dtype, kernel=paged_attention) -
 def test_matches_reference(batch_name: str, dtype: torch.dtype) -> None:
     q_lens, seq_lens = BATCHES[batch_name]
     _run_and_compare(make_batch(q_lens, seq_lens, 4, 2, 32, 16, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("batch_name", list(BATCHES))
+def test_native_baseline_matches_reference(batch_name: str, dtype: torch.dtype) -> None:
+    """The speed baseline (op.native: batched SDPA over gathered pages) computes the same attention, and traces as one
+    graph: no host sync, so it can be timed under CUDA-graph capture and torch.compile."""
+    batch = make_batch(*BATCHES[batch_name], num_heads=4, num_kv_heads=2, head_size=32, block_size=16, dtype=dtype)
+    scale = batch[0].shape[-1] ** -0.5
+    expected = paged_attention_ref(*batch, scale)
+    torch._dynamo.reset()
+    traced = torch.compile(paged_attention_native, backend="eager", fullgraph=True)
+    torch.testing.assert_close(traced(*batch, scale), expected, atol=TOL[dtype][0], rtol=TOL[dtype][1])
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_size", HEADS)
