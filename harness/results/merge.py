@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -85,10 +86,18 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
     by_id = {c.id: c for c in cells}
     records, ignored = {}, 0
     for cid, rec in merged.cells.items():
-        if cid in by_id:
-            records[cid] = rec
-        else:
+        if cid not in by_id:
             ignored += 1
+            continue
+        if rec.status is Status.EXCLUDED:
+            # An exclusion is the plan's, not the run's: its reason (and the line it names) comes from the plan as it
+            # is now, and a cell the plan no longer excludes has no result yet.
+            why = excluded_by(plan, by_id[cid])
+            if why is None:
+                ignored += 1
+                continue
+            rec = dataclasses.replace(rec, reason=why)
+        records[cid] = rec
     benchmarks, untimed = [], []
     for bid, rec in sorted(merged.benchmarks.items()):
         if rec.sm not in plan.matrix["sm"]:
