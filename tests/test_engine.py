@@ -43,6 +43,18 @@ def weight_ignored(out, x, weight, eps):
 '''
 
 
+def test_under_loadgroup_the_engine_tests_go_to_one_worker(request):
+    """scripts/test.sh's `--dist loadgroup` sends the items of one xdist_group to one worker by their `@<group>`
+    node-id suffix: without it each worker would start the engines below (conftest.py sets it where xdist cannot)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("only on an xdist worker under --dist loadgroup (scripts/test.sh)")
+    grouped = {item.nodeid: item.get_closest_marker("xdist_group").args[0] for item in request.session.items
+               if item.get_closest_marker("xdist_group")}
+    if not grouped:
+        pytest.skip("no grouped test selected")
+    assert all(nodeid.endswith(f"@{group}") for nodeid, group in grouped.items()), grouped
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(plans, baseline, with the plugins, with the broken plugin): three engines, started side by side."""

@@ -188,9 +188,12 @@ def run_plan(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.delenv("CI", raising=False)
 
-    def run(plan: Path, *args: str):
-        return pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--reports-dir",
-                                             str(pytester.path / "reports"), "-p", "no:cacheprovider", *args)
+    def run(plan: Path, *args: str, in_process: bool = False):
+        # In this process where a run needs no process of its own (the cells run in the run's worker processes either
+        # way): a fresh pytest process imports torch and the harness again, about 8 s on a 2-core CPU machine.
+        runpytest = pytester.runpytest_inprocess if in_process else pytester.runpytest_subprocess
+        return runpytest("-p", "harness.plugin", "--plan", str(plan), "--reports-dir", str(pytester.path / "reports"),
+                         "-p", "no:cacheprovider", *args)
     return run
 
 
@@ -205,7 +208,7 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
                          numerics="{examples: 2}")
     results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
 
-    full = run_plan(plan, "--cells", "all", "--plan-profile", "ci")
+    full = run_plan(plan, "--cells", "all", "--plan-profile", "ci", in_process=True)
     full.assert_outcomes(passed=8, skipped=8)
     out = full.stdout.str()
     assert summary_rows(out) == {("eager", "tp1"): {"passed": 4, "not run here": 4},
@@ -239,7 +242,7 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
 
     # A selection runs what it selects, sampled out or not; -v still names every skipped cell.
     left_out = sorted(kept)[0]
-    chosen = run_plan(plan, "-k", left_out.removesuffix("-cpu"), "-v")
+    chosen = run_plan(plan, "-k", left_out.removesuffix("-cpu"), "-v", in_process=True)
     chosen.assert_outcomes(passed=1, skipped=1)
     assert f"numerics[{left_out.removesuffix('-cpu')}-sm90] SKIPPED" in chosen.stdout.str()
     assert read_results(results)["cells"][left_out]["run"] not in new_runs
@@ -252,7 +255,7 @@ def test_the_profile_sets_the_default_and_cells_overrides_it(pytester, run_plan,
 
     def cells_of_last_run(*args) -> str:
         results.unlink(missing_ok=True)
-        run_plan(plan, "--collect-only", "-q", *args)
+        run_plan(plan, "--collect-only", "-q", *args, in_process=True)
         return next(iter(read_results(results)["runs"].values()))["cells"]
 
     sample = "a pairwise sample of 4 of 8 runnable cells"
