@@ -60,8 +60,16 @@ def test_each_vllm_kernel_plan_is_its_bundled_plan_with_vllms_kernel(name):
     assert [a.name for a in own.args] == list(kernel.args) == [a.name for a in bundled.args]
     assert (own.reference, own.outputs, own.mutates, own.sizes) == \
         (bundled.reference, bundled.outputs, bundled.mutates, bundled.sizes)
-    assert (own.tolerance, own.output_tolerance, own.quantization) == \
-        (bundled.tolerance, bundled.output_tolerance, bundled.quantization)
+    assert (own.tolerance, own.output_tolerance) == (bundled.tolerance, bundled.output_tolerance)
+    # The quantized outputs are the same; vLLM's kernel may be allowed more one-step elements than a replacement
+    # (its rounding differs from its native path's: the plan says why), never fewer.
+    if bundled.quantization is not None:
+        assert own.quantization.outputs == bundled.quantization.outputs
+        assert own.quantization.max_step_fraction >= bundled.quantization.max_step_fraction
+        if own.quantization.max_step_fraction > bundled.quantization.max_step_fraction:
+            assert "fp8 step apart on an H200" in own.raw_text  # the plan says why
+    else:
+        assert own.quantization is None
     assert own.matrix["sm"] == ("cpu", "sm90")
     assert {a.name for a in own.tensor_args if "strided" in a.layouts} >= \
         {a.name for a in bundled.tensor_args if "strided" in a.layouts}

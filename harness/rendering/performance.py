@@ -159,8 +159,10 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
             row.append(speedup_cell(r, b, not_used(plan, r, b)))
         rows.append(row)
     copy = sorted({fmt(r.copy_bw_gbps, 6) for r in recs})
+    read = sorted({fmt(r.read_bw_gbps, 6) for r in recs if is_num(r.read_bw_gbps)})
     timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
+            + (f" (read bandwidth: {', '.join(read)} GB/s)" if read else "")
             + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs))
     headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in compared)]
     return [note, "", table(rows, headers)]

@@ -100,8 +100,8 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
         records[cid] = rec
     benchmarks, untimed = [], []
     for bid, rec in sorted(merged.benchmarks.items()):
-        if rec.sm not in plan.matrix["sm"]:
-            ignored += 1
+        if rec.sm not in plan.matrix["sm"] or not plan.benchmark.times(rec.sizes):
+            ignored += 1  # another SM's, or sizes the plan no longer times
         elif any(t.timed for t in rec.impls.values()):
             benchmarks.append((bid, rec))
         else:

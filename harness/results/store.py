@@ -216,6 +216,9 @@ class BenchRecord:
     num_tokens: int
     sizes: dict = field(default_factory=dict)
     copy_bw_gbps: float | None = None
+    # The read bandwidth measured in the same run (one large tensor read, nothing written back): what a call that
+    # mostly reads can reach, above a copy's. None in older results and on a CPU machine.
+    read_bw_gbps: float | None = None
     # The physical bound of one call at this shape, measured in the same run (harness.runtime.timing): bytes over the
     # copy bandwidth, flops over the dtype's dense matrix-multiply peak, and the launch floor (an empty kernel under
     # the same timer); bound_us is the largest, `bound` says which. None in older results and on a CPU machine.

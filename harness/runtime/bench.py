@@ -59,7 +59,7 @@ from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, 
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
-    rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
+    read_bandwidth_gbps, rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
@@ -106,17 +106,18 @@ class BenchSpec:
 
 
 def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
-    """Every benchmark shape of the plan on one SM: phase token counts x sizes x dtype x graph mode, leaving out
-    combinations of sizes their constraints rule out (a rotary_dim above head_size)."""
+    """Every benchmark shape of the plan on one SM: phase token counts x sizes x dtype x graph mode. The sizes are
+    the plan's benchmark.sizes, else every combination of op.sizes their constraints allow (not a rotary_dim above
+    head_size)."""
     modes = bench_graph_modes(plan)
     names = list(plan.sizes)
     named = tuple(name for name, _ in plan.benchmark.named)
     specs = []
+    combos = [tuple(v for _, v in combo) for combo in plan.benchmark.sizes] or [
+        values for values in itertools.product(*(plan.sizes[s] for s in names)) if sizes_fit(plan, dict(zip(names, values)))]
     for phase, counts in plan.benchmark.shapes().items():
         for n in counts:
-            for values in itertools.product(*(plan.sizes[s] for s in names)):
-                if not sizes_fit(plan, dict(zip(names, values))):
-                    continue
+            for values in combos:
                 for dtype in plan.matrix["dtype"]:
                     for mode in modes:
                         specs.append(BenchSpec(phase, dtype, mode, sm, n, tuple(zip(names, values)), named))
@@ -514,6 +515,8 @@ def measure_bounds(rec: BenchRecord, device: str, graph: bool, nbytes: int, flop
     rec.bytes, rec.flops = nbytes, flops
     if device != "cuda":
         return
+    read_bw = read_bandwidth_gbps(device)
+    rec.read_bw_gbps = significant(read_bw) if read_bw else None
     peak = tensor_peak_tflops(device, TORCH_DTYPES[rec.dtype]) if flops else None  # a flop model to set it against
     rec.peak_tflops = significant(peak) if peak else None
     rec.launch_floor_us = round(launch_floor_us(device, graph), 3)

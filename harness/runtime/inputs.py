@@ -18,7 +18,7 @@ from harness.spec.matrix import Cell
 from harness.spec.expressions import evaluate
 from harness.runtime.resolve import resolve
 from harness.spec.dtypes import DTYPE
-from harness.spec.plan import STRUCTURED_INITS, Arg, Plan, SizeSpec
+from harness.spec.plan import STRUCTURED_INITS, Arg, Plan
 
 # Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
 TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}
@@ -109,15 +109,9 @@ def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_si
     return draw(st.one_of(planned, awkward) if awkward_sizes and bottom <= top else planned)
 
 
-def _obeys(v: int, spec: SizeSpec, drawn: dict) -> bool:
-    """Whether size `v` meets its constraints on the sizes drawn so far (divides, at_most)."""
-    return ((spec.divides not in drawn or drawn[spec.divides] % v == 0)
-            and (spec.at_most not in drawn or v <= drawn[spec.at_most]))
-
-
 def sizes_fit(plan: Plan, sizes: dict[str, int]) -> bool:
     """Whether one combination of sizes meets the constraints between them (divides, at_most)."""
-    return all(_obeys(v, plan.size_specs[sym], sizes) for sym, v in sizes.items())
+    return all(plan.size_specs[sym].allows(v, sizes) for sym, v in sizes.items())
 
 
 @st.composite
@@ -138,9 +132,9 @@ def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
         awkward = plan.numerics.awkward_sizes if spec.awkward is None else spec.awkward
         values = cpu_sizes.get(sym, spec.values)
         v = draw(size_values(values, step, awkward and not spec.divides, low, high), label=sym)
-        if not _obeys(v, spec, drawn):  # the largest fitting size of the plan's, else of the step's multiples
+        if not spec.allows(v, drawn):  # the largest fitting size of the plan's, else of the step's multiples
             candidates = [c for c in values if c % step == 0] or list(range(step, max(values) + 1, step))
-            fitting = [c for c in candidates if _obeys(c, spec, drawn) and plan.contract.allows_size(sym, c, plan.args)]
+            fitting = [c for c in candidates if spec.allows(c, drawn) and plan.contract.allows_size(sym, c, plan.args)]
             fitting = fitting or [step]
             v = max(fitting)
         drawn[sym] = v

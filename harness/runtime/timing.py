@@ -17,7 +17,8 @@ with these; scripts/ time kernel variants with them).
   finds part of its data in L2, as in a decode step, whose input the previous op has just written.
 - Launches per call: the device operations (kernels, memsets, copies) in a CUDA graph capturing one call.
 - The bounds every figure is set against, measured once per run with the same timers: the copy bandwidth (one
-  large device-to-device copy), the dense matrix-multiply peak of each dtype (one large cuBLAS GEMM) and the
+  large device-to-device copy; beside it the read bandwidth, one large tensor read, which a read-heavy call can
+  reach), the dense matrix-multiply peak of each dtype (one large cuBLAS GEMM) and the
   launch floor (an empty kernel, in each graph mode).
 - On a CPU machine: the host clock (`timer: host`).
 
@@ -257,6 +258,55 @@ def copy_bandwidth_gbps(device: str) -> float:
     dst = torch.empty_like(src)
     timing = time_calls(lambda v: v["dst"].copy_(v["src"]), [{"src": src, "dst": dst}], device)
     return 2 * nbytes / (timing.median_us * 1e-6) / 1e9
+
+
+triton = tl = None  # imported on first use: a CPU machine switches Triton's interpreter on before triton loads
+
+
+@lru_cache(maxsize=1)
+def _read_kernel():
+    """A Triton kernel that reads a tensor and writes one float per program: the bytes it moves are reads."""
+    global triton, tl
+    import triton as _triton
+    import triton.language as _tl
+
+    triton, tl = _triton, _tl
+
+    @triton.jit
+    def read_and_sum(src, partial_sums, n, BLOCK: tl.constexpr, STEPS: tl.constexpr):
+        start = tl.program_id(0).to(tl.int64) * BLOCK * STEPS
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for i in range(STEPS):
+            offsets = start + i * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(src + offsets, mask=offsets < n, other=0.0)
+        tl.store(partial_sums + tl.program_id(0), tl.sum(acc))
+
+    return read_and_sum
+
+
+@lru_cache(maxsize=None)
+def read_bandwidth_gbps(device: str) -> float | None:
+    """This machine's measured read bandwidth over one large tensor read and summed (a float written per 128 KiB
+    read), once per run: a call that mostly reads moves its bytes faster than a copy, which writes as much as it
+    reads (harness.decisions.bounds). None off CUDA, or where the probe does not run (its record then falls back
+    to the copy bandwidth)."""
+    if device != "cuda":
+        return None
+    n, block, steps = (1 << 30) // 4, 4096, 8  # 128 KiB of fp32 read per program
+    try:
+        read_and_sum = _read_kernel()
+        src = torch.ones(n, dtype=torch.float32, device=device)
+        sums = torch.empty(-(-n // (block * steps)), dtype=torch.float32, device=device)
+        grid = (sums.numel(),)
+        timing = time_calls(lambda v: read_and_sum[grid](v["src"], v["sums"], n, BLOCK=block, STEPS=steps,
+                                                         num_warps=8), [{"src": src, "sums": sums}], device)
+        if float(sums.sum()) != n:  # it read every element
+            return None
+    except Exception:  # the bound then rests on the copy bandwidth alone
+        return None
+    finally:
+        src = sums = None
+    return 4 * n / (timing.median_us * 1e-6) / 1e9
 
 
 # The dense GEMM a dtype's peak is measured on: large enough that cuBLAS runs at its peak on an H200.

@@ -93,7 +93,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         description=op.description, replaces=op.replaces, args=args, outputs=outputs, mutates=mutates, sizes=sizes,
         size_specs=size_specs, matrix=matrix, excludes=_rules(w, "exclude", spec.exclude, matrix),
         expects=_rules(w, "expect", spec.expect, matrix), tolerance=tolerance, output_tolerance=output_tolerance,
-        numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, contract_of, numerics),
+        numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, size_specs, contract_of, numerics),
         tp=_tp(w, spec.tp, args, outputs, matrix["tp"], tuple(sizes)),
         quantization=_quantization(w, spec.quantization, args, outputs), generate=op.generate,
         vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider, vllm.adapter,
@@ -351,7 +351,8 @@ def _contract(w: Where, loc: Loc, c: S.Contract, args: tuple[Arg, ...], sizes: d
 # ---------------------------------------------------------------- benchmark
 
 
-def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of, numerics: Numerics) -> Benchmark:
+def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, contract_of,
+               numerics: Numerics) -> Benchmark:
     if b is None:
         return Benchmark()
     for i, tokens in enumerate(many(b.decode) if b.decode is not None else ()):
@@ -382,7 +383,8 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, contract_of, numeri
             entry = entry.path
         named.append((name, entry))
     return Benchmark(**{p: many(getattr(b, p)) for p in PHASES}, baselines=tuple(builtin), named=tuple(named),
-                     contracts=tuple(contracts), prepares=tuple(prepares), bytes=b.bytes, flops=b.flops, models=_models(w, b.models, sizes))
+                     contracts=tuple(contracts), prepares=tuple(prepares), bytes=b.bytes, flops=b.flops, models=_models(w, b.models, sizes),
+                     sizes=_timed_sizes(w, b.sizes, sizes, size_specs))
 
 
 def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
@@ -401,6 +403,24 @@ def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, s
         if not model.strip():
             raise w.fail(("benchmark", "models", key), "the name of the model these sizes come from", model)
         out.append((",".join(pairs), " ".join(model.split())))
+    return tuple(out)
+
+
+def _timed_sizes(w: Where, combos: list[dict[str, int]], sizes: dict, size_specs: dict) -> tuple:
+    """`benchmark.sizes`: the combinations a benchmark times (the sizes real models run), each naming every size
+    symbol with one of its op.sizes values and meeting the constraints between them."""
+    out = []
+    for i, combo in enumerate(combos):
+        loc = ("benchmark", "sizes", i)
+        if set(combo) != set(sizes):
+            raise w.fail(loc, f"a value for every size of op.sizes ({', '.join(sizes)}) and nothing else",
+                         dict(combo))
+        for sym, value in combo.items():
+            if value not in sizes[sym]:
+                raise w.fail(loc + (sym,), f"one of op.sizes.{sym} ({', '.join(map(str, sizes[sym]))})", value)
+            if not size_specs[sym].allows(value, combo):
+                raise w.fail(loc + (sym,), f"a size meeting op.sizes.{sym}'s constraints on the others", value)
+        out.append(tuple((sym, combo[sym]) for sym in sizes))
     return tuple(out)
 
 

@@ -146,6 +146,11 @@ class SizeSpec:
     even: bool = False
     at_most: str | None = None  # not larger than that symbol's size (a partial rotary dim)
 
+    def allows(self, v: int, others: dict[str, int]) -> bool:
+        """Whether size `v` meets its constraints on the other sizes given (divides, at_most)."""
+        return ((self.divides not in others or others[self.divides] % v == 0)
+                and (self.at_most not in others or v <= others[self.at_most]))
+
 
 @dataclass(frozen=True)
 class Contract:
@@ -269,6 +274,9 @@ class Benchmark:
     baselines: tuple[str, ...] = ("native", "compiled")
     # Named baselines by import path (Liger-Kernel's, FlashInfer's, ...), called like the kernel: name -> path.
     named: tuple[tuple[str, str], ...] = ()
+    # The size combinations timed, each naming every size symbol: ((("hidden", 4096),), ...); empty: every
+    # combination of op.sizes that meets its constraints.
+    sizes: tuple[tuple[tuple[str, int], ...], ...] = ()
     bytes: str | None = None  # optional byte model; default counts every tensor arg once
     flops: str | None = None
     # The real model each size comes from: ("hidden=4096", "Llama-3-8B"); a key may pair several symbols.
@@ -280,6 +288,11 @@ class Benchmark:
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
+
+    def times(self, sizes: dict) -> bool:
+        """Whether the plan times these sizes: any, unless benchmark.sizes lists them (a stored record of sizes it
+        no longer lists is stale)."""
+        return not self.sizes or tuple(sorted(sizes.items())) in {tuple(sorted(c)) for c in self.sizes}
 
     def prepare(self, name: str) -> str | None:
         """The import path of a named baseline's `prepare`, None where it names none."""

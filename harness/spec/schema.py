@@ -238,6 +238,8 @@ class Benchmark(Section):
     bytes: Optional[str] = Field(None, description="a byte-count expression")
     flops: Optional[str] = Field(None, description="a flop-count expression")
     models: dict[str, str] = Field({}, description="'symbol=value' pairs: the model these sizes come from")
+    sizes: list[dict[str, PositiveInt]] = Field([], description="the size combinations to time, each naming every "
+                                                "size of op.sizes")
 
 
 class Vllm(Section):
