@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.results.merge import collect
 from harness.runtime import bench
 from harness.runtime import timing as timers
 
@@ -23,6 +24,7 @@ from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing
 
 from tests.plans import rms_norm_plan
+from tests.test_report import bench as bench_record, passed_sm90
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = Hardware("cpu", "cpu", "test cpu", 0, 2)
@@ -145,6 +147,18 @@ def test_graph_modes_follow_the_plan(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, graph_mode="[eager, torch_compile]", extra="benchmark: {decode: [4]}\n"))
     assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden64",
                                                                "decode-fp32-eager-cpu-t4-hidden128"]
+
+
+def test_benchmark_sizes_list_the_sizes_timed_and_stored_records_of_others_are_not_shown(tmp_path):
+    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64, 128, 4096]", sm="[cpu, sm90]",
+                                   extra="benchmark: {decode: [4], sizes: [{hidden: 128}, {hidden: 4096}]}\n"))
+    assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden128",
+                                                              "decode-fp32-eager-cpu-t4-hidden4096"]
+    stale = {**bench_record("decode", 4, 1.0, 2.0, 1.5), "sizes": {"hidden": 64}}
+    op_dir = tmp_path / "reports" / "rms_norm"
+    passed_sm90(op_dir, benchmarks={"listed": bench_record("decode", 4, 1.0, 2.0, 1.5), "stale": stale})
+    res = collect(plan, op_dir)
+    assert [bid for bid, _ in res.benchmarks] == ["listed"] and res.ignored >= 1
 
 
 def test_skip_reasons(tmp_path):

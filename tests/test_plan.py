@@ -119,6 +119,12 @@ MALFORMED = [
      "a dimension of a 2-d tensor"),
     ("vllm route unknown", "numerics: {examples: 5}", "numerics: {examples: 5}\nvllm: {route: plugin}", 26,
      "vllm.route", "'plugin'"),
+    ("benchmark sizes naming too few or unknown sizes", "numerics: {examples: 5}",
+     "numerics: {examples: 5}\nbenchmark:\n  decode: [1]\n  sizes:\n    - {hidden: 64, heads: 2}", 29,
+     "benchmark.sizes[0]", "a value for every size of op.sizes (hidden)"),
+    ("benchmark sizes outside op.sizes", "numerics: {examples: 5}",
+     "numerics: {examples: 5}\nbenchmark:\n  decode: [1]\n  sizes:\n    - {hidden: 96}", 29,
+     "benchmark.sizes[0].hidden", "one of op.sizes.hidden (64, 128)"),
     ("not a mapping at all", BASE, "- just\n- a list\n", 1, "(top level)", "a mapping"),
     ("broken YAML", "  intent: drop-in", "  intent: [drop-in", 4, "(yaml)", "valid YAML"),
 ]
