@@ -163,6 +163,20 @@ def test_a_call_that_mostly_reads_may_beat_the_copy_bandwidth_but_not_the_read_b
 
 
 
+def test_the_read_probe_reads_every_element_once_and_a_cpu_machine_measures_none():
+    """The read-bandwidth probe's kernel (run here in Triton's interpreter): every element read once, a ragged last
+    block masked; on a CPU machine no read bandwidth is measured and bounds rest on the copy bandwidth."""
+    import torch
+
+    from harness.runtime import timing
+
+    n, block, steps = 3 * 256 * 4 + 77, 256, 4
+    sums = torch.empty(-(-n // (block * steps)))
+    timing._read_kernel()[(sums.numel(),)](torch.ones(n), sums, n, BLOCK=block, STEPS=steps)
+    assert float(sums.sum()) == n and sums.numel() == 4
+    assert timing.read_bandwidth_gbps("cpu") is None
+
+
 def test_a_cpu_machine_measures_no_peak_and_no_launch_floor():
     import torch
 
