@@ -157,7 +157,10 @@ def test_a_call_that_mostly_reads_may_beat_the_copy_bandwidth_but_not_the_read_b
     assert not bounds.broken_timing(rec, ImplFigures(median_us=137.8, pct_of_bound=103.6))
     assert bounds.fastest_possible_us(rec) == pytest.approx(132.4, abs=0.1)
     why = bounds.broken_timing(rec, ImplFigures(median_us=125.0, pct_of_bound=114.2))
-    assert why.startswith("broken timing: 125 µs is faster than its bound of 132.4 µs") and "read bandwidth 4560" in why
+    assert why.startswith("broken timing: 125 µs is faster than its bound of 132.5 µs") and "read bandwidth 4560" in why
+    small = BenchRecord("decode", "fp32", "sm90", "cuda_graph", 1, bytes=4_400_000, copy_bw_gbps=4232.0,
+                        read_bw_gbps=4560.0, bound_us=1.04, bound=bounds.COPY, launch_floor_us=1.0)
+    assert bounds.fastest_possible_us(small) == 1.0  # at the read bandwidth the launch floor is the larger
     rec.read_bw_gbps = None  # older results: the copy bandwidth alone
     assert bounds.broken_timing(rec, ImplFigures(median_us=137.8, pct_of_bound=103.6))
 

@@ -22,13 +22,13 @@ FAR_PCT = 50.0
 COPY, PEAK, LAUNCH = "copy bandwidth", "matrix-multiply peak", "launch floor"
 
 
-def physical_bound(nbytes: float | None, copy_bw_gbps: float | None, flops: float | None,
+def physical_bound(nbytes: float | None, bandwidth_gbps: float | None, flops: float | None,
                    peak_tflops: float | None, launch_floor_us: float | None) -> tuple[float | None, str | None]:
-    """(µs, which limit) of one call: the largest of bytes / copy bandwidth, flops / peak, the launch floor; (None,
+    """(µs, which limit) of one call: the largest of bytes / the bandwidth, flops / peak, the launch floor; (None,
     None) where none of them was measured."""
     terms = []
-    if finite_number(nbytes) and finite_number(copy_bw_gbps) and copy_bw_gbps > 0:
-        terms.append((nbytes / (copy_bw_gbps * 1e9) * 1e6, COPY))
+    if finite_number(nbytes) and finite_number(bandwidth_gbps) and bandwidth_gbps > 0:
+        terms.append((nbytes / (bandwidth_gbps * 1e9) * 1e6, COPY))
     if finite_number(flops) and finite_number(peak_tflops) and peak_tflops > 0:
         terms.append((flops / (peak_tflops * 1e12) * 1e6, PEAK))
     if finite_number(launch_floor_us) and launch_floor_us > 0:
@@ -53,9 +53,10 @@ def fastest_possible_us(rec: BenchRecord) -> float | None:
     shown above 100% of its bound rather than failed."""
     if not finite_number(rec.bound_us):
         return None
-    if rec.bound != COPY or not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps)):
+    if not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps) and rec.read_bw_gbps > rec.copy_bw_gbps):
         return rec.bound_us
-    return rec.bound_us * rec.copy_bw_gbps / max(rec.read_bw_gbps, rec.copy_bw_gbps)
+    # The same bound with the bytes at the read bandwidth: still no faster than the flops or the launch floor allow.
+    return physical_bound(rec.bytes, rec.read_bw_gbps, rec.flops, rec.peak_tflops, rec.launch_floor_us)[0]
 
 
 def faster_than_bound(rec: BenchRecord, impl: ImplFigures | None) -> bool:

@@ -114,7 +114,8 @@ def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
     named = tuple(name for name, _ in plan.benchmark.named)
     specs = []
     combos = [tuple(v for _, v in combo) for combo in plan.benchmark.sizes] or [
-        values for values in itertools.product(*(plan.sizes[s] for s in names)) if sizes_fit(plan, dict(zip(names, values)))]
+        values for values in itertools.product(*(plan.sizes[s] for s in names))
+        if sizes_fit(plan, dict(zip(names, values)))]
     for phase, counts in plan.benchmark.shapes().items():
         for n in counts:
             for values in combos:

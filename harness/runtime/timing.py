@@ -304,8 +304,6 @@ def read_bandwidth_gbps(device: str) -> float | None:
             return None
     except Exception:  # the bound then rests on the copy bandwidth alone
         return None
-    finally:
-        src = sums = None
     return 4 * n / (timing.median_us * 1e-6) / 1e9
 
 

@@ -292,7 +292,7 @@ class Benchmark:
     def times(self, sizes: dict) -> bool:
         """Whether the plan times these sizes: any, unless benchmark.sizes lists them (a stored record of sizes it
         no longer lists is stale)."""
-        return not self.sizes or tuple(sorted(sizes.items())) in {tuple(sorted(c)) for c in self.sizes}
+        return not self.sizes or any(dict(listed) == sizes for listed in self.sizes)
 
     def prepare(self, name: str) -> str | None:
         """The import path of a named baseline's `prepare`, None where it names none."""
