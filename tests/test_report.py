@@ -660,6 +660,28 @@ def test_named_baselines_join_the_decision(tmp_path):
     assert "vs flashinfer" in tables(section(text, "Performance"))[0][0]  # every baseline gets a speedup column
 
 
+def test_a_named_baseline_a_deployment_can_run_takes_the_decision(tmp_path):
+    """A named baseline with a `setting` (how vLLM runs it) that beats the profile's baseline everywhere is the
+    decision where the kernel loses, the fastest of those that qualify; one without a setting never is."""
+    baselines = ("[native, compiled, {cublas: {path: kernels.int8_linear:dequantized_linear, setting: 'serve the "
+                 "unquantized checkpoint'}}, {machete: {path: kernels.rms_norm:rms_norm, setting: 'a W8A16 "
+                 "checkpoint'}}, {liger: kernels.rms_norm:rms_norm}]")
+    plan = small_plan(tmp_path, phase="[decode]", benchmark=f"{{decode: [64], baselines: {baselines}}}")
+    op_dir = tmp_path / "reports" / "rms_norm"
+    rec = bench("decode", 64, 10.0, 20.0, 8.0)  # kernel 2x faster than native, slower than Inductor
+    for name, us in (("cublas", 4.0), ("machete", 6.0), ("liger", 2.0)):
+        rec["impls"][name] = {"median_us": us, "q20_us": us * 0.99, "q80_us": us * 1.01}
+        rec["speedup"][name] = {"value": us / 10.0, "low": us / 10.1, "high": us / 9.9, "verdict": "slower"}
+    passed_sm90(op_dir, benchmarks={"decode-64": rec})
+    rows = decision_rows(render(plan, op_dir))
+    for profile in ("Inductor on", "Inductor off"):
+        row = rows[("sm90", "bf16", "decode-sized", profile)]
+        assert row["recommendation"] == "**leave it to cublas**", profile  # liger is faster, but names no setting
+        assert row["vLLM setting"] == "serve the unquantized checkpoint"
+        assert "slower than cublas at 1 of 1 shapes" in row["why"] and "cublas is faster than" in row["why"]
+    assert plan.benchmark.setting("machete") == "a W8A16 checkpoint" and plan.benchmark.setting("liger") is None
+
+
 def test_vllm_settings_per_profile_for_the_custom_op_route():
     silu = load_plan(ROOT / "kernels" / "plans" / "silu_and_mul.yaml")
     assert profile_setting(silu, True, "kernel") == """--compilation-config '{"custom_ops": ["none", "+SiluAndMul"]}'"""

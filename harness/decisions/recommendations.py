@@ -1,5 +1,6 @@
 """The decision per SM × dtype × regime × vLLM profile (Inductor on / off): enable the custom op, leave the layer to
-Inductor or to its native code, or keep vLLM's kernel, by the rules of docs/report.md. Plain Python, no Markdown."""
+Inductor or to its native code, keep vLLM's kernel, or leave it to a named baseline a deployment can run, by the rules
+of docs/report.md. Plain Python, no Markdown."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class Recommendation:
     dtype: str
     regime: str
     profile: str  # VLLM_PROFILES: "Inductor on" (against compiled) or "Inductor off" (against native)
-    choice: str  # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM, or "" when the runs cannot say
+    choice: str  # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM / "leave it to <named baseline>", or "" when the runs cannot say
     why: str
     baseline: str = ""
     speedup: Interval | None = None  # the kernel against the profile's baseline
@@ -74,12 +75,14 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     gpus = sorted({str(res.source(r).gpu) for r in recs if res.source(r)})
     sizes = tuple(sorted({tuple(sorted((str(k), v) for k, v in r.sizes.items())) for r in recs}, key=str))
 
-    def made(choice: str, why: str, speedup=None, others=(), timed=()) -> Recommendation:
-        setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
+    def made(choice: str, why: str, speedup=None, others=(), timed=(), setting=None) -> Recommendation:
+        # a named baseline's setting is the plan's words for a deployment, not one of vLLM's layer settings
+        default = bool(choice) and setting is None and is_vllm_default(inductor, _use(choice), plan, sm)
+        if setting is None:
+            setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
         far = _far_from_limit(timed) if choice == ENABLE else ""
         return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
-                              bool(choice) and is_vllm_default(inductor, _use(choice), plan, sm), ", ".join(gpus),
-                              sizes, _check_baseline(timed), far)
+                              default, ", ".join(gpus), sizes, _check_baseline(timed), far)
 
     if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
         return made("", "a CPU machine's benchmarks do not time the kernel" if plan.vllm_kernel else
@@ -116,12 +119,22 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     if not speed.wholly_faster:
         reasons.append(f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes")
     reasons += [f"slower than {name} at {iv.slower} of {iv.shapes} shapes" for name, iv in slower_than]
-    # vLLM's kernel against the profile's baseline, at the shapes where the kernel and the baseline were timed
-    pairs = [(r.impls.get(baseline), r.impls.get("vllm")) for r in timed if valid(r.impls.get(baseline))]
-    vllm_vs = interval(spread(b, v) for b, v in pairs if valid(v))
-    if vllm_vs is not None and vllm_vs.shapes == len(pairs) and vllm_vs.wholly_faster:
-        return made(KEEP_VLLM, "; ".join(reasons) + f"; vLLM's kernel is faster than {baseline} {at} "
-                               f"({vllm_vs.text()})", speed, others, timed)
+    # What a deployment can run instead: vLLM's kernel, or a named baseline whose setting the plan states, where
+    # it is faster than the profile's baseline at every shape the kernel and that baseline were timed; the fastest.
+    pairs = [r for r in timed if valid(r.impls.get(baseline))]
+    runnable = ["vllm"] + [name for name in names if plan.benchmark.setting(name)]
+    better = []
+    for name in runnable:
+        vs = interval(spread(r.impls[baseline], r.impls[name]) for r in pairs if valid(r.impls.get(name)))
+        if vs is not None and vs.shapes == len(pairs) and vs.wholly_faster:
+            better.append((vs.median, name, vs))
+    if better:
+        _, name, vs = max(better)
+        if name == "vllm":
+            return made(KEEP_VLLM, "; ".join(reasons) + f"; vLLM's kernel is faster than {baseline} {at} "
+                                   f"({vs.text()})", speed, others, timed)
+        return made(f"leave it to {name}", "; ".join(reasons) + f"; {name} is faster than {baseline} {at} "
+                    f"({vs.text()})", speed, others, timed, setting=plan.benchmark.setting(name))
     return made(FALLBACK[baseline], "; ".join(reasons), speed, others, timed)
 
 

@@ -359,7 +359,7 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, c
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
                          f"({numerics.max_num_seqs}) tokens, one per sequence", tokens)
-    builtin, named, contracts, prepares = [], [], [], []
+    builtin, named, contracts, prepares, settings = [], [], [], [], []
     for i, item in enumerate(many(b.baselines) if b.baselines is not None else ("native", "compiled")):
         loc = ("benchmark", "baselines", i)
         if isinstance(item, str):
@@ -380,10 +380,12 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, c
                 contracts.append((name, contract_of(loc + (name, "contract"), entry.contract)))
             if entry.prepare is not None:
                 prepares.append((name, entry.prepare))
+            if entry.setting is not None:
+                settings.append((name, entry.setting))
             entry = entry.path
         named.append((name, entry))
     return Benchmark(**{p: many(getattr(b, p)) for p in PHASES}, baselines=tuple(builtin), named=tuple(named),
-                     contracts=tuple(contracts), prepares=tuple(prepares), bytes=b.bytes, flops=b.flops,
+                     contracts=tuple(contracts), prepares=tuple(prepares), settings=tuple(settings), bytes=b.bytes, flops=b.flops,
                      models=_models(w, b.models, sizes), sizes=_timed_sizes(w, b.sizes, sizes, size_specs))
 
 

@@ -285,6 +285,8 @@ class Benchmark:
     # named baseline -> the import path of a function mapping the kernel's arguments to the baseline's once per input
     # set, outside the timed region (weights dequantized or prepacked), where it names one
     prepares: tuple[tuple[str, str], ...] = ()
+    # named baseline -> how a vLLM deployment runs it, where the plan says (the decision can then name it)
+    settings: tuple[tuple[str, str], ...] = ()
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
@@ -297,6 +299,10 @@ class Benchmark:
     def prepare(self, name: str) -> str | None:
         """The import path of a named baseline's `prepare`, None where it names none."""
         return dict(self.prepares).get(name)
+
+    def setting(self, name: str) -> str | None:
+        """How a vLLM deployment runs a named baseline, None where the plan does not say."""
+        return dict(self.settings).get(name)
 
     def contract(self, name: str) -> Contract | None:
         """A named baseline's contract, None where it states none."""

@@ -220,6 +220,9 @@ class NamedBaseline(Section):
     prepare: Optional[import_path("an import path 'package.module:attribute': a function taking the kernel's "
                                   "arguments by name and returning the baseline's, by name, outside the timed "
                                   "region")] = None
+    # How a vLLM deployment runs this baseline (a checkpoint format, vLLM's own kernel choice, a flag): where the
+    # kernel loses to it, the decision names this baseline and this setting.
+    setting: Optional[str] = Field(None, description="how a vLLM deployment runs this baseline")
 
 
 Baseline = forms(one=Literal[BASELINES],
@@ -227,7 +230,7 @@ Baseline = forms(one=Literal[BASELINES],
                                    Field(min_length=1, max_length=1)],
                  description=f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}} or "
                              "{name: {path: 'package.module:attribute', contract: {...}, "
-                             "prepare: 'package.module:attribute'}}")
+                             "prepare: 'package.module:attribute', setting: '...'}}")
 
 
 class Benchmark(Section):
