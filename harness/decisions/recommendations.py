@@ -31,7 +31,8 @@ class Recommendation:
     dtype: str
     regime: str
     profile: str  # VLLM_PROFILES: "Inductor on" (against compiled) or "Inductor off" (against native)
-    choice: str  # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM / "leave it to <named baseline>", or "" when the runs cannot say
+    # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM / "leave it to <named baseline>", or "" when the runs cannot say
+    choice: str
     why: str
     baseline: str = ""
     speedup: Interval | None = None  # the kernel against the profile's baseline

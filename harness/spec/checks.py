@@ -385,8 +385,9 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, c
             entry = entry.path
         named.append((name, entry))
     return Benchmark(**{p: many(getattr(b, p)) for p in PHASES}, baselines=tuple(builtin), named=tuple(named),
-                     contracts=tuple(contracts), prepares=tuple(prepares), settings=tuple(settings), bytes=b.bytes, flops=b.flops,
-                     models=_models(w, b.models, sizes), sizes=_timed_sizes(w, b.sizes, sizes, size_specs))
+                     contracts=tuple(contracts), prepares=tuple(prepares), settings=tuple(settings), bytes=b.bytes,
+                     flops=b.flops, models=_models(w, b.models, sizes),
+                     sizes=_timed_sizes(w, b.sizes, sizes, size_specs))
 
 
 def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
