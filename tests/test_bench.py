@@ -493,3 +493,86 @@ def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made
     other = bench.precompile(plan, [dataclasses.replace(spec, num_tokens=8)], "cpu", processes=1)
     assert other.startswith("precompiled 1 of 1 shapes"), other  # another shape is not in the cache yet
 
+
+
+def test_one_precompile_pool_serves_several_plans_and_stamps_only_those_that_compiled(tmp_path, monkeypatch):
+    """scripts/precompile.py's step: the shapes of several plans compile in one pool; a plan already stamped is
+    skipped, a plan all of whose shapes compiled is stamped, and one whose reference raises is left to its items."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    (tmp_path / "raising_ref.py").write_text("def rms_norm_ref(x, weight, eps):\n    raise ValueError('boom')\n")
+    extra = "benchmark: {decode: [4], baselines: [native]}\n"
+    plans = [rms_norm_plan(tmp_path, extra=extra, name=name) for name in ("done.yaml", "fresh.yaml", "raises.yaml")]
+    plans[1].write_text(plans[1].read_text().replace("hidden: [64, 128]", "hidden: [32]"))
+    # Its compiled baseline is traced in the pool, and raises there (the others' C++ compiles would cost the suite).
+    plans[2].write_text(plans[2].read_text().replace("kernels.rms_norm:rms_norm_ref", "raising_ref:rms_norm_ref")
+                        .replace("baselines: [native]", "baselines: [native, compiled]"))
+    loaded = [load_plan(path) for path in plans]
+    spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
+    work = [(loaded[0], [spec]), (loaded[1], [dataclasses.replace(spec, sizes=(("hidden", 32),))]),
+            (loaded[2], [spec])]
+    stamp = bench.precompile(*work[0], "cpu", processes=1)
+    assert stamp.startswith("precompiled 1 of 1 shapes"), stamp
+    lines = bench.precompile_plans(work, "cpu", processes=2)
+    assert lines[0].startswith("precompile skipped"), lines
+    assert lines[1].startswith("precompiled 1 of 1 shapes") and lines[2].startswith("precompiled 0 of 1 shapes"), lines
+    assert "left to their items, the first failing with Unsupported" in lines[2], lines[2]  # Dynamo met the raise
+    again = bench.precompile_plans(work, "cpu", processes=2)
+    assert again[1].startswith("precompile skipped") and again[2].startswith("precompiled 0 of 1 shapes"), again
+
+
+def test_a_long_call_is_sized_from_one_run_and_warmed_up_by_it(monkeypatch):
+    """The timing loop's sizing: a call of LONG_CALL_MS or more is estimated from one run (five more of a 140 ms
+    paged-attention baseline cost 0.7 s a timing), a shorter one from ESTIMATE_RUNS; a call as long as WARMUP_MS
+    needs no warm-up runs after that, a shorter one WARMUP_MS worth of them."""
+    asked = []
+
+    def estimate(run, n):
+        asked.append(n)
+        return call_ms, 1e-5
+
+    monkeypatch.setattr(timers, "_estimate", estimate)
+    runs = []
+    for call_ms, expected in ((140.0, [1]), (2.0, [1]), (0.01, [1, timers.ESTIMATE_RUNS])):
+        asked.clear()
+        assert timers._sized(lambda: None) == (call_ms, 1e-5) and asked == expected, (call_ms, asked)
+    for call_ms, warm_ups in ((140.0, 0), (timers.WARMUP_MS, 0), (2.0, 5), (0.01, 1000)):
+        runs.clear()
+        timers._warm_up(lambda: runs.append(1), call_ms, 10_000)
+        assert len(runs) == warm_ups, (call_ms, len(runs))
+
+
+def test_a_batch_the_host_queued_slower_than_the_gpu_slept_is_timed_again(monkeypatch):
+    """Host-ahead timing: the GPU sleeps while the host queues a batch of calls. Where queueing took longer than the
+    sleep (the events' own recording, a stall), the GPU may have run dry and timed launch gaps: that batch's
+    samples are dropped and it is queued again behind a sleep sized to what the host took."""
+    sleeps, recorded = [], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.at = 0.0
+
+        def record(self):
+            self.at = len(recorded)
+            recorded.append(self)
+
+        def elapsed_time(self, end):
+            return 0.001 * (2 if slow["batch"] else 1)  # ms: 2 µs while the host falls behind, else 1 µs
+
+    slow = {"batch": True}
+
+    def run():
+        if slow["batch"]:
+            time.sleep(0.002)  # the host falls far behind a sleep sized for 1 µs a call
+
+    def sleep(cycles):
+        if sleeps:  # every batch after the first is queued by a host that keeps up
+            slow["batch"] = False
+        sleeps.append(cycles)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", sleep)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timers, "_sleep_cycles_per_second", lambda: 1e9)
+    samples = timers._events_host_ahead(run, 8, host_s_per_run=1e-6)
+    assert samples == [1.0] * 8  # the first batch's 2 µs samples were dropped
+    assert len(sleeps) == 2 and sleeps[1] > 100 * sleeps[0]  # queued again behind a sleep the host's pace needs

@@ -329,11 +329,32 @@ PRECOMPILE_TIMEOUT_S = 300.0
 def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
     """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
     values = input_sets(plan, spec, device)[0]
-    if "compiled" in plan.benchmark.baselines:
-        reference_call(plan, compiled_reference(resolve(plan).native, spec.shape))(values)
-    if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
-        kernel_call(plan, load_kernel(plan))(values)
-        torch.cuda.synchronize()
+    try:
+        if "compiled" in plan.benchmark.baselines:
+            reference_call(plan, compiled_reference(resolve(plan).native, spec.shape))(values)
+        if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
+            kernel_call(plan, load_kernel(plan))(values)
+            torch.cuda.synchronize()
+    finally:
+        del values
+        if device == "cuda":  # a process compiles many shapes: what one kept cached would starve the others
+            torch.cuda.empty_cache()
+
+
+def _compile_in(pool, tasks: list[tuple[Plan, BenchSpec]], device: str) -> tuple[list, bool]:
+    """Each task's exception (None: it compiled) in `pool`, in task order, and whether a shape hung (the pool's
+    processes are then killed)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    futures = [pool.submit(_precompile_shape, plan, spec, device) for plan, spec in tasks]
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=PRECOMPILE_TIMEOUT_S, return_when=FIRST_COMPLETED)
+        if not done:  # a kernel that hangs: the executor has no public way to end a running task
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.kill()
+            return [f.exception() if f.done() else TimeoutError("still compiling") for f in futures], True
+    return [f.exception() for f in futures], False
 
 
 def precompile(plan: Plan, specs: list[BenchSpec], device: str = "cuda",
@@ -342,40 +363,64 @@ def precompile(plan: Plan, specs: list[BenchSpec], device: str = "cuda",
     processes side by side before any item is timed, so that each item's own compilation finds Inductor's and
     Triton's on-disk caches warm. plan.yaml on an H200: its 84 shapes' compiles took 51 s of the items' 123 s one
     after another (8 s from warm caches); precompiled in 20.8 s, the run took 120 s against 128 s
-    (docs/performance.md).
+    (docs/performance.md). Returns a line for the run's log."""
+    return precompile_plans([(plan, specs)], device, processes)[0]
+
+
+def precompile_plans(work: list[tuple[Plan, list[BenchSpec]]], device: str = "cuda",
+                     processes: int = PRECOMPILE_PROCESSES) -> list[str]:
+    """precompile for several plans in one pool (scripts/precompile.py, before a nightly's plans run one by one):
+    the processes start and import once for all of them. One line per plan.
 
     Their autotuning shared the GPU, so the launch configurations Inductor's autotuner picked in them are deleted
     again: each item's first call still autotunes, alone on the GPU, as it would without this step. A shape that
-    fails or runs past PRECOMPILE_TIMEOUT_S here compiles in its own item, which reports any error. The processes
-    are spawned (a CUDA context of their own each). Once every shape compiled, a stamp file in Inductor's cache
-    (named by _compile_key) lets later runs of the same shapes skip the step. Returns a line for the run's log."""
-    from concurrent.futures import ProcessPoolExecutor, wait
+    fails here, or that is still compiling when no shape has finished for PRECOMPILE_TIMEOUT_S, compiles in its own
+    item, which reports any error. The processes are spawned (a CUDA context of their own each). Once all of a
+    plan's shapes compiled, a stamp file in Inductor's cache (named by _compile_key) lets later runs of the same
+    shapes skip the step."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    shapes = list({spec.shape: spec for spec in specs}.values())
-    if not shapes:
-        return "precompiled: nothing to compile"
-    stamp = Path(cache_dir()) / "harness-precompiled" / _compile_key(plan, [spec.shape for spec in shapes])
-    if stamp.exists():
-        return f"precompile skipped: an earlier run compiled these {len(shapes)} shapes into Inductor's cache ({stamp})"
+    lines, todo = {}, []
+    for index, (plan, specs) in enumerate(work):
+        shapes = list({spec.shape: spec for spec in specs}.values())
+        stamp = Path(cache_dir()) / "harness-precompiled" / _compile_key(plan, [spec.shape for spec in shapes])
+        if not shapes:
+            lines[index] = "precompiled: nothing to compile"
+        elif stamp.exists():
+            lines[index] = (f"precompile skipped: an earlier run compiled these {len(shapes)} shapes into Inductor's "
+                            f"cache ({stamp})")
+        else:
+            todo.append((index, plan, shapes, stamp))
+    owners = [index for index, _, shapes, _ in todo for _ in shapes]  # the plan of each task, by its index in work
+    tasks = [(plan, spec) for _, plan, shapes, _ in todo for spec in shapes]
+    if not tasks:
+        return [lines[i] for i in range(len(work))]
     start = time.time()
+    processes = min(processes, len(tasks))
     # Each process compiles one kernel at a time: the parallelism is across shapes, not Inductor's own pool per process.
     saved = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     try:  # a spawning executor starts all its processes at the first submit, with this environment
-        pool = ProcessPoolExecutor(min(processes, len(shapes)), mp_context=multiprocessing.get_context("spawn"))
-        futures = [pool.submit(_precompile_shape, plan, spec, device) for spec in shapes]
+        pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+        errors, hung = _compile_in(pool, tasks, device)
     finally:
         if saved is None:
             del os.environ["TORCHINDUCTOR_COMPILE_THREADS"]
         else:
             os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = saved
-    done, late = wait(futures, timeout=PRECOMPILE_TIMEOUT_S)
-    failed = sum(1 for f in done if f.exception() is not None)
-    if late:  # a kernel that hangs: the executor has no public way to end a running task
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.kill()
+    # Shapes that failed side by side get one more try once the rest are done (on an H200, 9 of 45 paged-attention
+    # shapes failed among 16 processes); a pool a crash broke takes nothing more.
+    again = [i for i, error in enumerate(errors) if error is not None]
+    if again and not hung:
+        try:
+            retried, hung = _compile_in(pool, [tasks[i] for i in again], device)
+            for i, error in zip(again, retried):
+                errors[i] = error
+        except BrokenProcessPool:
+            pass
     pool.shutdown(wait=True, cancel_futures=True)
     for path in Path(cache_dir()).rglob("*.best_config"):
         try:
@@ -383,11 +428,22 @@ def precompile(plan: Plan, specs: list[BenchSpec], device: str = "cuda",
                 path.unlink()
         except FileNotFoundError:  # another run sharing the cache removed it first
             pass
-    if not failed and not late:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"{plan.path}: {len(shapes)} shapes\n")
-    return (f"precompiled {len(shapes) - failed - len(late)} of {len(shapes)} shapes in {time.time() - start:.1f} s"
-            f" ({min(processes, len(shapes))} processes)")
+    seconds = time.time() - start
+    for index, plan, shapes, stamp in todo:
+        mine = [error for owner, error in zip(owners, errors) if owner == index]
+        compiled = mine.count(None)
+        lines[index] = f"precompiled {compiled} of {len(shapes)} shapes in {seconds:.1f} s ({processes} processes)"
+        if compiled == len(shapes):
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(f"{plan.path}: {len(shapes)} shapes\n")
+        else:
+            lines[index] += f"; left to their items, the first failing with {first_line(next(filter(None, mine)))}"
+    return [lines[i] for i in range(len(work))]
+
+
+# Inductor settings that change no generated code: vLLM's import sets the first, and scripts/precompile.py (which
+# does not import vLLM) must find the stamps a plan's run looks for.
+KEY_IGNORES = ("TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR")
 
 
 def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
@@ -401,7 +457,8 @@ def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
     digest = hashlib.sha256()
     for part in (plan.raw_text, source, repr(sorted(shapes)), torch.__version__,
                  package_version("triton"), detect().sm, detect().gpu,
-                 repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")))):
+                 repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")
+                             and k not in KEY_IGNORES))):
         digest.update(f"{part}\0".encode())
     return digest.hexdigest()[:32]
 

@@ -56,7 +56,11 @@ EAGER_SAMPLES = (100, 400)  # (fewest, most) timed calls
 # A slow call (a prefill-sized fp32 GEMM of 17 ms on an H200) needs no 100 samples: its clocks are up after the
 # first and its spread is a fraction of a percent. Its fewest timed calls are those worth SLOW_CALL_MS of device
 # time, at least SLOW_CALL_SAMPLES, so calls under SLOW_CALL_MS / 100 (3 ms) keep the 100.
-SLOW_CALL_MS, SLOW_CALL_SAMPLES = 300.0, 10
+SLOW_CALL_MS, SLOW_CALL_SAMPLES = 300.0, 5
+# A call this long or longer is sized from one run (a shorter one from ESTIMATE_RUNS, since one says little); one
+# longer than WARMUP_MS is warm after that run. Paged attention's 140 ms fp32 chunked-prefill baselines took 20
+# calls an eager timing, 10 of them samples, where 8 do now.
+LONG_CALL_MS, ESTIMATE_RUNS = 1.0, 5
 GRAPH_SAMPLES = (5, 100)  # (fewest, most) timed replays; each is the mean of many calls
 # Replays get half the eager budget: each is the mean of at least GRAPH_REPLAY_MS of calls, so their q20/q80
 # spread sat inside the noise floor at every one of plan.yaml's 252 CUDA-graph speedups on an H200, where the
@@ -72,6 +76,8 @@ LAUNCH_MS, LAUNCH_SAMPLES = 5.0, (10, 50)
 GRAPH_REPLAY_MS = 2.0
 # Calls queued behind one sleep kernel; well under CUDA's launch queue (about 1000 entries).
 HOST_AHEAD_BATCH = 64
+# Batches queued again, with a sleep sized to what the host really took, where the host fell behind the GPU.
+AHEAD_RETRIES = 8
 # On a CPU machine (host clock, native vs compiled only).
 CPU_TARGET_MS, CPU_SAMPLES = 300.0, (5, 200)
 
@@ -158,20 +164,31 @@ def _sleep_cycles_per_second() -> float:
 
 
 def _events_host_ahead(run: Callable[[], object], count: int, host_s_per_run: float) -> list[float]:
-    """Device µs of `count` runs, each between two events; the GPU sleeps while the host queues each batch."""
+    """Device µs of `count` runs, each between two events; the GPU sleeps while the host queues each batch.
+
+    A batch the host took longer to queue than the GPU slept is timed again with a longer sleep (at most
+    AHEAD_RETRIES times): the GPU may have run out of queued calls, and its later samples then hold launch gaps
+    (on an H200, 5 µs vLLM kernels whose q80 read 30-50 µs, which turned 4-7x speedups into "no difference")."""
     samples = []
     # One batch's events, recorded again in every batch (each batch ends in a synchronize).
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
              for _ in range(min(HOST_AHEAD_BATCH, count))]
+    retries = 0
     while len(samples) < count:
         events = pairs[: count - len(samples)]
         sleep_s = min(1.5 * len(events) * host_s_per_run + 20e-6, 0.5)
         torch.cuda._sleep(int(sleep_s * _sleep_cycles_per_second()))
+        queued = time.perf_counter()
         for start, end in events:
             start.record()
             run()
             end.record()
+        queued = time.perf_counter() - queued
         torch.cuda.synchronize()
+        if queued > sleep_s and sleep_s < 0.5 and retries < AHEAD_RETRIES:
+            retries += 1
+            host_s_per_run = queued / len(events)  # the events' own recording included
+            continue
         samples += [start.elapsed_time(end) * 1e3 for start, end in events]
     return samples
 
@@ -189,6 +206,20 @@ def _estimate(run: Callable[[], object], n: int) -> tuple[float, float]:
     return max(start.elapsed_time(end) / n, 1e-4), host
 
 
+def _sized(run: Callable[[], object]) -> tuple[float, float]:
+    """(device ms, host seconds) per run: from one run for a long call, else from ESTIMATE_RUNS."""
+    estimate_ms, host_s = _estimate(run, 1)
+    return (estimate_ms, host_s) if estimate_ms >= LONG_CALL_MS else _estimate(run, ESTIMATE_RUNS)
+
+
+def _warm_up(run: Callable[[], object], estimate_ms: float, most: int) -> None:
+    """About WARMUP_MS of device time in runs before the samples; a call as long as that was warmed up by the run
+    that sized it."""
+    if estimate_ms < WARMUP_MS:
+        for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, most))):
+            run()
+
+
 def _time_eager(call, sets) -> Timing:
     rotation = itertools.cycle(sets)
 
@@ -197,13 +228,13 @@ def _time_eager(call, sets) -> Timing:
 
     run()  # compilation, autotuning, lazy initialisation
     torch.cuda.synchronize()
-    estimate_ms, host_s = _estimate(run, 5)
-    for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 10_000))):
-        run()
+    estimate_ms, host_s = _sized(run)
+    _warm_up(run, estimate_ms, 10_000)
     fewest = max(SLOW_CALL_SAMPLES, min(EAGER_SAMPLES[0], math.ceil(SLOW_CALL_MS / estimate_ms)))
     samples = _events_host_ahead(run, _clamp(TARGET_MS / estimate_ms, (fewest, EAGER_SAMPLES[1])), host_s)
-    # A call of a millisecond or more is hundreds of times its launch cost: 3 isolated calls show that.
-    fewest = LAUNCH_SAMPLES[0] if estimate_ms < 1.0 else 3
+    # A call of a millisecond or more is hundreds of times its launch cost: 3 isolated calls show that, and one
+    # shows it for a call as long as the whole warm-up.
+    fewest = LAUNCH_SAMPLES[0] if estimate_ms < LONG_CALL_MS else 3 if estimate_ms < WARMUP_MS else 1
     launches = _isolated_calls(run, _clamp(LAUNCH_MS / estimate_ms, (fewest, LAUNCH_SAMPLES[1])))
     return Timing(samples, "cuda_events", launch_samples_us=launches)
 
@@ -231,7 +262,7 @@ def _time_graph(call, sets) -> Timing:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     rotation = itertools.cycle(sets)
-    eager_ms, _ = _estimate(lambda: call(next(rotation)), 5)
+    eager_ms, _ = _sized(lambda: call(next(rotation)))
     # Whole rotations (every set equally often), a power of two of them so that a noisy estimate
     # rarely changes the graph's length.
     rotations = 2 ** math.ceil(math.log2(max(1.0, GRAPH_REPLAY_MS / eager_ms / len(sets))))
@@ -243,8 +274,7 @@ def _time_graph(call, sets) -> Timing:
     graph.replay()  # the first replay uploads the graph
     torch.cuda.synchronize()
     estimate_ms, host_s = _estimate(graph.replay, 1)
-    for _ in range(_clamp(WARMUP_MS / estimate_ms, (1, 100))):
-        graph.replay()
+    _warm_up(graph.replay, estimate_ms, 100)
     replays = _events_host_ahead(graph.replay, _clamp(GRAPH_TARGET_MS / estimate_ms, GRAPH_SAMPLES), host_s)
     del graph
     return Timing([t / calls for t in replays], "cuda_graph_replay", calls)
