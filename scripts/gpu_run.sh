@@ -36,8 +36,11 @@ case "$what" in
 esac
 pids=()
 # Every plan's benchmark shapes compiled first, in one pool of processes (one per core): each plan's run then skips
-# its own precompile step, which started 8 processes and imported torch in each, plan after plan.
-if [ "$what" = bench ]; then
+# its own precompile step, which started 8 processes and imported torch in each, plan after plan. Not where -k picks
+# some items: each plan's run then compiles just the shapes it times.
+subset=0
+for arg in "$@"; do case "$arg" in -k*) subset=1 ;; esac; done
+if [ "$what" = bench ] && [ $subset = 0 ]; then
   plog=/dev/stdout
   [ -n "$logs" ] && plog="$logs/precompile.log"
   "$python" scripts/precompile.py "${plans[@]}" > "$plog" 2>&1

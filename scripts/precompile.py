@@ -5,7 +5,8 @@ core busy where one plan's few shapes would not.
 
     python scripts/precompile.py [--processes N] PLAN...
 
-N defaults to the machine's cores. A plan that does not load is left to its own run, which reports the error.
+N defaults to the machine's cores, at most MAX_PROCESSES: each process holds a CUDA context and its largest shape's
+tensors on the GPU. A plan that does not load is left to its own run, which reports the error.
 """
 
 from __future__ import annotations
@@ -23,16 +24,15 @@ from harness.runtime.device import detect  # noqa: E402
 from harness.spec.load import load_plan  # noqa: E402
 from harness.spec.plan import PlanError  # noqa: E402
 
+MAX_PROCESSES = 16
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--processes", type=int, default=min(os.cpu_count() or 1, MAX_PROCESSES))
     parser.add_argument("plan", nargs="+")
     args = parser.parse_args(argv)
     hw = detect()
-    if hw.device != "cuda":
-        print("precompile: nothing to do on a CPU machine (the kernel is not timed there)")
-        return 0
     work = []
     for path in args.plan:
         try:
@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         # The shapes the plan's own run times (BenchItem's skip), so that its stamp matches.
         work.append((plan, [spec for spec in bench_specs(plan, hw.sm) if not skip_reason(plan, spec, hw)]))
+    if hw.device != "cuda":
+        print("precompile: nothing to do on a CPU machine (the kernel is not timed there)")
+        return 0
     start = time.time()
     for (plan, _), line in zip(work, precompile_plans(work, hw.device, args.processes)):
         print(f"{plan.path}: {line}")

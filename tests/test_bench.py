@@ -576,3 +576,20 @@ def test_a_batch_the_host_queued_slower_than_the_gpu_slept_is_timed_again(monkey
     samples = timers._events_host_ahead(run, 8, host_s_per_run=1e-6)
     assert samples == [1.0] * 8  # the first batch's 2 µs samples were dropped
     assert len(sleeps) == 2 and sleeps[1] > 100 * sleeps[0]  # queued again behind a sleep the host's pace needs
+
+
+def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tmp_path):
+    """scripts/precompile.py, gpu_run.sh's first step: a malformed plan is reported with its file and line and left
+    to its own run; the others still load (on a CPU machine nothing is compiled: the kernel is not timed there)."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("op:\n  name: [not, a, name]\n")
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "precompile.py"), str(bad), str(ROOT / "plan.yaml")],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert f"precompile: {bad} left to its own run: {bad}:" in out.stderr, out.stderr
+    assert "plan.yaml" not in out.stderr
+    if not torch.cuda.is_available():
+        assert "nothing to do on a CPU machine" in out.stdout, out.stdout
