@@ -576,6 +576,12 @@ def test_a_batch_the_host_queued_slower_than_the_gpu_slept_is_timed_again(monkey
     samples = timers._events_host_ahead(run, 8, host_s_per_run=1e-6)
     assert samples == [1.0] * 8  # the first batch's 2 µs samples were dropped
     assert len(sleeps) == 2 and sleeps[1] > 100 * sleeps[0]  # queued again behind a sleep the host's pace needs
+    # Calls that keep the GPU busy longer than the host takes to queue them (5 ms each, 2 ms of host time) never
+    # leave it idle, however short the sleep: their batch stands.
+    sleeps.clear()
+    slow["batch"] = True
+    monkeypatch.setattr(Event, "elapsed_time", lambda self, end: 5.0)
+    assert timers._events_host_ahead(run, 8, host_s_per_run=1e-6) == [5000.0] * 8 and len(sleeps) == 1
 
 
 def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tmp_path):

@@ -166,9 +166,10 @@ def _sleep_cycles_per_second() -> float:
 def _events_host_ahead(run: Callable[[], object], count: int, host_s_per_run: float) -> list[float]:
     """Device µs of `count` runs, each between two events; the GPU sleeps while the host queues each batch.
 
-    A batch the host took longer to queue than the GPU slept is timed again with a longer sleep (at most
-    AHEAD_RETRIES times): the GPU may have run out of queued calls, and its later samples then hold launch gaps
-    (on an H200, 5 µs vLLM kernels whose q80 read 30-50 µs, which turned 4-7x speedups into "no difference")."""
+    A batch the host took longer to queue than the GPU had work for (the sleep and the calls queued before the
+    last) is timed again with a longer sleep (at most AHEAD_RETRIES times): the GPU may have run out of queued
+    calls, and its later samples then hold launch gaps (on an H200, 5 µs vLLM kernels whose q80 read 30-50 µs,
+    which turned 4-7x speedups into "no difference")."""
     samples = []
     # One batch's events, recorded again in every batch (each batch ends in a synchronize).
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -185,11 +186,14 @@ def _events_host_ahead(run: Callable[[], object], count: int, host_s_per_run: fl
             end.record()
         queued = time.perf_counter() - queued
         torch.cuda.synchronize()
-        if queued > sleep_s and sleep_s < 0.5 and retries < AHEAD_RETRIES:
+        batch = [start.elapsed_time(end) * 1e3 for start, end in events]
+        # The GPU had the sleep and every call but the last to run while the host queued (each at least the
+        # fastest sample long): a host slower than that may have left it idle between calls.
+        if queued > sleep_s + (len(batch) - 1) * min(batch) * 1e-6 and sleep_s < 0.5 and retries < AHEAD_RETRIES:
             retries += 1
             host_s_per_run = queued / len(events)  # the events' own recording included
             continue
-        samples += [start.elapsed_time(end) * 1e3 for start, end in events]
+        samples += batch
     return samples
 
 
