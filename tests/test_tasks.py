@@ -47,6 +47,26 @@ def test_a_worker_runs_the_plan_it_was_handed_not_the_file(tmp_path):
     assert outcome.record.examples == 2
 
 
+def test_a_worker_asked_to_stop_ends_by_itself_while_its_caller_goes_on():
+    """The run's end asks its workers to stop, writes the report while they wind down, then waits for them: the
+    process exits cleanly of its own accord, and the later stop() finds it gone."""
+    import os
+
+    from harness.runtime.workers import Worker
+
+    worker = Worker()
+    try:
+        child = worker.call(os.getpid, None, timeout_s=300)
+        proc = worker.proc
+        assert child == proc.pid
+        worker.ask_to_stop()
+        proc.join(120)
+        assert proc.exitcode == 0  # it returned from its loop: not killed, not crashed
+    finally:
+        worker.stop()
+    assert worker.proc is None
+
+
 def test_the_process_under_the_sanitizer_gets_the_cell_as_a_task_file(tmp_path, monkeypatch):
     """run_memcheck hands the cell to `python -m harness.runtime.memcheck TASK` pickled (here under a stand-in for
     compute-sanitizer that runs the process and reports no memory error, as the tool does on a clean kernel)."""

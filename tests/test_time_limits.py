@@ -250,7 +250,8 @@ def test_a_worker_started_ahead_keeps_its_start_outside_the_first_calls_limit():
 
 def test_every_replay_after_a_fault_runs_in_a_process_of_its_own():
     """A replay that corrupts memory without crashing must not decide the next: no process serves two replays."""
-    from harness.runtime.workers import Fault, Replays, Worker
+    from harness.runtime.shrinking import Replays
+    from harness.runtime.workers import Fault, Worker
 
     class NoTask:  # each replay calls os.getpid() alone
         def replaying(self, example):

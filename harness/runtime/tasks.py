@@ -48,7 +48,7 @@ class CellTask:
     replay: Example | None = None
 
     def replaying(self, example: Example) -> CellTask:
-        """The same cell, checking only `example` (harness.runtime.workers.Replays)."""
+        """The same cell, checking only `example` (harness.runtime.shrinking.Replays)."""
         return replace(self, replay=example)
 
     @classmethod

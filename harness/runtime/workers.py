@@ -25,9 +25,8 @@ example. A function without a `progress` parameter (benchmarks, vLLM items) has 
 whole call.
 
 Faults and their examples. The parent remembers the example in flight and the first that failed, so
-a call that crashed its worker (or poisoned the device) still names its input: `shrink_fault` then
-replays smaller inputs (the task's `replaying(example)`), each in a process of its own, within a budget (SHRINK_REPLAYS replays, SHRINK_BUDGET_S seconds), and returns the
-smallest that still faults.
+a call that crashed its worker (or poisoned the device) still names its input, from which
+harness.runtime.shrinking replays smaller inputs.
 
 Tensor-parallel cells run in a WorkerGroup: N processes joined by torch.distributed (gloo on CPU,
 NCCL with one GPU per rank), started once per TP size and kept for every later cell of that size.
@@ -71,9 +70,6 @@ PROCESS_GROUP_TIMEOUT_S = 3600
 SETUP_TIMEOUT_S = 300.0
 # A cell that keeps finishing examples is still stopped after this many times numerics.timeout_s.
 TOTAL_TIMEOUT_FACTOR = 10
-# Shrinking after a crash or a device fault: at most this many replays, or this many seconds, whichever first.
-SHRINK_REPLAYS = 20
-SHRINK_BUDGET_S = 60.0
 
 
 def _inherited_env() -> dict:
@@ -165,7 +161,7 @@ def _fault(reply: tuple) -> Any:
     return Fault(f"harness error: {reply[1]}", reply[2])
 
 
-def _describe(example: Any) -> str:
+def describe_example(example: Any) -> str:
     return example.describe() if hasattr(example, "describe") else str(example)
 
 
@@ -235,7 +231,7 @@ class CallProgress:
                             f"had finished: {where or 'the cell stopped between two examples'}", "hung")
         else:
             reason, kind = (f"no example finished within {t:g} s (numerics.timeout_s); {_examples(self.finished)} "
-                            f"had finished: {where or 'the kernel did not return'} on {_describe(self.running)} "
+                            f"had finished: {where or 'the kernel did not return'} on {describe_example(self.running)} "
                             "(a hang or an endless loop?)", "hung")
         return Fault(reason, stacks, kind=kind, example=self.running, examples=self.finished)
 
@@ -259,6 +255,15 @@ def describe_exit(code: int | None) -> str:
                 "SIGABRT": " (aborted)", "SIGBUS": " (bus error)"}.get(name, "")
         return f"was killed by {name}{hint}"
     return f"exited with status {code}"
+
+
+def _send_stop(conns: list) -> None:
+    """None on each pipe: the process at its other end returns from its loop (one already gone is left be)."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
 
 
 class Worker:
@@ -340,16 +345,17 @@ class Worker:
             self.stop(kill=False)
         return value
 
+    def ask_to_stop(self) -> None:
+        """Ask the process to end without waiting: it winds down while the caller goes on; `stop` waits for it."""
+        _send_stop([self.conn] if self.conn is not None else [])
+
     def stop(self, kill: bool = False) -> None:
         if self.proc is None:
             return
         if kill and self.proc.is_alive():
             self.proc.kill()
         else:
-            try:
-                self.conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
+            self.ask_to_stop()
         self.proc.join(10)
         if self.proc.is_alive():
             self.proc.kill()
@@ -559,15 +565,15 @@ class WorkerGroup:
         where = "; ".join(stuck) or "the ranks did not finish the cell"
         return where, "\n\n".join(dumps)
 
+    def ask_to_stop(self) -> None:
+        """Ask every rank to end, without waiting (Worker.ask_to_stop)."""
+        _send_stop(self.conns)
+
     def stop(self, kill: bool = False) -> None:
         """End every rank: politely (None on the pipe) unless `kill`, and by SIGKILL to its process group
         for any that is still there after a few seconds."""
         if not kill:
-            for conn in self.conns:
-                try:
-                    conn.send(None)
-                except (OSError, BrokenPipeError):
-                    pass
+            self.ask_to_stop()
             deadline = time.monotonic() + 10
             for proc in self.procs:
                 proc.join(max(0.1, deadline - time.monotonic()))
@@ -588,113 +594,6 @@ class WorkerGroup:
             self.dir = None
 
 
-# ---------------------------------------------------------------- small reproducers after faults
-
-
-def faulted(value: Any) -> bool:
-    """A call that hypothesis could not shrink inside its worker: it crashed the process (a Fault of kind
-    "crashed"), or returned a value whose `device_fault` attribute is true (the CUDA context is unusable,
-    so every later example in that worker failed for the wrong reason)."""
-    if isinstance(value, Fault):
-        return value.kind == "crashed"
-    return bool(getattr(value, "device_fault", False))
-
-
-def fault_example(value: Any, progress: CallProgress | None) -> Any:
-    """The example that faulted: the one in flight when the process died, or the first after which the device
-    was unusable (every later one failed for that reason)."""
-    if isinstance(value, Fault):
-        return value.example
-    return (progress.first_faulted or progress.first_failed) if progress else None
-
-
 # Replays fork from a server that imported these (no device touched): a fork, not a Python start and torch import.
 REPLAY_START = "forkserver"
 FORKSERVER_PRELOAD = ["torch", "triton", "hypothesis", "harness.runtime.runner", "harness.runtime.tp"]
-
-
-class Replays:
-    """`reproduces(example)` for a shrinker: the faulted call replayed on `example`, within a budget of replays
-    and seconds (spent: every further candidate counts as not reproducing). No process serves two replays (one
-    that corrupted memory without crashing must not decide the next): a worker's replays run in workers of their
-    own, the next started while one runs; a TP group is restarted, every rank fresh."""
-
-    def __init__(self, worker, fn: Callable, task: Any, timeout_s: float, fault: Any,
-                 max_replays: int = SHRINK_REPLAYS, budget_s: float = SHRINK_BUDGET_S):
-        self.worker, self.fn, self.task, self.timeout_s, self.fault = worker, fn, task, timeout_s, fault
-        self.max_replays, self.budget_s = max_replays, budget_s
-        self.started = time.monotonic()
-        self.count = 0
-        self.spent = False  # the budget ran out before the shrinker was done
-        self.spare: Worker | None = None  # the next replay's worker, starting
-
-    def _fresh(self) -> Worker:
-        worker, self.spare = self.spare or Worker(REPLAY_START), Worker(REPLAY_START)
-        worker.start()
-        if self.count < self.max_replays:
-            self.spare.start()
-        return worker
-
-    def close(self) -> None:
-        if self.spare is not None:
-            self.spare.stop(kill=True)
-            self.spare = None
-
-    def left_s(self) -> float:
-        return self.budget_s - (time.monotonic() - self.started)
-
-    def __call__(self, example: Any) -> bool:
-        if self.count >= self.max_replays or self.left_s() <= 0:
-            self.spent = True
-            return False
-        self.count += 1
-        limit = min(self.timeout_s, self.left_s())
-        if isinstance(self.worker, Worker):
-            worker = self._fresh()
-            try:
-                value = worker.call(self.fn, self.task.replaying(example), limit)
-            finally:
-                worker.stop(kill=True)
-        else:
-            self.worker.stop(kill=True)  # restarted by the call, every rank in a fresh process
-            value = self.worker.call(self.fn, self.task.replaying(example), limit)
-        return self.same_fault(value)
-
-    def same_fault(self, value: Any) -> bool:
-        """The replay faulted as the original call did: the same crash (same exit), or a device fault again."""
-        if isinstance(self.fault, Fault):
-            return isinstance(value, Fault) and value.kind == "crashed" and value.reason == self.fault.reason
-        return faulted(value) and not isinstance(value, Fault)
-
-
-@dataclass
-class Shrunk:
-    """The smallest reproducing example found after a fault, and what finding it cost."""
-
-    example: Any
-    first: Any
-    replays: int
-    seconds: float
-    spent: bool
-
-    @property
-    def facts(self) -> dict:
-        budget = f"{SHRINK_REPLAYS} replays or {SHRINK_BUDGET_S:g} s"
-        return {"shrunk after the fault": {"replays": self.replays, "seconds": round(self.seconds, 1),
-                                           "from": _describe(self.first), "to": _describe(self.example),
-                                           "budget": budget + (" (spent)" if self.spent else "")}}
-
-
-def shrink_fault(worker, fn: Callable, task: Any, timeout_s: float, value: Any,
-                 shrink: Callable[[Any, Callable[[Any], bool]], Any]) -> Shrunk | None:
-    """After a call that `faulted`: `shrink(first, reproduces)` walks toward smaller examples, replaying each
-    in a fresh worker; None when the call did not fault or named no example."""
-    first = fault_example(value, worker.progress)
-    if not faulted(value) or first is None:
-        return None
-    replays = Replays(worker, fn, task, timeout_s, value)
-    try:
-        smallest = shrink(first, replays)
-    finally:
-        replays.close()
-    return Shrunk(smallest, first, replays.count, time.monotonic() - replays.started, replays.spent)
