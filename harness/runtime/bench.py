@@ -383,7 +383,7 @@ def precompile_plans(work: list[tuple[Plan, list[BenchSpec]]], device: str = "cu
 
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    lines, todo = {}, []
+    lines, todo = [""] * len(work), []
     for index, (plan, specs) in enumerate(work):
         shapes = list({spec.shape: spec for spec in specs}.values())
         stamp = Path(cache_dir()) / "harness-precompiled" / _compile_key(plan, [spec.shape for spec in shapes])
@@ -397,7 +397,7 @@ def precompile_plans(work: list[tuple[Plan, list[BenchSpec]]], device: str = "cu
     owners = [index for index, _, shapes, _ in todo for _ in shapes]  # the plan of each task, by its index in work
     tasks = [(plan, spec) for _, plan, shapes, _ in todo for spec in shapes]
     if not tasks:
-        return [lines[i] for i in range(len(work))]
+        return lines
     start = time.time()
     processes = min(processes, len(tasks))
     # Each process compiles one kernel at a time: the parallelism is across shapes, not Inductor's own pool per process.
@@ -438,7 +438,7 @@ def precompile_plans(work: list[tuple[Plan, list[BenchSpec]]], device: str = "cu
             stamp.write_text(f"{plan.path}: {len(shapes)} shapes\n")
         else:
             lines[index] += f"; left to their items, the first failing with {first_line(next(filter(None, mine)))}"
-    return [lines[i] for i in range(len(work))]
+    return lines
 
 
 # Inductor settings that change no generated code: vLLM's import sets the first, and scripts/precompile.py (which
