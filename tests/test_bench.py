@@ -14,6 +14,7 @@ import torch
 from harness.results.merge import collect
 from harness.runtime import bench
 from harness.runtime import timing as timers
+from harness.runtime import timing_share
 
 from harness.rendering import performance
 from harness.spec.hardware import Hardware
@@ -599,3 +600,72 @@ def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tm
     assert "plan.yaml" not in out.stderr
     if not torch.cuda.is_available():
         assert "nothing to do on a CPU machine" in out.stdout, out.stdout
+
+
+# ---------------------------------------------------------------- timings shared between the plans of one run
+
+
+def test_a_later_plan_takes_the_timing_an_earlier_plan_made_of_the_same_call_on_the_same_inputs(tmp_path,
+                                                                                            monkeypatch):
+    """As the nightly runs them (HARNESS_SHARED_TIMINGS): a second plan with the first one's reference and arguments,
+    as vLLM's own plans have, takes the first plan's native and compiled samples and says where they came from;
+    a plan whose inputs differ (eps) times its own, and so does every plan of a run without the folder."""
+    def plan(name: str, eps: str = "1.0e-6"):
+        path = rms_norm_plan(tmp_path, hidden="[64]", name=f"{name}.yaml", extra="benchmark: {decode: [4]}\n")
+        path.write_text(path.read_text().replace("name: rms_norm", f"name: {name}").replace("1.0e-6", eps))
+        loaded = load_plan(path)
+        return bench.run_benchmark(BenchTask(loaded, bench.bench_specs(loaded, "cpu")[0])).record
+
+    monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
+    first, second, other_eps = plan("first"), plan("second"), plan("other_eps", "1.0e-5")
+    for name in ("native", "compiled"):
+        assert first.impls[name].timed and first.impls[name].timed_in is None
+        assert second.impls[name].timed_in == f"first decode-fp32-eager-cpu-t4-hidden64 {name}"
+        assert (second.impls[name].median_us, second.impls[name].samples) == \
+            (first.impls[name].median_us, first.impls[name].samples)
+        assert second.impls[name].differs is None  # still checked, against its own plan's reference
+        assert other_eps.impls[name].timed and other_eps.impls[name].timed_in is None
+    assert performance.shared_note([second]).startswith("; 2 of 2 timings taken from first in the same run")
+    assert performance.shared_note([first]) == ""
+    monkeypatch.delenv(timing_share.SHARE_ENV)
+    assert plan("third").impls["native"].timed_in is None
+
+
+def test_a_shared_timing_is_keyed_by_what_is_called_and_on_what(tmp_path, monkeypatch):
+    """The key: the function and the source file it is in, the arguments (dtype, shape, strides, values) of the first
+    and last rotated set and their count, the graph mode; vLLM's ops by name and library, by position."""
+    monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra="benchmark: {decode: [4]}\n"))
+    spec = bench.bench_specs(plan, "cpu")[0]
+    sets = bench.input_sets(plan, spec, "cpu", 3)
+    key = timing_share.timing_key(plan, "native", "eager", sets)
+    assert key == timing_share.timing_key(plan, "native", "eager", bench.input_sets(plan, spec, "cpu", 3))
+    assert key != timing_share.timing_key(plan, "compiled", "eager", sets)
+    assert key != timing_share.timing_key(plan, "native", "cuda_graph", sets)
+    assert key != timing_share.timing_key(plan, "native", "eager", sets[:2])  # fewer sets: a warmer L2
+    changed = [dict(s) for s in sets]
+    changed[-1]["x"] = changed[-1]["x"] * 2
+    assert key != timing_share.timing_key(plan, "native", "eager", changed)
+    strided = [dict(s) for s in sets]
+    strided[0]["x"] = torch.empty(4, 128)[:, :64].copy_(sets[0]["x"])
+    assert key != timing_share.timing_key(plan, "native", "eager", strided)
+    assert timing_share.timing_key(plan, "liger", "eager", sets) is None  # no such baseline: no identity
+    monkeypatch.delenv(timing_share.SHARE_ENV)
+    assert timing_share.timing_key(plan, "native", "eager", sets) is None
+
+
+@pytest.mark.parametrize("bundled, vllms", [("plan.yaml", "kernels/plans/vllm_rms_norm.yaml"),
+                                            ("kernels/plans/silu_and_mul.yaml", "kernels/plans/vllm_silu_and_mul.yaml")])
+def test_vllms_own_plans_time_what_the_bundled_plans_time_as_baselines(bundled, vllms, monkeypatch):
+    """Why the nightly shares timings: vLLM's plan's kernel is the bundled plan's `vllm` baseline, and their
+    native and compiled baselines are the same calls on the same inputs, at every benchmark shape."""
+    monkeypatch.setenv(timing_share.SHARE_ENV, "unused")
+    ours, theirs = load_plan(ROOT / bundled), load_plan(ROOT / vllms)
+    for spec in [s for s in bench.bench_specs(ours, "cpu") if s.num_tokens <= 8][:4]:
+        same = dataclasses.replace(spec, named=())
+        mine, other = bench.input_sets(ours, spec, "cpu", 2), bench.input_sets(theirs, same, "cpu", 2)
+        for name, their_name in (("vllm", "kernel"), ("native", "native"), ("compiled", "compiled")):
+            assert timing_share.timing_key(ours, name, spec.graph_mode, mine) == \
+                timing_share.timing_key(theirs, their_name, spec.graph_mode, other), (spec.id, name)
+        assert timing_share.timing_key(ours, "kernel", spec.graph_mode, mine) != \
+            timing_share.timing_key(theirs, "kernel", spec.graph_mode, other)

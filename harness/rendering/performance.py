@@ -163,7 +163,8 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
     timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
             + (f" (read bandwidth: {', '.join(read)} GB/s)" if read else "")
-            + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs))
+            + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs)
+            + shared_note(recs))
     headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in compared)]
     return [note, "", table(rows, headers)]
 
@@ -187,6 +188,17 @@ def not_used(plan: Plan, rec: BenchRecord, name: str) -> str:
     if impl is None or median(impl) is None:
         return ""
     return broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
+
+
+def shared_note(recs: list[BenchRecord]) -> str:
+    """How many figures are another plan's timing of the same call on the same inputs in the same run."""
+    shared = [impl.timed_in for r in recs for impl in r.impls.values() if impl.timed_in]
+    if not shared:
+        return ""
+    timed = sum(1 for r in recs for impl in r.impls.values() if median(impl) is not None)
+    ops = sorted({origin.split()[0] for origin in shared})
+    return (f"; {len(shared)} of {timed} timings taken from {', '.join(md(o) for o in ops)} "
+            "in the same run (the same call on the same inputs; each checked against this plan's reference)")
 
 
 def l2_note(recs: list[BenchRecord]) -> str:

@@ -47,7 +47,7 @@ import torch
 
 from harness.decisions.bounds import broken_timing, pct_of_bound, physical_bound
 from harness.runtime.calls import first_line, kernel_outputs, reference_outputs
-from harness.runtime.device import detect, package_version
+from harness.runtime.device import detect, inductor_settings, package_version
 from harness.spec.expressions import evaluate
 from harness.spec.hardware import Hardware
 from harness.runtime.inputs import TORCH_DTYPES, Example, build_args, poison_value, sizes_fit
@@ -60,6 +60,7 @@ from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
     read_bandwidth_gbps, rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
+from harness.runtime.timing_share import share_timing, shared_timing, timing_key
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
@@ -441,11 +442,6 @@ def precompile_plans(work: list[tuple[Plan, list[BenchSpec]]], device: str = "cu
     return lines
 
 
-# Inductor settings that change no generated code: vLLM's import sets the first, and scripts/precompile.py (which
-# does not import vLLM) must find the stamps a plan's run looks for.
-KEY_IGNORES = ("TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR")
-
-
 def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
     """What the compiled references depend on: the plan, the reference's source file, the shapes, the software, the
     GPU and Inductor's settings. The kernel is left out: a kernel being edited compiles in its items (seconds), while
@@ -456,9 +452,7 @@ def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
         source = ""
     digest = hashlib.sha256()
     for part in (plan.raw_text, source, repr(sorted(shapes)), torch.__version__,
-                 package_version("triton"), detect().sm, detect().gpu,
-                 repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("TORCHINDUCTOR_")
-                             and k not in KEY_IGNORES))):
+                 package_version("triton"), detect().sm, detect().gpu, inductor_settings()):
         digest.update(f"{part}\0".encode())
     return digest.hexdigest()[:32]
 
@@ -491,6 +485,11 @@ class CheckInputs:
 def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
     """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
     judged as a numerics cell judges it (the same tolerance and fp64 tie-break)."""
+    if spec.graph_mode == "cuda_graph":
+        # Compiled, autotuned and initialised outside the capture: the timing loop did that, unless its timing was
+        # another plan's (harness.runtime.timing_share).
+        run, arg = call.timed([inputs.fresh()]) if isinstance(call, Prepared) else (call, [inputs.fresh()])
+        run(arg[0])
     values = inputs.fresh()
     run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
     actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])
@@ -606,10 +605,15 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             rec.impls[name] = ImplFigures(not_run=call)
             continue
         timed_sets = sets
+        shared_key = timing_key(plan, name, spec.graph_mode, sets)  # None unless timings are shared in this run
+        shared = shared_timing(shared_key)
         try:
             # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside it.
-            timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
-            timing = time_calls(timed, timed_sets, device, graph)
+            if shared:
+                timing = shared.timing
+            else:
+                timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
+                timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
             mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
         except Exception as exc:  # one implementation failing must not hide the others' figures
@@ -624,11 +628,17 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
         finally:
             del timed_sets
         key = (str(plan.path), name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
-        if device == "cuda" and key not in _launches:
+        if shared:
+            _launches[key] = shared.launches
+        elif device == "cuda" and key not in _launches:
             run, first = call.timed(sets[:1]) if isinstance(call, Prepared) else (call, sets[:1])
             _launches[key] = count_launches(run, first[0])
         launches = _launches.get(key)
         rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches, rec.bound_us)
+        if shared:
+            rec.impls[name].timed_in = shared.origin
+        else:
+            share_timing(shared_key, timing, launches, f"{plan.name} {spec.id} {name}")
         rec.timer = timing.timer
         outcome.timings[name] = timing
         too_fast = broken_timing(rec, rec.impls[name])

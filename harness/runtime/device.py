@@ -64,6 +64,17 @@ def package_version(name: str) -> str | None:
     return None
 
 
+# Inductor settings that change no generated code: vLLM's import sets the first, and scripts/precompile.py (which
+# does not import vLLM) must find the stamps a plan's run looks for.
+INDUCTOR_KEY_IGNORES = ("TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_CACHE_DIR")
+
+
+def inductor_settings() -> str:
+    """The TORCHINDUCTOR_* settings of this process that can change what Inductor generates."""
+    return repr(sorted((k, v) for k, v in os.environ.items()
+                       if k.startswith("TORCHINDUCTOR_") and k not in INDUCTOR_KEY_IGNORES))
+
+
 def provenance(root: Path) -> Provenance:
     """Where and with what a run happened: stored with every result so merged reports can say it."""
     hw = detect()
