@@ -633,25 +633,45 @@ def test_a_later_plan_takes_the_timing_an_earlier_plan_made_of_the_same_call_on_
 
 def test_a_shared_timing_is_keyed_by_what_is_called_and_on_what(tmp_path, monkeypatch):
     """The key: the function and the source file it is in, the arguments (dtype, shape, strides, values) of the first
-    and last rotated set and their count, the graph mode; vLLM's ops by name and library, by position."""
+    and last rotated set as built and how many sets there are, the graph mode."""
     monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path))
     plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra="benchmark: {decode: [4]}\n"))
     spec = bench.bench_specs(plan, "cpu")[0]
     sets = bench.input_sets(plan, spec, "cpu", 3)
-    key = timing_share.timing_key(plan, "native", "eager", sets)
-    assert key == timing_share.timing_key(plan, "native", "eager", bench.input_sets(plan, spec, "cpu", 3))
-    assert key != timing_share.timing_key(plan, "compiled", "eager", sets)
-    assert key != timing_share.timing_key(plan, "native", "cuda_graph", sets)
-    assert key != timing_share.timing_key(plan, "native", "eager", sets[:2])  # fewer sets: a warmer L2
+
+    def key(name="native", mode="eager", values=sets, count=3):
+        return timing_share.timing_key(plan, name, mode, timing_share.built_inputs(values), count)
+
+    assert key() == key(values=bench.input_sets(plan, spec, "cpu", 3))  # built again: the same inputs
+    assert key() != key("compiled") and key() != key(mode="cuda_graph")
+    assert key() != key(count=2)  # fewer sets: a warmer L2
     changed = [dict(s) for s in sets]
     changed[-1]["x"] = changed[-1]["x"] * 2
-    assert key != timing_share.timing_key(plan, "native", "eager", changed)
+    assert key() != key(values=changed)
     strided = [dict(s) for s in sets]
     strided[0]["x"] = torch.empty(4, 128)[:, :64].copy_(sets[0]["x"])
-    assert key != timing_share.timing_key(plan, "native", "eager", strided)
-    assert timing_share.timing_key(plan, "liger", "eager", sets) is None  # no such baseline: no identity
+    assert key() != key(values=strided)
+    assert key("liger") is None  # no such baseline: nothing to share it by
     monkeypatch.delenv(timing_share.SHARE_ENV)
-    assert timing_share.timing_key(plan, "native", "eager", sets) is None
+    assert key() is None
+
+
+def test_an_implementation_after_an_in_place_one_shares_by_the_inputs_as_built(tmp_path, monkeypatch):
+    """A baseline that writes into the item's inputs (here `out`) before the next one is timed does not change what
+    the next one is keyed by: the inputs are taken as built, so a plan without it still shares that timing (on a GPU,
+    vLLM's in-place fused add + RMSNorm after the bundled kernel had written its inputs)."""
+    monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
+    records = []
+    for name, named in (("writes_first", "[{scaled: tests.baselines:rms_norm_off_by_a_tenth}, "
+                                         "{into: tests.baselines:rms_norm_into}]"),
+                        ("into_only", "[{into: tests.baselines:rms_norm_into}]")):
+        path = rms_norm_plan(tmp_path, hidden="[64]", name=f"{name}.yaml",
+                             extra=f"benchmark: {{decode: [4], baselines: {named}}}\n")
+        path.write_text(path.read_text().replace("name: rms_norm", f"name: {name}"))
+        plan = load_plan(path)
+        records.append(bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record)
+    assert records[0].impls["into"].timed and records[0].impls["into"].timed_in is None
+    assert records[1].impls["into"].timed_in == "writes_first decode-fp32-eager-cpu-t4-hidden64 into"
 
 
 @pytest.mark.parametrize("bundled, vllms", [("plan.yaml", "kernels/plans/vllm_rms_norm.yaml"),
@@ -661,11 +681,13 @@ def test_vllms_own_plans_time_what_the_bundled_plans_time_as_baselines(bundled, 
     native and compiled baselines are the same calls on the same inputs, at every benchmark shape."""
     monkeypatch.setenv(timing_share.SHARE_ENV, "unused")
     ours, theirs = load_plan(ROOT / bundled), load_plan(ROOT / vllms)
-    for spec in [s for s in bench.bench_specs(ours, "cpu") if s.num_tokens <= 8][:4]:
-        same = dataclasses.replace(spec, named=())
-        mine, other = bench.input_sets(ours, spec, "cpu", 2), bench.input_sets(theirs, same, "cpu", 2)
+    specs = [s for s in bench.bench_specs(ours, "cpu") if s.num_tokens <= 8][:4]
+    assert specs
+    for spec in specs:
+        mine = timing_share.built_inputs(bench.input_sets(ours, spec, "cpu", 2))
+        other = timing_share.built_inputs(bench.input_sets(theirs, dataclasses.replace(spec, named=()), "cpu", 2))
         for name, their_name in (("vllm", "kernel"), ("native", "native"), ("compiled", "compiled")):
-            assert timing_share.timing_key(ours, name, spec.graph_mode, mine) == \
-                timing_share.timing_key(theirs, their_name, spec.graph_mode, other), (spec.id, name)
-        assert timing_share.timing_key(ours, "kernel", spec.graph_mode, mine) != \
-            timing_share.timing_key(theirs, "kernel", spec.graph_mode, other)
+            assert timing_share.timing_key(ours, name, spec.graph_mode, mine, 2) == \
+                timing_share.timing_key(theirs, their_name, spec.graph_mode, other, 2), (spec.id, name)
+        assert timing_share.timing_key(ours, "kernel", spec.graph_mode, mine, 2) != \
+            timing_share.timing_key(theirs, "kernel", spec.graph_mode, other, 2)

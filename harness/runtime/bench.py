@@ -60,7 +60,7 @@ from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
     read_bandwidth_gbps, rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
-from harness.runtime.timing_share import share_timing, shared_timing, timing_key
+from harness.runtime.timing_share import built_inputs, share_timing, shared_timing, timing_key
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
@@ -600,12 +600,13 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
     returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
     nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
     measure_bounds(rec, device, graph, nbytes, flops)
+    built = built_inputs(sets)  # None unless this run shares timings between plans
     for name, call in implementations(plan, device, spec).items():
         if isinstance(call, str):
             rec.impls[name] = ImplFigures(not_run=call)
             continue
         timed_sets = sets
-        shared_key = timing_key(plan, name, spec.graph_mode, sets)  # None unless timings are shared in this run
+        shared_key = timing_key(plan, name, spec.graph_mode, built, len(sets))
         shared = shared_timing(shared_key)
         try:
             # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside it.

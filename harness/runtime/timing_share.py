@@ -9,8 +9,8 @@ nightly's items). scripts/gpu_run.sh bench points HARNESS_SHARED_TIMINGS at a ne
 
 The same call: one function (a Python function by module, name and the digest of its source file; vLLM's compiled
 op by name and the library it came from; `compiled` is the native code under this torch's Inductor) given the same
-arguments (each tensor's dtype, shape, strides and a sample of its values, of the first and last rotated input set,
-and how many sets there are). Each implementation is still checked against its own plan's reference and
+arguments as the item built them (each tensor's dtype, shape, strides and a sample of its values, of the first and
+last rotated input set, and how many sets there are). Each implementation is still checked against its own plan's reference and
 tolerance; only the timing loop is skipped. The record names the plan and item the samples came from
 (ImplFigures.timed_in), and its page says how many of its figures were taken over.
 """
@@ -107,19 +107,26 @@ def _fingerprint(value: Any) -> str:
     return f"{value.dtype} {tuple(value.shape)} {value.stride()} {value.storage_offset() % 1024} {values}"
 
 
-def timing_key(plan: Plan, name: str, graph_mode: str, sets: list[dict]) -> str | None:
-    """The key of implementation `name` timed over `sets` in `graph_mode` on this machine; None where timings are
-    not shared (HARNESS_SHARED_TIMINGS unset, or a call without an identity)."""
+def built_inputs(sets: list[dict]) -> tuple[dict, dict] | None:
+    """Each argument of the first and last rotated input set as the item built them, taken before any implementation
+    runs on them (an in-place kernel changes its inputs, and the implementations after it time on those); None where
+    timings are not shared (HARNESS_SHARED_TIMINGS unset)."""
     if not os.environ.get(SHARE_ENV):
         return None
-    call = _call(plan, name)
+    return tuple({name: _fingerprint(value) for name, value in values.items()} for values in (sets[0], sets[-1]))
+
+
+def timing_key(plan: Plan, name: str, graph_mode: str, built: tuple[dict, dict] | None, count: int) -> str | None:
+    """The key of implementation `name` timed in `graph_mode` over `count` input sets whose first and last are
+    `built` (built_inputs), on this machine; None where timings are not shared or the call has no identity."""
+    call = _call(plan, name) if built is not None else None
     if call is None:
         return None
     what, passed, positional = call
     hw = detect()
-    parts = [what, "by position" if positional else "by keyword", graph_mode, str(len(sets)), hw.gpu, hw.sm]
-    for values in (sets[0], sets[-1]):
-        parts += [f"{i if positional else arg}={_fingerprint(values.get(arg))}" for i, arg in enumerate(passed)]
+    parts = [what, "by position" if positional else "by keyword", graph_mode, str(count), hw.gpu, hw.sm]
+    for prints in built:
+        parts += [f"{i if positional else arg}={prints.get(arg, 'absent')}" for i, arg in enumerate(passed)]
     digest = hashlib.sha256()
     for part in parts:
         digest.update(f"{part}\0".encode())
