@@ -67,6 +67,27 @@ def test_a_worker_asked_to_stop_ends_by_itself_while_its_caller_goes_on():
     assert worker.proc is None
 
 
+def test_a_worker_sees_the_callers_environment_as_it_is_now(monkeypatch):
+    """Workers fork from a server started with the caller's environment of that moment; each worker still gets the
+    caller's environment as it is when the worker starts (a plan's run sets TRITON_INTERPRET, vLLM's ops library,
+    Inductor's settings after the first worker started)."""
+    import os
+
+    from harness.runtime.workers import Worker
+
+    monkeypatch.setenv("HARNESS_TEST_UNSET_LATER", "1")
+    first, later = Worker(), Worker()
+    try:
+        first.call(os.getpid, None, timeout_s=300)  # the fork server runs from here on
+        monkeypatch.setenv("HARNESS_TEST_SET_LATER", "yes")
+        monkeypatch.delenv("HARNESS_TEST_UNSET_LATER")
+        assert later.call(os.getenv, "HARNESS_TEST_SET_LATER", timeout_s=300) == "yes"
+        assert later.call(os.getenv, "HARNESS_TEST_UNSET_LATER", timeout_s=300) is None
+    finally:
+        first.stop()
+        later.stop()
+
+
 def test_the_process_under_the_sanitizer_gets_the_cell_as_a_task_file(tmp_path, monkeypatch):
     """run_memcheck hands the cell to `python -m harness.runtime.memcheck TASK` pickled (here under a stand-in for
     compute-sanitizer that runs the process and reports no memory error, as the tool does on a clean kernel)."""

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.runtime.workers import REPLAY_START, CallProgress, Fault, Worker, describe_example
+from harness.runtime.workers import CallProgress, Fault, Worker, describe_example
 
 # Shrinking after a crash or a device fault: at most this many replays, or this many seconds, whichever first.
 SHRINK_REPLAYS = 20
@@ -49,7 +49,7 @@ class Replays:
         self.spare: Worker | None = None  # the next replay's worker, starting
 
     def _fresh(self) -> Worker:
-        worker, self.spare = self.spare or Worker(REPLAY_START), Worker(REPLAY_START)
+        worker, self.spare = self.spare or Worker(), Worker()
         worker.start()
         if self.count < self.max_replays:
             self.spare.start()

@@ -5,8 +5,10 @@ its value, or a `Fault` saying in words why there is none. The function goes by 
 sends module-level functions), the task pickled: a frozen dataclass carrying the parsed plan
 (harness.runtime.tasks), so the child never reads the plan file. Numerics cells, benchmark items and
 vLLM integration items all run this way.
-One worker serves many calls (starting one costs an interpreter plus torch and triton imports), so
-the price of isolation is paid once per pytest process and again only after a fault. A value whose
+One worker serves many calls, so the price of isolation is paid once per pytest process and again only
+after a fault. Workers and TP ranks are forked from multiprocessing's fork server, which imported torch, triton
+and the harness once and touched no device: a start is a fork, not an interpreter and torch import, and each
+child still gets a device context of its own and the caller's environment of the moment. A value whose
 `fatal` attribute is true (a poisoned CUDA context) also retires the worker.
 
 No library pool (multiprocessing.Pool, concurrent.futures, pytest-forked) is used because none times
@@ -72,8 +74,16 @@ SETUP_TIMEOUT_S = 300.0
 TOTAL_TIMEOUT_FACTOR = 10
 
 
-def _inherited_env() -> dict:
-    return {k: v for k, v in os.environ.items() if k.startswith(("TRITON_", "CUDA_", "NCCL_", "TORCH_"))}
+def _parent_env() -> dict:
+    return dict(os.environ)
+
+
+def _mirror_env(env: dict) -> None:
+    """The caller's environment as it is now, not the fork server's, which is the caller's when the server started
+    (a plan's run, or a test, may set TRITON_INTERPRET, HARNESS_VLLM_OPS_LIBRARY, TORCHINDUCTOR_* since)."""
+    for name in set(os.environ) - set(env):
+        del os.environ[name]
+    os.environ.update(env)
 
 
 @dataclass
@@ -135,7 +145,7 @@ def _warm_up() -> None:
 
 
 def _worker_main(conn, env: dict, prepare: tuple[Callable, Any] | None = None) -> None:
-    os.environ.update(env)  # TRITON_INTERPRET among them, before any kernel imports triton
+    _mirror_env(env)  # TRITON_INTERPRET among them, before any kernel module decorates its kernels
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.runtime.interpreter)
     _warm_up()
@@ -269,8 +279,9 @@ def _send_stop(conns: list) -> None:
 class Worker:
     """A child process that runs calls; restarted on demand after it dies, hangs or reports a fatal value."""
 
-    def __init__(self, start_method: str = "spawn"):
-        # spawn: a clean device context (fork after CUDA init is unsafe); replays use REPLAY_START
+    def __init__(self, start_method: str = "forkserver"):
+        # Forked from a server that imported torch and the harness and touched no device: a clean device context
+        # (forking after CUDA init is unsafe) without a Python start and torch import per worker.
         self.start_method = start_method
         self.proc = None
         self.conn = None
@@ -292,7 +303,7 @@ class Worker:
         if self.start_method == "forkserver":
             ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, _inherited_env(), prepare), daemon=True,
+        self.proc = ctx.Process(target=_worker_main, args=(child, _parent_env(), prepare), daemon=True,
                                 name="harness-worker")
         self.proc.start()
         child.close()
@@ -367,22 +378,24 @@ class Worker:
 # ---------------------------------------------------------------- tensor-parallel groups
 
 
-def _exit_with_parent(parent_pid: int) -> None:
-    """A rank whose pytest process died (even by SIGKILL) exits too: no stray processes, ever."""
+def _exit_with_parent() -> None:
+    """A rank whose pytest process died (even by SIGKILL) exits too: no stray processes, ever. Its parent is the
+    fork server, which exits when the pytest process does; the rank is then re-parented."""
+    parent = os.getppid()
 
     def watch():
-        while os.getppid() == parent_pid:
+        while os.getppid() == parent:
             time.sleep(1.0)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
-def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str, env: dict, parent_pid: int) -> None:
-    os.environ.update(env)
+def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str, env: dict) -> None:
+    _mirror_env(env)
     os.setpgrp()  # killing this process group also ends anything the rank started (compile workers)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _exit_with_parent(parent_pid)
+    _exit_with_parent()
     stacks_file = open(stacks, "w")
     faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)  # where a hung rank is stuck
     make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.runtime.interpreter)
@@ -442,14 +455,15 @@ class WorkerGroup:
         return os.path.join(self.dir, f"rank{rank}.stacks")
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")  # fork after torch (or CUDA) init is unsafe
+        ctx = mp.get_context("forkserver")  # as a Worker's
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         self.dir = tempfile.mkdtemp(prefix=f"harness-tp{self.size}-")
-        env = {**_inherited_env(), **TP_ENV}
+        env = {**_parent_env(), **TP_ENV}
         for rank in range(self.size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_rank_main, name=f"harness-tp{self.size}-rank{rank}", daemon=True,
                                args=(child, rank, self.size, self.backend, os.path.join(self.dir, "store"),
-                                     self._stacks_path(rank), env, os.getpid()))
+                                     self._stacks_path(rank), env))
             proc.start()
             child.close()
             self.procs.append(proc)
@@ -594,6 +608,6 @@ class WorkerGroup:
             self.dir = None
 
 
-# Replays fork from a server that imported these (no device touched): a fork, not a Python start and torch import.
-REPLAY_START = "forkserver"
+# Workers and ranks fork from a server that imported these (no device touched): a fork, not a Python start and
+# torch import (on a 2-core CPU machine a TP-2 cell's plan ran in 6.6 s against 14-19 s spawned).
 FORKSERVER_PRELOAD = ["torch", "triton", "hypothesis", "harness.runtime.runner", "harness.runtime.tp"]
