@@ -482,12 +482,12 @@ class CheckInputs:
         return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
 
 
-def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs,
+          warmed: bool = True) -> str | None:
     """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
-    judged as a numerics cell judges it (the same tolerance and fp64 tie-break)."""
-    if spec.graph_mode == "cuda_graph":
-        # Compiled, autotuned and initialised outside the capture: the timing loop did that, unless its timing was
-        # another plan's (harness.runtime.timing_share).
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break). `warmed`: the call already ran
+    outside a capture (its timing loop compiled, autotuned and initialised it), else it runs once before one."""
+    if spec.graph_mode == "cuda_graph" and not warmed:  # its timing was another plan's (timing_share)
         run, arg = call.timed([inputs.fresh()]) if isinstance(call, Prepared) else (call, [inputs.fresh()])
         run(arg[0])
     values = inputs.fresh()
@@ -616,7 +616,8 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
                 timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
                 timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
-            mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
+            mismatch = check(plan, spec, call, inputs, warmed=not shared) \
+                if name != "native" or graph or plan.native else None
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)

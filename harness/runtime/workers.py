@@ -74,8 +74,12 @@ SETUP_TIMEOUT_S = 300.0
 TOTAL_TIMEOUT_FACTOR = 10
 
 
-def _parent_env() -> dict:
-    return dict(os.environ)
+def _forking_context():
+    """Workers and ranks fork from a server that imported FORKSERVER_PRELOAD and touched no device: a clean device
+    context (forking after CUDA init is unsafe) without a Python start and torch import per process."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    return ctx
 
 
 def _mirror_env(env: dict) -> None:
@@ -279,10 +283,7 @@ def _send_stop(conns: list) -> None:
 class Worker:
     """A child process that runs calls; restarted on demand after it dies, hangs or reports a fatal value."""
 
-    def __init__(self, start_method: str = "forkserver"):
-        # Forked from a server that imported torch and the harness and touched no device: a clean device context
-        # (forking after CUDA init is unsafe) without a Python start and torch import per worker.
-        self.start_method = start_method
+    def __init__(self):
         self.proc = None
         self.conn = None
         self.starts = 0
@@ -299,11 +300,9 @@ class Worker:
         process that dies is restarted without `prepare`."""
         if self.proc is not None and self.proc.is_alive():
             return
-        ctx = mp.get_context(self.start_method)
-        if self.start_method == "forkserver":
-            ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        ctx = _forking_context()
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, _parent_env(), prepare), daemon=True,
+        self.proc = ctx.Process(target=_worker_main, args=(child, dict(os.environ), prepare), daemon=True,
                                 name="harness-worker")
         self.proc.start()
         child.close()
@@ -455,10 +454,9 @@ class WorkerGroup:
         return os.path.join(self.dir, f"rank{rank}.stacks")
 
     def _start(self) -> None:
-        ctx = mp.get_context("forkserver")  # as a Worker's
-        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+        ctx = _forking_context()
         self.dir = tempfile.mkdtemp(prefix=f"harness-tp{self.size}-")
-        env = {**_parent_env(), **TP_ENV}
+        env = {**os.environ, **TP_ENV}
         for rank in range(self.size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_rank_main, name=f"harness-tp{self.size}-rank{rank}", daemon=True,
