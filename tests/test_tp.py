@@ -215,7 +215,8 @@ def test_the_bundled_silu_and_mul_plan_shards_a_merged_gate_up():
 
 
 def _spawned_descendants() -> list[str]:
-    """multiprocessing children of this process still running, found through /proc."""
+    """Workers and ranks of this process still running, found through /proc: spawned ones, and those forked from
+    multiprocessing's fork server (which shares their command line and stays up for the session)."""
     parents, cmdlines = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -231,7 +232,8 @@ def _spawned_descendants() -> list[str]:
         p = parents.get(pid)
         while p and p != me and p != 1:
             p = parents.get(p)
-        if p == me and "spawn_main" in cmd and stat_state(pid) != "Z":
+        forked = "multiprocessing.forkserver" in cmd and parents[pid] != me
+        if p == me and ("spawn_main" in cmd or forked) and stat_state(pid) != "Z":
             found.append(f"{pid}: {cmd}")
     return found
 
