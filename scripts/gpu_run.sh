@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the bundled plans on a GPU machine and leaves their results under reports/ (the nightly job).
 #   scripts/gpu_run.sh numerics [pytest args]   every numerics and vLLM cell of every bundled plan
-#   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed), one plan at a time
-# JOBS=N runs N plans' numerics side by side (they share the GPUs; benchmarks always run alone, so that no
-# other process disturbs the timings). LOGS=DIR keeps one log per plan there.
+#   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed), one plan's timings at a time
+# JOBS=N runs N plans' numerics side by side (they share the GPUs). Benchmarks take turns on the GPU: the next plan's
+# run starts while one plan is timed and waits for its turn before its first item (HARNESS_GPU_TURN), so no
+# other process times meanwhile. LOGS=DIR keeps one log per plan there.
 # Each plan's run rewrites reports/<op>/results/<sm>-<gpu>.json and reports/<op>/PLAN.md; commit them.
 # vLLM's compiled kernels (the vllm baselines, and the kernels of kernels/plans/vllm_*.yaml) load from an
 # installed vLLM or from HARNESS_VLLM_OPS_LIBRARY=<vLLM's _C_stable_libtorch.abi3.so>; without either, those
@@ -31,18 +32,28 @@ logs=${LOGS:-}
 [ -n "$logs" ] && mkdir -p "$logs"
 case "$what" in
   numerics) select=(-m "not bench" --cells all) ;;  # every cell, whatever the profile (no pairwise sample)
-  bench) select=(--bench -m bench); jobs=1 ;;
+  bench) select=(--bench -m bench); jobs=2 ;;  # one timing, one starting up or writing its report
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
 pids=()
+made=()  # what this script created, removed at its exit
 # One timing per call a night: a plan timing a call another plan already timed on the same inputs (vLLM's own plans
 # time native, compiled and vLLM's kernel as the bundled plans' baselines do) takes that timing
 # (harness/runtime/timing_share.py). A new folder each run, so no timing outlives the run that measured it.
 if [ "$what" = bench ] && [ -z "${HARNESS_SHARED_TIMINGS:-}" ]; then
   HARNESS_SHARED_TIMINGS=$(mktemp -d "${TMPDIR:-/tmp}/shared-timings.XXXXXX")
   export HARNESS_SHARED_TIMINGS
-  trap 'rm -rf "$HARNESS_SHARED_TIMINGS"' EXIT
+  made+=("$HARNESS_SHARED_TIMINGS")
 fi
+# The turn on the GPU the plans' runs take one after another (harness/plugin/session.py, take_gpu_turn): the
+# interpreter start, collection, CUDA context and report of each plan, 10-20 s a plan on an H200 machine, no longer
+# add to the night, as the timed items of one plan still run with no other timing beside them.
+if [ "$what" = bench ] && [ -z "${HARNESS_GPU_TURN:-}" ]; then
+  HARNESS_GPU_TURN=$(mktemp "${TMPDIR:-/tmp}/gpu-turn.XXXXXX")
+  export HARNESS_GPU_TURN
+  made+=("$HARNESS_GPU_TURN")
+fi
+trap '[ ${#made[@]} -eq 0 ] || rm -rf "${made[@]}"' EXIT
 # Every plan's benchmark shapes compiled first, in one pool of processes (one per core): each plan's run then skips
 # its own precompile step, which started 8 processes and imported torch in each, plan after plan. Not where -k picks
 # some items: each plan's run then compiles just the shapes it times.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -345,6 +347,31 @@ def test_host_timing_on_cpu():
 # ---------------------------------------------------------------- a --bench run on a CPU machine
 
 
+def _waiting_for(lock: Path) -> bool:
+    """Whether a process is blocked on an flock of `lock` (Linux lists waiters in /proc/locks, marked "->")."""
+    inode = f":{lock.stat().st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+class TurnHolder(threading.Thread):
+    """Holds the GPU turn (HARNESS_GPU_TURN) as another plan's run would, until a run waits for it: what it saw of
+    `results` while that run waited."""
+
+    def __init__(self, lock: Path, results: Path):
+        super().__init__(daemon=True)
+        self.lock, self.results, self.waited, self.results_while_waiting = lock, results, False, None
+        self.run_ended = threading.Event()  # set by the test: a run that never waits ends with the turn still held
+        self.file = open(lock, "a")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+
+    def run(self):
+        while not self.waited and not self.run_ended.is_set():
+            self.waited = _waiting_for(self.lock)
+            time.sleep(0.05)
+        self.results_while_waiting = self.results.exists() and json.loads(self.results.read_text())["benchmarks"]
+        self.file.close()
+
+
 def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
@@ -352,9 +379,19 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     plan = rms_norm_plan(pytester.path, hidden="[64]", graph_mode="[eager, cuda_graph]",
                          extra="benchmark: {decode: [4], baselines: [native, compiled, vllm]}\n")
     reports = pytester.path / "reports"
+    # Another plan's run holds the GPU turn (scripts/gpu_run.sh bench): this run times nothing until it is given up.
+    turn = pytester.path / "gpu-turn"
+    monkeypatch.setenv("HARNESS_GPU_TURN", str(turn))
+    holder = TurnHolder(turn, reports / "rms_norm" / "results" / "cpu.json")
+    holder.start()
     result = pytester.runpytest_subprocess(
         "-p", "harness.plugin", "--plan", str(plan), "--bench", "-m", "bench", "-rs", "--no-report",
         "--reports-dir", str(reports), "--benchmark-json", str(pytester.path / "pb.json"), "-p", "no:cacheprovider")
+    holder.run_ended.set()
+    holder.join()
+    assert holder.waited and not holder.results_while_waiting, "the run timed without waiting for its GPU turn"
+    with open(turn, "a") as after:  # the run gave the turn up: the next plan's run may time
+        fcntl.flock(after, fcntl.LOCK_EX | fcntl.LOCK_NB)
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines([
         "*SKIPPED*kernel not timed on a CPU machine*native vs compiled recorded (host timer)*",

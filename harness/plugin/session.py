@@ -7,6 +7,7 @@ Registered by harness.plugin only when `--plan` is given. Data flows one way: pl
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
@@ -67,6 +68,7 @@ class Session:
     # (phase, tp) -> the examples earlier cells' faults shrank to: a later cell's fault is often the same one
     fault_minimals: dict[tuple, list] = field(default_factory=dict)
     precompiled: str = ""  # precompile's line, once the first benchmark item has run it
+    gpu_turn: object = None  # the open lock file while this run holds the GPU (HARNESS_GPU_TURN)
     report_path: Path | None = None
     report_problems: list = field(default_factory=list)
     verdict: str = ""  # the report's verdict line, and per SM
@@ -99,6 +101,19 @@ class Session:
 
 
 _SESSION = pytest.StashKey[Session]()
+
+# A lock file the benchmark runs of several plans take turns on (scripts/gpu_run.sh bench starts the next plan while
+# one is timed): a run holds it from its first benchmark item to its last record, so no other process times on the
+# GPU meanwhile, while the next run's start (interpreter, collection, its timing process's CUDA context and vLLM's
+# library) and the last run's report overlap the timed items. Unset: a run times whenever it gets there.
+GPU_TURN_ENV = "HARNESS_GPU_TURN"
+
+
+def take_gpu_turn(s: Session) -> None:
+    path = os.environ.get(GPU_TURN_ENV)
+    if path and s.gpu_turn is None:
+        s.gpu_turn = open(path, "a")  # released when closed, or when the process ends in any way
+        fcntl.flock(s.gpu_turn, fcntl.LOCK_EX)
 
 
 def session_of(config) -> Session:
@@ -397,6 +412,7 @@ class BenchItem(PlanItem, pytest.Function):
 
     def runtest(self):
         s = session_of(self.config)
+        take_gpu_turn(s)
         if not s.precompiled:  # once, before the first item is timed: every shape compiled side by side
             if _xdist_worker(self.config):  # each worker would compile every shape; they share the compiles anyway
                 s.precompiled = "not under xdist"
@@ -566,6 +582,8 @@ def pytest_sessionfinish(session, exitstatus):
     if s.recorder is None:
         return
     s.recorder.flush()
+    if s.gpu_turn is not None:  # every record is written: the next plan's run may time
+        s.gpu_turn.close()
     # The workers wind down while the report is written: a benchmark worker took 1.3 s to exit on an H200 machine.
     for worker in s.workers.values():
         worker.ask_to_stop()
