@@ -27,6 +27,25 @@ make_faithful()
 
 pytest_plugins = ["harness.plugin", "pytester"]
 
+# What a test's pytester runs keep imported: pytester drops every module first imported during an in-process run
+# (`runpytest_inprocess`, which many tests use to skip a fresh interpreter's imports of torch and the harness) and
+# during the test. Dropped and imported again, the harness's plan schema gets new classes its checks do not know (a
+# valid plan rejected), torch's and the kernels' modules register their ops a second time (torch raises), sympy's
+# classes stop comparing. Only what the test's runs imported from its own folder (a user's kernels and test files,
+# which the next test may write again under the same names) is dropped.
+@pytest.fixture
+def pytester(pytester, tmp_path_factory):
+    from _pytest.pytester import SysModulesSnapshot  # pytester's own snapshot, with our rule of what stays
+
+    temp = str(tmp_path_factory.getbasetemp())
+
+    def elsewhere(name: str) -> bool:
+        return not (getattr(sys.modules.get(name), "__file__", None) or "").startswith(temp)
+
+    pytester._sys_modules_snapshot = SysModulesSnapshot(preserve=elsewhere)  # restored at the test's end
+    pytester._Pytester__take_sys_modules_snapshot = lambda: SysModulesSnapshot(preserve=elsewhere)  # each run's
+    return pytester
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):

@@ -384,7 +384,7 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_GPU_TURN", str(turn))
     holder = TurnHolder(turn, reports / "rms_norm" / "results" / "cpu.json")
     holder.start()
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         "-p", "harness.plugin", "--plan", str(plan), "--bench", "-m", "bench", "-rs", "--no-report",
         "--reports-dir", str(reports), "--benchmark-json", str(pytester.path / "pb.json"), "-p", "no:cacheprovider")
     holder.run_ended.set()
@@ -442,7 +442,7 @@ def test_the_kernels_device_samples_reach_pytest_benchmark_through_its_fixture(p
             rec.speedup = {"native": Speedup(1.5, 1.4, 1.6, "faster"), "vllm": Speedup(not_run="vllm not installed")}
             store_in_pytest_benchmark(benchmark, CLOCK, Timing([1.0, 2.0, 3.0, 4.0], "cuda_events"), rec)
         """)
-    result = pytester.runpytest_subprocess("--benchmark-json", str(pytester.path / "pb.json"), "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("--benchmark-json", str(pytester.path / "pb.json"), "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     [stored] = json.loads((pytester.path / "pb.json").read_text())["benchmarks"]
     assert stored["name"] == "test_item" and stored["group"] == "decode-bf16-eager-sm90"
@@ -462,7 +462,7 @@ def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pyte
         monkeypatch.delenv(name, raising=False)
     plan = rms_norm_plan(pytester.path, hidden="[64]", extra="benchmark: {decode: [4], baselines: [native]}\n")
     reports = pytester.path / "reports"
-    result = pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
+    result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
                                            "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*Skipping non-benchmark (--benchmark-only active)*",
@@ -477,11 +477,11 @@ def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
                          extra="benchmark: {decode: [4], prefill: [512]}\n")
     common = ("-p", "harness.plugin", "--plan", str(plan), "--bench", "--collect-only", "-q", "--no-report",
               "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider")
-    by_marker = pytester.runpytest_subprocess(*common, "-m", "bench and decode and eager")
+    by_marker = pytester.runpytest_inprocess(*common, "-m", "bench and decode and eager")
     by_marker.stdout.fnmatch_lines(["*::bench[[]decode-fp32-eager-cpu-t4-hidden64[]]",
                                     "*::bench[[]decode-fp32-eager-cpu-t4-hidden128[]]",
                                     "2/* tests collected*"])
-    without = pytester.runpytest_subprocess(*common[:4], *common[5:], "-k", "bench")
+    without = pytester.runpytest_inprocess(*common[:4], *common[5:], "-k", "bench")
     without.stdout.fnmatch_lines(["*no tests collected*"])
 
 

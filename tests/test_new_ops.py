@@ -170,16 +170,6 @@ def test_rope_positions_stay_below_max_position_and_sizes_keep_their_constraints
 # ---------------------------------------------------------------- the bundled kernels pass, broken ones fail
 
 
-@pytest.mark.parametrize("plan", ["rotary_embedding", "rms_norm_static_fp8_quant",
-                                  "fused_add_rms_norm_static_fp8_quant", "silu_and_mul_quant",
-                                  "dynamic_per_token_fp8_quant", "int8_linear_column", "int8_linear_row"])
-def test_bundled_kernel_passes_on_cpu(tmp_path, plan):
-    path = narrowed(tmp_path, plan, matrix="  phase: [chunked_prefill]\n  dtype: [bf16]\n  tp: [1]\n"
-                                          "  graph_mode: [eager]\n  sm: [cpu]\n")
-    rec = run_cell(CellTask.load(path, "chunked_prefill-bf16-tp1-eager-cpu", CI)).record
-    assert rec.status == Status.PASSED, rec.reason
-
-
 BROKEN = [
     ("rotary_embedding", "tests.broken.rotary_bugs:always_gptj", "output 'query'"),
     ("rotary_embedding", "tests.broken.rotary_bugs:key_unrotated", "output 'key'"),
@@ -244,8 +234,11 @@ NEW_PLANS = ["rotary_embedding", "rms_norm_static_fp8_quant", "fused_add_rms_nor
 
 @pytest.mark.parametrize("plan", NEW_PLANS)
 def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(pytester, tmp_path, plan):
-    """Every new plan through `pytest --plan` on CPU: eager and torch_compile, tp1 and tp2 (gloo), one phase and
-    dtype, two examples a cell: the full matrix runs in the nightly job and its results are committed."""
+    """Every new plan through `pytest --plan` on CPU: eager at tp1 and tp2 (gloo: the plan's own sharding), and
+    torch_compile at tp1 (its custom op's registration, fake and opcheck), one phase and dtype, two examples a
+    cell: the full matrix runs in the nightly job and its results are committed. torch_compile at tp2 runs for
+    the row-parallel linear only (a compiled op inside ranks that all-reduce): for the others it adds no code of
+    their own to the two cells above, and cost 6-10 s a plan on a 2-core machine."""
     path = narrowed(tmp_path, plan, matrix="  phase: [chunked_prefill]\n  dtype: [bf16]\n  tp: [1, 2]\n"
                                           "  graph_mode: [eager, torch_compile]\n  sm: [cpu]\n")
     if plan in ("paged_attention", "rotary_embedding"):
@@ -261,10 +254,11 @@ def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(pytester, tm
     result = pytester.runpytest_inprocess(
         "-p", "harness.plugin", "--plan", str(path), "--examples", "2", "--plan-profile", "ci", "--reports-dir",
         str(tmp_path / "reports"), "--no-report",
-        "-k", "numerics",  # the cells: the vLLM route and engine items have tests of their own
+        # the cells: the vLLM route and engine items have tests of their own
+        "-k", "numerics" if plan == "int8_linear_row" else "numerics and not (tp2 and torch_compile)",
         "-p", "no:cacheprovider", "-q")
     assert result.ret == 0, result.stdout.str()[-3000:]
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=4 if plan == "int8_linear_row" else 3)
 
 
 def test_a_plans_own_generator_replaces_inputs_and_replays_from_the_seed(tmp_path):

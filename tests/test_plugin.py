@@ -1,4 +1,6 @@
-"""The plugin end to end: `pytest --plan` in a subprocess, as a user runs it."""
+"""The plugin end to end: `pytest --plan` as a user runs it. The runs are pytester's in this process (the cells run
+in the run's own worker processes either way; a fresh pytest process imports torch and the harness again, about
+8 s on a 2-core machine), but for a plan outside the repository, run from another folder in a process of its own."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def run_plan(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
 
     def run(plan: Path, *args: str):
-        return pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
+        return pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
                                              "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider",
                                              *args)
     return run
