@@ -463,7 +463,7 @@ def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pyte
     plan = rms_norm_plan(pytester.path, hidden="[64]", extra="benchmark: {decode: [4], baselines: [native]}\n")
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
-                                           "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
+                                          "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*Skipping non-benchmark (--benchmark-only active)*",
                                  "*SKIPPED*kernel not timed on a CPU machine*"])

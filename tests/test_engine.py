@@ -67,7 +67,7 @@ def served(tmp_path_factory):
     broken = load_plan(rms_norm_plan(tmp, kernel="weightless:weight_ignored", extra=route))
     with ThreadPoolExecutor(max_workers=2) as pool:
         pair = pool.submit(serve_with_and_without, plans, tmp / "good", False)
-        bad = pool.submit(engine.run_engine, [broken], tmp / "broken", False)
+        bad = pool.submit(engine.run_engine, [broken], tmp / "broken", False, one_process=True)  # its tokens matter
         baseline, plugged = pair.result()
         return plans, baseline, plugged, (broken, bad.result())
 

@@ -26,8 +26,8 @@ def run_plan(pytester, monkeypatch):
 
     def run(plan: Path, *args: str):
         return pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
-                                             "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider",
-                                             *args)
+                                            "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider",
+                                            *args)
     return run
 
 
@@ -93,18 +93,6 @@ def test_invalid_plan_is_a_usage_error_without_traceback(pytester, run_plan):
     err = result.stderr.str()
     assert f"invalid plan: {plan}:15: matrix.dtype[1]: expected one of fp32" in err
     assert "Traceback" not in err
-
-
-def test_xdist_workers_results_merge(pytester, run_plan):
-    # Batches of at most 256 tokens: the merge does not depend on them, and the default 8192 let a chunked-prefill
-    # example of an odd small hidden size (13) reach 4211 rows, 17 s in the interpreter.
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill, chunked_prefill]", dtype="[fp32, fp16]",
-                         numerics="{examples: 3, max_num_batched_tokens: 256}")
-    result = run_plan(plan, "-p", "xdist", "-n", "2")
-    result.assert_outcomes(passed=6)
-    results_dir = pytester.path / "reports" / "rms_norm" / "results"
-    assert sorted(p.name for p in results_dir.glob("*.json")) == ["cpu.json"]  # worker files folded in
-    assert {rec["status"] for rec in cells(pytester).values()} == {"passed"} and len(cells(pytester)) == 6
 
 
 def test_report_command_rebuilds_from_stored_results(pytester, run_plan):

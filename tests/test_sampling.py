@@ -220,8 +220,9 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
     first = read_results(results)
     assert [r["cells"] for r in first["runs"].values()] == ["every runnable cell (8)"]
 
-    sampled = run_plan(plan, "--plan-profile", "ci", "-rs", "-p", "xdist", "-n", "2")
+    sampled = run_plan(plan, "--plan-profile", "ci", "-rs", "-p", "xdist", "-n", "2", in_process=True)
     sampled.assert_outcomes(passed=4, skipped=12)  # both xdist workers pick the same sample
+    assert sorted(p.name for p in results.parent.glob("*.json")) == ["cpu.json"]  # the workers' files folded in
     out = sampled.stdout.str()
     assert "sampled out: pairwise sample of 4 of 8 runnable cells; --cells all runs it" in out
     assert summary_rows(out) == {("eager", "tp1"): {"passed": 2, "sampled out": 2, "not run here": 4},

@@ -1,6 +1,7 @@
 """Real third-party Triton kernels under the matrix on a CPU machine (tests/thirdparty/): each package's plan,
-written from its docstrings as a new user would, passes through `pytest --plan` in a subprocess, and a
-deliberately wrong adapter of the same kernel fails for its reason.
+written from its docstrings as a new user would, passes through `pytest --plan` (pytester's, in this process: the
+cells run in the run's worker processes either way), and a deliberately wrong adapter of the same kernel fails for
+its reason.
 
 These kernels are correct on an H200; on a CPU machine they run in Triton's interpreter, which as shipped fails
 them (a float argument stays a Python float, libdevice returns None, @triton.autotune needs a GPU to time its
@@ -60,9 +61,9 @@ def run_plan(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
 
     def run(plan: Path, *args: str):
-        result = pytester.runpytest_subprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
-                                               "--reports-dir", str(pytester.path / "reports"),
-                                               "-p", "no:cacheprovider", *args)
+        result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
+                                              "--reports-dir", str(pytester.path / "reports"),
+                                              "-p", "no:cacheprovider", *args)
         return result
 
     return run

@@ -1,9 +1,9 @@
 """Time limits per example, not per cell, and small reproducers after a crash.
 
-Most tests run `pytest --plan` in a subprocess on CPU, as a user does, with a kernel written into the
-test's directory (plain torch): a slow but correct one, one that hangs on one example, one that
-segfaults from a token count on (alone, or on one rank of a TP group), one that a rank imports slowly;
-and the default plan beside a CPU hog.
+Most tests run `pytest --plan` on CPU (pytester's, in this process; the cells run in the run's own worker processes,
+whose limits these are), with a kernel written into the test's directory (plain torch): a slow but correct one, one
+that hangs on one example, one that segfaults from a token count on (alone, or on one rank of a TP group), one that
+a rank imports slowly; and the default plan in a process of its own on one core beside a CPU hog.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from tests.plans import read_results, rms_norm_plan
 
@@ -77,36 +78,57 @@ if dist.is_initialized() and dist.get_rank() == 1:
 '''
 
 
-def _run(tmp_path: Path, plan: Path, *args: str, cpus: set[int] | None = None) \
+ARGS = ("--plan-profile", "ci", "--no-report", "-p", "no:cacheprovider", "-p", "no:xdist", "-q")
+
+
+def _write_kernels(folder: Path) -> None:
+    (folder / "timed_kernels.py").write_text(KERNELS)
+    (folder / "slow_import.py").write_text(SLOW_IMPORT)
+
+
+def _cells(reports: Path) -> dict:
+    results = next(reports.glob("*/results/cpu.json"), None)
+    return read_results(results)["cells"] if results else {}
+
+
+def _run(pytester, plan: Path, *args: str) -> tuple[SimpleNamespace, dict, float]:
+    """`pytest --plan plan` in pytester's folder, in this process (the cells run in the run's worker processes
+    either way; a fresh pytest process would import torch and the harness again): its exit status and output, the
+    cells of its results file, its wall time."""
+    _write_kernels(pytester.path)
+    start = time.monotonic()
+    result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--reports-dir",
+                                          str(pytester.path / "reports"), *ARGS, *args)
+    wall = time.monotonic() - start
+    outcome = SimpleNamespace(returncode=int(result.ret), stdout=result.stdout.str(), stderr=result.stderr.str())
+    return outcome, _cells(pytester.path / "reports"), wall
+
+
+def _run_on(cpus: set[int], tmp_path: Path, plan: Path, *args: str) \
         -> tuple[subprocess.CompletedProcess, dict, float]:
-    """`pytest --plan plan` in tmp_path (on `cpus` only, with its workers): the process, the cells of its results
-    file, its wall time."""
-    (tmp_path / "timed_kernels.py").write_text(KERNELS)
-    (tmp_path / "slow_import.py").write_text(SLOW_IMPORT)
+    """`pytest --plan plan` in a process of its own in tmp_path, it and its workers on `cpus` only."""
+    _write_kernels(tmp_path)
     reports = tmp_path / "reports"
-    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
-           "--reports-dir", str(reports), "--no-report", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", *args]
+    cmd = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan), "--reports-dir", str(reports),
+           *ARGS, *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "TRITON_INTERPRET": "1"}
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-                          preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
-    wall = time.monotonic() - start
-    results = next(reports.glob("*/results/cpu.json"), None)
-    cells = read_results(results)["cells"] if results else {}
-    return proc, cells, wall
+                          preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    return proc, _cells(reports), time.monotonic() - start
 
 
-def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(tmp_path):
-    plan = rms_norm_plan(tmp_path, "timed_kernels:slow", numerics="{examples: 6, timeout_s: 3}")
-    proc, cells, _ = _run(tmp_path, plan)
+def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(pytester):
+    plan = rms_norm_plan(pytester.path, "timed_kernels:slow", numerics="{examples: 6, timeout_s: 3}")
+    proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp1-eager-cpu"]
     assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
     assert cell["examples"] == 6 and cell["duration_s"] > 1.5 * 3, cell  # 6 s of kernel calls under a 3 s limit
 
 
-def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(tmp_path):
-    plan = rms_norm_plan(tmp_path, "timed_kernels:hangs_on_the_third_call", numerics="{examples: 6, timeout_s: 3}")
-    proc, cells, _ = _run(tmp_path, plan)
+def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(pytester):
+    plan = rms_norm_plan(pytester.path, "timed_kernels:hangs_on_the_third_call", numerics="{examples: 6, timeout_s: 3}")
+    proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp1-eager-cpu"]
     assert proc.returncode == 1 and cell["status"] == "failed", proc.stdout + proc.stderr
     assert cell["reason"].startswith("no example finished within 3 s (numerics.timeout_s); 2 examples had finished: "
@@ -116,10 +138,10 @@ def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(tmp_p
     assert "shrunk after the fault" not in cell["facts"]  # a hang is not replayed: each replay would cost the limit
 
 
-def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(tmp_path):
-    plan = rms_norm_plan(tmp_path, "timed_kernels:crashes_from_5_tokens", dtype="[fp32, fp16]",
+def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(pytester):
+    plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_from_5_tokens", dtype="[fp32, fp16]",
                          numerics="{examples: 10, max_num_seqs: 32, timeout_s: 60}")
-    proc, cells, wall = _run(tmp_path, plan)
+    proc, cells, wall = _run(pytester, plan)
     # The second cell of the phase starts from the example the first shrank to: one replay confirms it.
     later = cells["decode-fp16-tp1-eager-cpu"]
     assert later["minimal_example"].startswith("num_tokens=5 hidden=1 "), later
@@ -141,18 +163,18 @@ def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(tmp_p
           f"{shrunk['seconds']} s; whole run {wall:.1f} s")
 
 
-def test_a_rank_still_importing_the_kernel_is_outside_the_limit(tmp_path):
-    plan = rms_norm_plan(tmp_path, "slow_import:rms_norm", tp="[2]", extra="tp: {kind: trivial}",
+def test_a_rank_still_importing_the_kernel_is_outside_the_limit(pytester):
+    plan = rms_norm_plan(pytester.path, "slow_import:rms_norm", tp="[2]", extra="tp: {kind: trivial}",
                          numerics="{examples: 3, max_num_seqs: 8, timeout_s: 2}")
-    proc, cells, _ = _run(tmp_path, plan)
+    proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp2-eager-cpu"]
     assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
 
 
-def test_a_crash_on_one_rank_is_shrunk_in_fresh_groups(tmp_path):
-    plan = rms_norm_plan(tmp_path, "timed_kernels:crashes_on_rank_1_from_2_tokens", tp="[2]",
+def test_a_crash_on_one_rank_is_shrunk_in_fresh_groups(pytester):
+    plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_on_rank_1_from_2_tokens", tp="[2]",
                          extra="tp: {kind: trivial}", numerics="{examples: 6, max_num_seqs: 4}")
-    proc, cells, _ = _run(tmp_path, plan)
+    proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp2-eager-cpu"]
     assert cell["reason"].startswith("rank 1 of 2 was killed by SIGSEGV"), cell
     shrunk = cell["facts"]["shrunk after the fault"]
@@ -175,8 +197,8 @@ def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              preexec_fn=lambda: os.sched_setaffinity(0, core))]
     try:
-        proc, cells, wall = _run(tmp_path, plan, "--examples", "3",
-                                 "-k", "decode and eager and tp1 and cpu and (bf16 or fp32)", cpus=core)
+        proc, cells, wall = _run_on(core, tmp_path, plan, "--examples", "3",
+                                    "-k", "decode and eager and tp1 and cpu and (bf16 or fp32)")
     finally:
         for hog in hogs:
             hog.kill()
