@@ -37,7 +37,8 @@ def cells(pytester, op="rms_norm") -> dict:
 
 def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, bf16]", tp="[1, 16]",
-                         graph_mode="[eager, cuda_graph]", sm="[cpu, sm90]", numerics="{examples: 4}",
+                         graph_mode="[eager, cuda_graph]", sm="[cpu, sm90]",
+                         numerics="{examples: 4, max_num_batched_tokens: 256, prefill_tokens: [16, 64]}",
                          extra='exclude:\n  - {phase: prefill, dtype: bf16, why: "no bf16 prefill | yet"}\n'
                                'expect:\n  - {phase: decode, dtype: bf16, graph_mode: eager, why: "tracked"}\n')
     result = run_plan(plan, "-rsxX")
@@ -63,7 +64,8 @@ def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
 
 
 def test_ids_markers_k_and_junit(pytester, run_plan):
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]", numerics="{examples: 3}")
+    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
+                         numerics="{examples: 3, max_num_batched_tokens: 256, prefill_tokens: [16, 64]}")
     collected = run_plan(plan, "--collect-only", "-q").stdout.str()
     assert "plan.yaml::numerics[decode-fp16-tp1-eager-cpu]" in collected
     result = run_plan(plan, "-m", "decode and fp16", "--junitxml", "junit.xml")

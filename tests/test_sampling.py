@@ -205,7 +205,8 @@ def summary_rows(out: str) -> dict:
 def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
                          graph_mode="[eager, torch_compile]", sm="[cpu, sm90]", hidden="[64]",
-                         numerics="{examples: 2}")
+                         # prefill batches of at most 256 tokens: the interpreter's rows are what cost here
+                         numerics="{examples: 2, max_num_batched_tokens: 256, prefill_tokens: [16, 64]}")
     results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
 
     full = run_plan(plan, "--cells", "all", "--plan-profile", "ci", in_process=True)

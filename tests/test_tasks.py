@@ -47,6 +47,32 @@ def test_a_worker_runs_the_plan_it_was_handed_not_the_file(tmp_path):
     assert outcome.record.examples == 2
 
 
+def test_work_done_meanwhile_overlaps_the_call_and_its_error_waits_for_the_reply():
+    """A benchmark item's record is written while the worker runs the next item (`meanwhile`): that work runs
+    while the call is under way, and a failure there (a full disk) is raised only once the worker's reply is read,
+    so the next call gets its own reply, not the last one's."""
+    import os
+    import time
+
+    from harness.runtime.workers import Worker
+
+    worker, seen = Worker(), []
+    try:
+        worker.call(os.getpid, None, timeout_s=300)  # started and ready
+        start = time.monotonic()
+        assert worker.call(time.sleep, 1.0, timeout_s=300, meanwhile=lambda: seen.append(time.monotonic())) is None
+        assert seen and seen[0] - start < 0.5 <= time.monotonic() - start  # ran before the 1 s call ended
+
+        def disk_full():
+            raise OSError("No space left on device")
+
+        with pytest.raises(OSError, match="No space left"):
+            worker.call(os.getenv, "HARNESS_NO_SUCH_VARIABLE", timeout_s=300, meanwhile=disk_full)
+        assert worker.call(os.getpid, None, timeout_s=300) == worker.proc.pid  # in step: its own reply
+    finally:
+        worker.stop()
+
+
 def test_a_worker_asked_to_stop_ends_by_itself_while_its_caller_goes_on():
     """The run's end asks its workers to stop, writes the report while they wind down, then waits for them: the
     process exits cleanly of its own accord, and the later stop() finds it gone."""

@@ -332,7 +332,7 @@ def test_pytest_plan_runs_the_vllm_items(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     plan = small_rms_plan(tmp_path, dtype="[bf16]")
     reports = pytester.path / "reports"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(
         "-p", "harness.plugin", "--plan", str(plan), "-k", "vllm-", "--no-report", "--reports-dir", str(reports),
         "-p", "no:cacheprovider")
     result.assert_outcomes(passed=3)

@@ -1,5 +1,9 @@
 """Performance plots beside the report: GB/s against token count per implementation, one PNG per SM.
 
+One panel per graph mode and dtype; in each, a colour per implementation, a line style per size combination, and
+the copy bandwidth the run measured as the ceiling (a figure means something only beside its bound). The legend names
+each colour and style once, so it stays short however many shapes a plan times.
+
 Drawn by a run (and by `python -m harness plot`), never by the report: the page only links a plot
 that exists, so it reads the same with or without matplotlib installed.
 """
@@ -14,8 +18,9 @@ from harness.rendering.performance import plot_name
 from harness.results.merge import collect
 from harness.spec.plan import Plan
 
-COLORS = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
-STYLES = ["-", "--", ":", "-."]
+COLORS = ("tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink",
+          "tab:olive", "tab:cyan")  # the kernel red, Inductor blue, vLLM green, as before; named baselines after
+STYLES = [(ls, m) for m in ("o", "s", "^", "D", "v") for ls in ("-", "--", ":", "-.")]
 
 
 def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
@@ -23,44 +28,66 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
     try:  # optional: plots are extra, the tables in PLAN.md hold the same numbers
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
         from matplotlib.ticker import ScalarFormatter
     except ImportError:
         return []
     res = collect(plan, op_dir)
     written = []
     for sm in plan.matrix["sm"]:
-        recs = [r for _, r in res.benchmarks if r.sm == sm]
+        recs = [r for _, r in res.benchmarks if r.sm == sm and any(t.gbps is not None for t in r.impls.values())]
         if not recs:
             continue
-        lines = defaultdict(list)
-        varying = [a for a in ("phase", "dtype", "graph_mode") if len({str(getattr(r, a)) for r in recs}) > 1]
+        modes = sorted({r.graph_mode for r in recs}, key=lambda m: (m != "eager", m))  # eager on top
+        dtypes = [d for d in plan.matrix["dtype"] if any(r.dtype == d for r in recs)]
+        impls = sorted({i for r in recs for i, t in r.impls.items() if t.gbps is not None},
+                       key=lambda i: (IMPL_ORDER.index(i) if i in IMPL_ORDER else len(IMPL_ORDER), i))
+        sizes = sorted({_sizes(r) for r in recs})
+        lines, ceiling = defaultdict(list), defaultdict(set)
         for r in recs:
-            sizes = ", ".join(f"{k}={v}" for k, v in sorted(r.sizes.items()))
-            for impl, t in sorted(r.impls.items()):
-                if t.gbps is not None:
-                    key = (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else 9, impl, sizes,
-                           *(str(getattr(r, a)) for a in varying))
-                    lines[key].append((r.num_tokens, t.gbps))
-        if not lines:
-            continue
-        fig = Figure(figsize=(12, 5), dpi=100)
+            panel = (r.graph_mode, r.dtype)
+            if r.copy_bw_gbps:
+                ceiling[panel].add(r.copy_bw_gbps)
+            for impl, t in r.impls.items():
+                if t.gbps is not None:  # one line per phase: decode and prefill points are not joined
+                    lines[panel, impl, _sizes(r), r.phase].append((r.num_tokens, t.gbps))
+        fig = Figure(figsize=(4.2 * len(dtypes) + 2.4, 3.2 * len(modes) + 0.6), dpi=100)
         FigureCanvasAgg(fig)  # Agg: the same pixels on every machine with the same matplotlib
-        ax = fig.subplots()
-        variants = sorted({k[2:] for k in lines})
-        for key, points in sorted(lines.items()):
+        axes = fig.subplots(len(modes), len(dtypes), squeeze=False, sharex=True, sharey=True)
+        for (panel, impl, size, _), points in sorted(lines.items()):
+            ax = axes[modes.index(panel[0])][dtypes.index(panel[1])]
+            ls, marker = STYLES[sizes.index(size) % len(STYLES)]
             points.sort()
-            label = ", ".join(p for p in (key[1], *key[2:]) if p)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label,
-                    color=COLORS.get(key[1], "black"), linestyle=STYLES[variants.index(key[2:]) % len(STYLES)])
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"{plan.name} on {sm}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot, not over it
-        fig.tight_layout()
+            ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=ls, marker=marker, markersize=3,
+                    linewidth=1, color=COLORS[impls.index(impl) % len(COLORS)])
+        for row, mode in enumerate(modes):
+            for col, dtype in enumerate(dtypes):
+                ax = axes[row][col]
+                for bw in ceiling[mode, dtype]:
+                    ax.axhline(bw, color="black", linewidth=0.8, linestyle=(0, (1, 3)))
+                ax.set_title(f"{dtype}, {mode}", fontsize="small")
+                ax.set_xscale("log", base=2)
+                ax.xaxis.set_major_formatter(ScalarFormatter())  # 64, not 2^6
+                ax.grid(True, alpha=0.3)
+                if row == len(modes) - 1:
+                    ax.set_xlabel("tokens")
+                if col == 0:
+                    ax.set_ylabel("GB/s")
+        handles = [Line2D([], [], color=COLORS[i % len(COLORS)], label=impl) for i, impl in enumerate(impls)]
+        handles += [Line2D([], [], color="black", linestyle=STYLES[i % len(STYLES)][0],
+                           marker=STYLES[i % len(STYLES)][1], markersize=3, label=size or "one size")
+                    for i, size in enumerate(sizes)]
+        handles.append(Line2D([], [], color="black", linewidth=0.8, linestyle=(0, (1, 3)), label="copy bandwidth"))
+        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1 - 2.3 / fig.get_figwidth(), 0.95),
+                   fontsize="small", frameon=False)
+        fig.suptitle(f"{plan.name} on {sm}: GB/s against tokens")
+        fig.subplots_adjust(left=0.08, right=1 - 2.5 / fig.get_figwidth(), top=0.9, bottom=0.1, hspace=0.3,
+                            wspace=0.08)
         path = Path(op_dir) / plot_name(sm)
         fig.savefig(path, format="png", metadata={"Software": None})
         written.append(path)
     return written
+
+
+def _sizes(rec) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(rec.sizes.items()))

@@ -536,8 +536,9 @@ class Recorder:
 
     def record(self, section: str, key: str, rec: Record, defer: bool = False) -> None:
         """Add a record and rewrite the file; `defer`: rewrite it with the next record or `flush` instead, for
-        records that cost nothing to make again (a cell this machine cannot run). Rewriting the file for each of
-        the hundreds of those in a plan cost about 20 ms apiece."""
+        records that cost nothing to make again (a cell this machine cannot run; rewriting the file for each of
+        the hundreds of those in a plan cost about 20 ms apiece), and for a benchmark item's record, written while
+        the next item runs in its worker."""
         rec.run = self.run_id
         self.results.section(section)[key] = rec
         self.rendered.pop(id(rec), None)  # a record recorded again may have changed

@@ -326,16 +326,23 @@ class Worker:
         self.ready = True
         return None
 
-    def call(self, fn: Callable, task: Any, timeout_s: float) -> Any:
+    def call(self, fn: Callable, task: Any, timeout_s: float, meanwhile: Callable[[], None] | None = None) -> Any:
         """`fn(task)` in the worker (`fn()` where `task` is None): its value, or a Fault. Timed per example when `fn`
-        reports progress."""
+        reports progress. `meanwhile()` runs in this process once the call is under way (writing the last item's
+        results while the worker times the next); what it raises is raised once the call is done."""
         if self.proc is None or not self.proc.is_alive() or not self.ready:
             fault = self._start()  # outside the call's time limit
             if fault:
                 return fault
         watch = self.progress = CallProgress(timeout_s, reports_progress(fn))
+        error = None
         try:
             self.conn.send((fn, task, watch.reports))
+            if meanwhile is not None:
+                try:
+                    meanwhile()
+                except Exception as exc:  # raised once the worker's reply is read (below)
+                    error = exc
             while True:
                 if not self.conn.poll(max(0.0, watch.deadline() - time.monotonic())):
                     self.stop(kill=True)
@@ -350,6 +357,9 @@ class Worker:
             self.stop(kill=True)
             return watch.crashed(f"the worker process running this cell {describe_exit(code)}; the cell crashed "
                                  "the process (later cells run in a fresh one)")
+        finally:
+            if error is not None:  # the worker's reply is read first, so the next call starts in step
+                raise error
         value = _fault(reply)
         if getattr(value, "fatal", False):
             self.stop(kill=False)
