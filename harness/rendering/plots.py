@@ -18,8 +18,10 @@ from harness.rendering.performance import plot_name
 from harness.results.merge import collect
 from harness.spec.plan import Plan
 
-COLORS = ("tab:red", "tab:gray", "tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:pink",
-          "tab:olive", "tab:cyan")  # the kernel red, Inductor blue, vLLM green, as before; named baselines after
+# The same colour for an implementation on every page; a plan's named baselines take the others in name order.
+COLORS = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
+NAMED_COLORS = ("tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
+LEGEND_COLUMNS = 4
 STYLES = [(ls, m) for m in ("o", "s", "^", "D", "v") for ls in ("-", "--", ":", "-.")]
 
 
@@ -42,7 +44,10 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
         dtypes = [d for d in plan.matrix["dtype"] if any(r.dtype == d for r in recs)]
         impls = sorted({i for r in recs for i, t in r.impls.items() if t.gbps is not None},
                        key=lambda i: (IMPL_ORDER.index(i) if i in IMPL_ORDER else len(IMPL_ORDER), i))
-        sizes = sorted({_sizes(r) for r in recs})
+        named = [i for i in impls if i not in COLORS]
+        color = {i: COLORS.get(i) or NAMED_COLORS[named.index(i) % len(NAMED_COLORS)] for i in impls}
+        varying = sorted({k for r in recs for k, v in r.sizes.items() if len({q.sizes.get(k) for q in recs}) > 1})
+        sizes = sorted({_sizes(r, varying) for r in recs})  # named by the sizes that differ between its lines
         lines, ceiling = defaultdict(list), defaultdict(set)
         for r in recs:
             panel = (r.graph_mode, r.dtype)
@@ -50,8 +55,11 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
                 ceiling[panel].add(r.copy_bw_gbps)
             for impl, t in r.impls.items():
                 if t.gbps is not None:  # one line per phase: decode and prefill points are not joined
-                    lines[panel, impl, _sizes(r), r.phase].append((r.num_tokens, t.gbps))
-        fig = Figure(figsize=(4.2 * len(dtypes) + 2.4, 3.2 * len(modes) + 0.6), dpi=100)
+                    lines[panel, impl, _sizes(r, varying), r.phase].append((r.num_tokens, t.gbps))
+        columns = LEGEND_COLUMNS if max(map(len, sizes)) <= 30 else LEGEND_COLUMNS // 2
+        legend_rows = -(-(len(impls) + len(sizes) + 1) // columns)
+        legend_in = 0.2 + 0.2 * legend_rows  # beneath the panels: long size names need the figure's width
+        fig = Figure(figsize=(4.2 * len(dtypes) + 1.1, 3.2 * len(modes) + 0.6 + legend_in), dpi=100)
         FigureCanvasAgg(fig)  # Agg: the same pixels on every machine with the same matplotlib
         axes = fig.subplots(len(modes), len(dtypes), squeeze=False, sharex=True, sharey=True)
         for (panel, impl, size, _), points in sorted(lines.items()):
@@ -59,7 +67,7 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
             ls, marker = STYLES[sizes.index(size) % len(STYLES)]
             points.sort()
             ax.plot([p[0] for p in points], [p[1] for p in points], linestyle=ls, marker=marker, markersize=3,
-                    linewidth=1, color=COLORS[impls.index(impl) % len(COLORS)])
+                    linewidth=1, color=color[impl])
         for row, mode in enumerate(modes):
             for col, dtype in enumerate(dtypes):
                 ax = axes[row][col]
@@ -73,21 +81,21 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
                     ax.set_xlabel("tokens")
                 if col == 0:
                     ax.set_ylabel("GB/s")
-        handles = [Line2D([], [], color=COLORS[i % len(COLORS)], label=impl) for i, impl in enumerate(impls)]
+        handles = [Line2D([], [], color=color[impl], label=impl) for impl in impls]
         handles += [Line2D([], [], color="black", linestyle=STYLES[i % len(STYLES)][0],
                            marker=STYLES[i % len(STYLES)][1], markersize=3, label=size or "one size")
                     for i, size in enumerate(sizes)]
         handles.append(Line2D([], [], color="black", linewidth=0.8, linestyle=(0, (1, 3)), label="copy bandwidth"))
-        fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(1 - 2.3 / fig.get_figwidth(), 0.95),
-                   fontsize="small", frameon=False)
+        fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize="small", frameon=False)
+        height = fig.get_figheight()
         fig.suptitle(f"{plan.name} on {sm}: GB/s against tokens")
-        fig.subplots_adjust(left=0.08, right=1 - 2.5 / fig.get_figwidth(), top=0.9, bottom=0.1, hspace=0.3,
-                            wspace=0.08)
+        fig.subplots_adjust(left=0.9 / fig.get_figwidth(), right=1 - 0.2 / fig.get_figwidth(), top=1 - 0.6 / height,
+                            bottom=(legend_in + 0.55) / height, hspace=0.3, wspace=0.08)
         path = Path(op_dir) / plot_name(sm)
         fig.savefig(path, format="png", metadata={"Software": None})
         written.append(path)
     return written
 
 
-def _sizes(rec) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(rec.sizes.items()))
+def _sizes(rec, keys: list[str]) -> str:
+    return ", ".join(f"{k}={rec.sizes[k]}" for k in keys if k in rec.sizes)
