@@ -39,8 +39,7 @@ SELECTION = ("--cells", "all", "-k", "decode")
 
 
 def _importable(package: str) -> str:
-    """'' when the package imports, else why not. Imported here, at collection: a test using pytester gets
-    sys.modules restored after it, and torch's modules imported inside one would register twice."""
+    """'' when the package imports, else why not (at collection: a missing package skips its plans' tests)."""
     try:
         importlib.import_module(package)
         return ""
