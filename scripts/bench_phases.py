@@ -77,7 +77,9 @@ def instrument() -> None:
             if not state["first"]:
                 return fn(*args, **kwargs)
             state["first"] = False
-            return clocked(fn, lambda *a, **k: "compile (first call)")(*args, **kwargs)
+            # Inside a timing (its first call) it is a step of that timing, not a phase beside it: counted once.
+            return clocked(fn, lambda *a, **k: f"  {context[-1]}: compile (first call)" if context
+                           else "compile (first call)")(*args, **kwargs)
         call.clocked = True
         hb._compiled[(reference, shape)] = call  # later items of the shape get this one
         return call
