@@ -21,6 +21,11 @@ FUNCTIONAL_ARGS = """\
   outputs: [y]"""
 
 
+# Batches of at most 256 tokens, prefills of 16 to 64: for tests whose prefill cells check the harness, not the
+# kernel's numbers (the default 8192 drew thousands of rows, seconds each in Triton's interpreter).
+SMALL_BATCHES = "max_num_batched_tokens: 256, prefill_tokens: [16, 64]"
+
+
 def rms_norm_plan(tmp_path: Path, kernel: str = "kernels.rms_norm:rms_norm", *, functional: bool = False,
                   phase="[decode]", dtype="[fp32]", tp="[1]", graph_mode="[eager]", sm="[cpu]",
                   hidden="[64, 128]", extra: str = "", numerics: str = "{examples: 20}",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.plans import read_results as load
-from tests.plans import rms_norm_plan
+from tests.plans import SMALL_BATCHES, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def cells(pytester, op="rms_norm") -> dict:
 def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, bf16]", tp="[1, 16]",
                          graph_mode="[eager, cuda_graph]", sm="[cpu, sm90]",
-                         numerics="{examples: 4, max_num_batched_tokens: 256, prefill_tokens: [16, 64]}",
+                         numerics=f"{{examples: 4, {SMALL_BATCHES}}}",
                          extra='exclude:\n  - {phase: prefill, dtype: bf16, why: "no bf16 prefill | yet"}\n'
                                'expect:\n  - {phase: decode, dtype: bf16, graph_mode: eager, why: "tracked"}\n')
     result = run_plan(plan, "-rsxX")
@@ -65,7 +65,7 @@ def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
 
 def test_ids_markers_k_and_junit(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
-                         numerics="{examples: 3, max_num_batched_tokens: 256, prefill_tokens: [16, 64]}")
+                         numerics=f"{{examples: 3, {SMALL_BATCHES}}}")
     collected = run_plan(plan, "--collect-only", "-q").stdout.str()
     assert "plan.yaml::numerics[decode-fp16-tp1-eager-cpu]" in collected
     result = run_plan(plan, "-m", "decode and fp16", "--junitxml", "junit.xml")

@@ -21,7 +21,7 @@ from harness.results.store import CellRecord, Provenance, Recorder, Status, writ
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.plugin.session import cells_summary
-from tests.plans import read_results, rms_norm_plan
+from tests.plans import SMALL_BATCHES, read_results, rms_norm_plan
 from tests.test_report import cell, machine, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,8 +205,7 @@ def summary_rows(out: str) -> dict:
 def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
                          graph_mode="[eager, torch_compile]", sm="[cpu, sm90]", hidden="[64]",
-                         # prefill batches of at most 256 tokens: the interpreter's rows are what cost here
-                         numerics="{examples: 2, max_num_batched_tokens: 256, prefill_tokens: [16, 64]}")
+                         numerics=f"{{examples: 2, {SMALL_BATCHES}}}")
     results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
 
     full = run_plan(plan, "--cells", "all", "--plan-profile", "ci", in_process=True)

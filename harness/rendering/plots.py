@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from harness.decisions.speedups import IMPL_ORDER
+from harness.decisions.speedups import impl_order
 from harness.rendering.performance import plot_name
 from harness.results.merge import collect
 from harness.spec.plan import Plan
@@ -42,8 +42,7 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
             continue
         modes = sorted({r.graph_mode for r in recs}, key=lambda m: (m != "eager", m))  # eager on top
         dtypes = [d for d in plan.matrix["dtype"] if any(r.dtype == d for r in recs)]
-        impls = sorted({i for r in recs for i, t in r.impls.items() if t.gbps is not None},
-                       key=lambda i: (IMPL_ORDER.index(i) if i in IMPL_ORDER else len(IMPL_ORDER), i))
+        impls = sorted({i for r in recs for i, t in r.impls.items() if t.gbps is not None}, key=impl_order)
         named = [i for i in impls if i not in COLORS]
         color = {i: COLORS.get(i) or NAMED_COLORS[named.index(i) % len(NAMED_COLORS)] for i in impls}
         varying = sorted({k for r in recs for k, v in r.sizes.items() if len({q.sizes.get(k) for q in recs}) > 1})

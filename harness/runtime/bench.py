@@ -32,6 +32,7 @@ and compares them (`--benchmark-autosave`, `--benchmark-compare`, `--benchmark-c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import itertools
@@ -323,6 +324,7 @@ def compiled_reference(reference: Callable, shape: tuple) -> Callable:
     return _compiled[key]
 
 
+@functools.cache  # once per process
 def _without_guard_latency_probe() -> None:
     """Dynamo times each new compile's guards for its logs (guards.profile_guard_manager, after flushing the CPU's
     caches; no setting turns it off): 21 ms a compile on an H200 machine, 1.7 s of plan.yaml's 84 shapes. Nothing
