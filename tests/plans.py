@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 OUT_PARAM_ARGS = """\
@@ -20,6 +21,12 @@ FUNCTIONAL_ARGS = """\
     eps: 1.0e-6
   outputs: [y]"""
 
+
+# The plans here name the `cpu` SM: on a GPU machine their cells are not run (needs cpu; the machine is sm90), so a
+# test asserting what such a run did, or what a CPU machine reports, is a CPU machine's test. A GPU machine's own
+# answers are checked by tests/test_gpu_checks.py and by the nightly matrix on the bundled plans.
+cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(),
+                                      reason="runs `sm: [cpu]` cells, which a GPU machine does not run")
 
 # Batches of at most 256 tokens, prefills of 16 to 64: for tests whose prefill cells check the harness, not the
 # kernel's numbers (the default 8192 drew thousands of rows, seconds each in Triton's interpreter).

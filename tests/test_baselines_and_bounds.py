@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.decisions import bounds
 from harness.results.store import BenchRecord, ImplFigures
@@ -17,7 +18,7 @@ from harness.runtime.resolve import resolve
 from harness.runtime.tasks import BenchTask
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
-from tests.plans import rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_plan
 from tests.test_report import bench as bench_record, decision_rows, passed_sm90, render, section, small_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,8 +109,11 @@ def test_the_int8_plans_time_native_and_cublas_in_the_activation_dtype_and_say_w
     for name in ("native", "cublas"):
         assert rec.impls[name].timed and rec.impls[name].differs is None, (name, rec.impls[name])
     assert rec.timed_functions["native"] == plan.native
-    assert rec.impls["machete"].not_run == ("raised RuntimeError: vLLM's machete_prepack_B runs on a CUDA GPU; this "
-                                            "machine has none")
+    if torch.cuda.is_available():  # machete packs weights of 128-multiples only: these 64s are refused, and why
+        assert rec.impls["machete"].not_run.startswith("raised RuntimeError: "), rec.impls["machete"]
+    else:
+        assert rec.impls["machete"].not_run == ("raised RuntimeError: vLLM's machete_prepack_B runs on a CUDA GPU; "
+                                                "this machine has none")
 
 
 def test_machete_gets_the_weights_as_a_gptq_8bit_checkpoint_packs_them():
@@ -166,6 +170,7 @@ def test_a_call_that_mostly_reads_may_beat_the_copy_bandwidth_but_not_the_read_b
 
 
 
+@cpu_machine_only
 def test_the_read_probe_reads_every_element_once_and_a_cpu_machine_measures_none():
     """The read-bandwidth probe's kernel (run here in Triton's interpreter): every element read once, a ragged last
     block masked; on a CPU machine no read bandwidth is measured and bounds rest on the copy bandwidth."""

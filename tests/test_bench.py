@@ -26,7 +26,7 @@ from harness.results.store import ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing
 
-from tests.plans import rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_plan
 from tests.test_report import bench as bench_record, passed_sm90
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,6 +178,7 @@ def test_skip_reasons(tmp_path):
     assert "does not list sm89" in bench.skip_reason(plan, sm89, Hardware("sm89", "cuda", "L4", 1, 8))
 
 
+@cpu_machine_only
 def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native, vllm]}\n"))
     impls = bench.implementations(plan, "cpu")
@@ -210,6 +211,7 @@ def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run
     assert set(rec.impls) == set(spec.impls) and set(rec.speedup) == set(spec.impls[1:])
 
 
+@cpu_machine_only
 def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
     """The reference wrapped in kernel style: timed with the host clock and checked against the reference, like
     native and compiled; the missing one is recorded as not run; the kernel itself is not timed on a CPU."""
@@ -372,6 +374,7 @@ class TurnHolder(threading.Thread):
         self.file.close()
 
 
+@cpu_machine_only
 def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
@@ -454,6 +457,7 @@ def test_the_kernels_device_samples_reach_pytest_benchmark_through_its_fixture(p
                                     "bound_us": None, "pct_of_bound": None}
 
 
+@cpu_machine_only
 def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pytester, monkeypatch):
     """pytest-benchmark's --benchmark-only (and --benchmark-skip) select by the `benchmark` fixture a bench item
     requests; a cell skipped that way is not run and not recorded."""
@@ -471,6 +475,7 @@ def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pyte
     assert not results.get("cells") and set(results["benchmarks"]) == {"decode-fp32-eager-cpu-t4-hidden64"}
 
 
+@cpu_machine_only
 def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", graph_mode="[eager, cuda_graph]",
@@ -644,6 +649,7 @@ def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tm
 # ---------------------------------------------------------------- timings shared between the plans of one run
 
 
+@cpu_machine_only
 def test_a_later_plan_takes_the_timing_an_earlier_plan_made_of_the_same_call_on_the_same_inputs(tmp_path,
                                                                                             monkeypatch):
     """As the nightly runs them (HARNESS_SHARED_TIMINGS): a second plan with the first one's reference and arguments,

@@ -19,7 +19,7 @@ from harness.integration.engine import EngineRun, compare_greedy, engine_problem
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.load import load_plan
 from harness.spec.vllm_fusions import FUSION_CASES, fusion_profiles
-from tests.plans import rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
@@ -140,6 +140,7 @@ def test_two_plugins_for_one_layer_cannot_share_an_engine():
     assert custom_ops == ("+SiluAndMul",)
 
 
+@cpu_machine_only
 def test_without_vllm_the_engine_and_fusion_items_are_not_run(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makeconftest("import sys\nsys.modules['vllm'] = None  # as if vllm were not installed\n")

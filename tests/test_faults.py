@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.plans import cpu_machine_only
 from tests.plans import read_results as load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +25,7 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
 
 
+@cpu_machine_only
 def test_crash_and_hang_fail_their_cells_and_the_rest_still_runs(tmp_path):
     plan = tmp_path / "faulty_plan.yaml"
     plan.write_text(FAULTY_PLAN.read_text().replace("phase: [decode, prefill]", "phase: [decode]")
@@ -88,6 +90,7 @@ def _wait_for_cells(results: Path, n: int, proc: subprocess.Popen, timeout: floa
     raise AssertionError("no cell finished in time")
 
 
+@cpu_machine_only
 def test_sigkill_of_the_whole_run_keeps_finished_cells(tmp_path):
     reports = tmp_path / "reports"
     results = reports / "rms_norm" / "results" / "cpu.json"
@@ -107,6 +110,7 @@ def test_sigkill_of_the_whole_run_keeps_finished_cells(tmp_path):
     assert (reports / "rms_norm" / "PLAN.md").exists()
 
 
+@cpu_machine_only
 def test_sigterm_keeps_results_writes_report_and_leaves_no_workers(tmp_path):
     reports = tmp_path / "reports"
     results = reports / "rms_norm" / "results" / "cpu.json"

@@ -18,6 +18,7 @@ from harness.spec.plan import PlanError
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
+from tests.plans import cpu_machine_only
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -232,6 +233,7 @@ NEW_PLANS = ["rotary_embedding", "rms_norm_static_fp8_quant", "fused_add_rms_nor
              "paged_attention"]
 
 
+@cpu_machine_only
 @pytest.mark.parametrize("plan", NEW_PLANS)
 def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(pytester, tmp_path, plan):
     """Every new plan through `pytest --plan` on CPU: eager at tp1 and tp2 (gloo: the plan's own sharding), and

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.plans import read_results as load
-from tests.plans import SMALL_BATCHES, rms_norm_plan
+from tests.plans import SMALL_BATCHES, cpu_machine_only, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +35,7 @@ def cells(pytester, op="rms_norm") -> dict:
     return load(pytester.path / "reports" / op / "results" / "cpu.json")["cells"]
 
 
+@cpu_machine_only
 def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, bf16]", tp="[1, 16]",
                          graph_mode="[eager, cuda_graph]", sm="[cpu, sm90]",
@@ -63,6 +64,7 @@ def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
     assert (pytester.path / "reports" / "rms_norm" / "PLAN.md").exists()
 
 
+@cpu_machine_only
 def test_ids_markers_k_and_junit(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
                          numerics=f"{{examples: 3, {SMALL_BATCHES}}}")
@@ -75,6 +77,7 @@ def test_ids_markers_k_and_junit(pytester, run_plan):
     run_plan(plan, "-k", "prefill-fp32").assert_outcomes(passed=1)
 
 
+@cpu_machine_only
 def test_failure_shows_minimal_example_and_repro_command(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, "tests.broken.rms_norm_bugs:tail_rows_dropped", numerics="{examples: 20}")
     result = run_plan(plan)
@@ -97,6 +100,7 @@ def test_invalid_plan_is_a_usage_error_without_traceback(pytester, run_plan):
     assert "Traceback" not in err
 
 
+@cpu_machine_only
 def test_report_command_rebuilds_from_stored_results(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, numerics="{examples: 3}")
     run_plan(plan).assert_outcomes(passed=1)
@@ -113,6 +117,7 @@ def test_report_command_rebuilds_from_stored_results(pytester, run_plan):
     assert "decode-fp32-tp1-eager-cpu" in json.dumps(cells(pytester))
 
 
+@cpu_machine_only
 def test_a_plan_outside_the_repository_imports_from_its_own_folder_and_its_reproduce_command_runs_as_printed(
         tmp_path):
     """A user's plan beside a module of their own, run from another folder with the installed plugin: the plan's

@@ -21,7 +21,7 @@ from harness.results.store import CellRecord, Provenance, Recorder, Status, writ
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.plugin.session import cells_summary
-from tests.plans import SMALL_BATCHES, read_results, rms_norm_plan
+from tests.plans import SMALL_BATCHES, cpu_machine_only, read_results, rms_norm_plan
 from tests.test_report import cell, machine, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,6 +202,7 @@ def summary_rows(out: str) -> dict:
     return summary_table(out.split(" rms_norm: numerics cells ")[1].splitlines()[1:])
 
 
+@cpu_machine_only
 def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, run_plan):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
                          graph_mode="[eager, torch_compile]", sm="[cpu, sm90]", hidden="[64]",
@@ -249,6 +250,7 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
     assert read_results(results)["cells"][left_out]["run"] not in new_runs
 
 
+@cpu_machine_only
 def test_the_profile_sets_the_default_and_cells_overrides_it(pytester, run_plan, monkeypatch):
     plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
                          graph_mode="[eager, torch_compile]")

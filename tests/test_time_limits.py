@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.plans import read_results, rms_norm_plan
+from tests.plans import cpu_machine_only, read_results, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,6 +118,7 @@ def _run_on(cpus: set[int], tmp_path: Path, plan: Path, *args: str) \
     return proc, _cells(reports), time.monotonic() - start
 
 
+@cpu_machine_only
 def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(pytester):
     plan = rms_norm_plan(pytester.path, "timed_kernels:slow", numerics="{examples: 6, timeout_s: 3}")
     proc, cells, _ = _run(pytester, plan)
@@ -126,6 +127,7 @@ def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(pytes
     assert cell["examples"] == 6 and cell["duration_s"] > 1.5 * 3, cell  # 6 s of kernel calls under a 3 s limit
 
 
+@cpu_machine_only
 def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(pytester):
     plan = rms_norm_plan(pytester.path, "timed_kernels:hangs_on_the_third_call", numerics="{examples: 6, timeout_s: 3}")
     proc, cells, _ = _run(pytester, plan)
@@ -138,6 +140,7 @@ def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(pytes
     assert "shrunk after the fault" not in cell["facts"]  # a hang is not replayed: each replay would cost the limit
 
 
+@cpu_machine_only
 def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(pytester):
     plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_from_5_tokens", dtype="[fp32, fp16]",
                          numerics="{examples: 10, max_num_seqs: 32, timeout_s: 60}")
@@ -163,6 +166,7 @@ def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(pytes
           f"{shrunk['seconds']} s; whole run {wall:.1f} s")
 
 
+@cpu_machine_only
 def test_a_rank_still_importing_the_kernel_is_outside_the_limit(pytester):
     plan = rms_norm_plan(pytester.path, "slow_import:rms_norm", tp="[2]", extra="tp: {kind: trivial}",
                          numerics="{examples: 3, max_num_seqs: 8, timeout_s: 2}")
@@ -171,6 +175,7 @@ def test_a_rank_still_importing_the_kernel_is_outside_the_limit(pytester):
     assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
 
 
+@cpu_machine_only
 def test_a_crash_on_one_rank_is_shrunk_in_fresh_groups(pytester):
     plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_on_rank_1_from_2_tokens", tp="[2]",
                          extra="tp: {kind: trivial}", numerics="{examples: 6, max_num_seqs: 4}")
@@ -183,6 +188,7 @@ def test_a_crash_on_one_rank_is_shrunk_in_fresh_groups(pytester):
     assert cell["facts"]["worker_starts"] == 1  # the group that ran the cell; replays restart it as they need
 
 
+@cpu_machine_only
 def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
     """The run and its workers on one core, which a spinning process keeps busy: worker start and imports are slow,
     each example slower; a correct kernel still passes. The plan is the bundled one with a 10 s limit instead of

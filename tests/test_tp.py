@@ -22,7 +22,7 @@ from harness.spec.matrix import Cell
 from harness.runtime.numerics import Mismatch
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
-from tests.plans import rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SILU_PLAN = ROOT / "kernels" / "plans" / "silu_and_mul.yaml"
@@ -340,6 +340,7 @@ def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytes
     assert fine["facts"]["worker_starts"] == 3  # a fresh group after the hang and after the raise
 
 
+@cpu_machine_only
 def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monkeypatch):
     from harness.runtime.runner import RunSettings
     from harness.runtime.tasks import CellTask

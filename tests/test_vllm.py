@@ -29,7 +29,7 @@ from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provid
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
-from tests.plans import rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS_PLAN = ROOT / "plan.yaml"
@@ -64,6 +64,7 @@ def cell(dtype="bf16", phase="decode") -> Cell:
 @pytest.fixture
 def no_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now fails as if it were not installed
+    monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)  # nor its kernels named on their own
 
 
 def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
@@ -74,6 +75,7 @@ def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
         assert integration.why_not_runnable(plan, route) == "vllm not installed"
 
 
+@cpu_machine_only
 def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     pytester.makeconftest("import sys\nsys.modules['vllm'] = None  # as if vllm were not installed\n")
@@ -92,6 +94,7 @@ def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, monkeypatch
                                                                               "decode", "bf16"), rec
 
 
+@cpu_machine_only
 def test_integration_items_per_route_phase_and_dtype_only_for_plans_naming_a_vllm_op(pytester):
     pytester.makeconftest("pytest_plugins = ['harness.plugin']")
     common = ("--collect-only", "-q", "--no-report", "-p", "no:cacheprovider")

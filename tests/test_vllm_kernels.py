@@ -28,6 +28,7 @@ from harness.runtime.tasks import CellTask
 from harness.runtime.vllm_kernels import compiled_op, schema_problem, vllm_kernel
 from harness.spec.vllm_ops import baseline_unsupported, unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
+from tests.plans import cpu_machine_only
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -218,6 +219,7 @@ def test_no_vllm_integration_items_for_vllms_own_kernel(pytester):
     ("/nonexistent/_C_stable_libtorch.abi3.so", "the vLLM ops library /nonexistent/_C_stable_libtorch.abi3.so could "
                                                 "not be loaded (OSError: "),
 ])
+@cpu_machine_only
 def test_cells_are_not_run_where_vllms_kernels_cannot_be_loaded(pytester, monkeypatch, library, reason):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)
@@ -260,6 +262,7 @@ def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
     assert rec.passing.examples > 0 and rec.passing.alignments == {"hidden": [16]}, rec.passing
 
 
+@cpu_machine_only
 def test_worker_and_tp_cells_are_not_run_where_the_named_library_cannot_load(pytester, monkeypatch):
     """In the isolated worker and on every rank of a TP group alike: not run, with the loading reason."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))

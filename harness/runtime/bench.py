@@ -340,8 +340,10 @@ PRECOMPILE_PROCESSES = 8
 PRECOMPILE_TIMEOUT_S = 300.0
 
 
-def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
-    """One shape's compiled reference and kernel, compiled and run once (in a precompile process)."""
+def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> str | None:
+    """One shape's compiled reference and kernel, compiled and run once (in a precompile process). Returns what
+    raised, in one line (None: it compiled): the exception itself need not pickle back to the pool's owner (on an
+    H200, Dynamo's error for a raising reference held a module, and the pool reported only that)."""
     values = input_sets(plan, spec, device)[0]
     try:
         if "compiled" in plan.benchmark.baselines:
@@ -349,6 +351,9 @@ def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
         if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
             kernel_call(plan, load_kernel(plan))(values)
             torch.cuda.synchronize()
+        return None
+    except Exception as error:
+        return first_line(error)
     finally:
         del values
         if device == "cuda":  # a process compiles many shapes: what one kept cached would starve the others
@@ -356,10 +361,11 @@ def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> None:
 
 
 def _compile_in(pool, tasks: list[tuple[Plan, BenchSpec]], device: str) -> tuple[list, bool]:
-    """Each task's exception (None: it compiled) in `pool`, in task order, and whether a shape hung (the pool's
-    processes are then killed)."""
+    """What each task raised, in one line (None: it compiled) in `pool`, in task order, and whether a shape hung (the
+    pool's processes are then killed)."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
+    outcome = lambda f: first_line(f.exception()) if f.exception() else f.result()  # raised: the process died
     futures = [pool.submit(_precompile_shape, plan, spec, device) for plan, spec in tasks]
     pending = set(futures)
     while pending:
@@ -367,8 +373,8 @@ def _compile_in(pool, tasks: list[tuple[Plan, BenchSpec]], device: str) -> tuple
         if not done:  # a kernel that hangs: the executor has no public way to end a running task
             for proc in list((getattr(pool, "_processes", None) or {}).values()):
                 proc.kill()
-            return [f.exception() if f.done() else TimeoutError("still compiling") for f in futures], True
-    return [f.exception() for f in futures], False
+            return [outcome(f) if f.done() else "TimeoutError: still compiling" for f in futures], True
+    return [outcome(f) for f in futures], False
 
 
 def precompile(plan: Plan, specs: list[BenchSpec], device: str = "cuda",
@@ -451,7 +457,7 @@ def precompile_plans(work: list[tuple[Plan, list[BenchSpec]]], device: str = "cu
             stamp.parent.mkdir(parents=True, exist_ok=True)
             stamp.write_text(f"{plan.path}: {len(shapes)} shapes\n")
         else:
-            lines[index] += f"; left to their items, the first failing with {first_line(next(filter(None, mine)))}"
+            lines[index] += f"; left to their items, the first failing with {next(filter(None, mine))}"
     return lines
 
 
