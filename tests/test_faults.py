@@ -29,7 +29,7 @@ def _env() -> dict:
 def test_crash_and_hang_fail_their_cells_and_the_rest_still_runs(tmp_path):
     plan = tmp_path / "faulty_plan.yaml"
     plan.write_text(FAULTY_PLAN.read_text().replace("phase: [decode, prefill]", "phase: [decode]")
-                    .replace("timeout_s: 40", "timeout_s: 15"))  # the hung cell waits out all of it
+                    .replace("timeout_s: 40", "timeout_s: 8"))  # the hung cell spins a core for all of it
     reports = tmp_path / "reports"
     proc = subprocess.run(_pytest(plan, reports, "-q"), cwd=tmp_path, env=_env(), capture_output=True, text=True,
                           timeout=600)
@@ -39,10 +39,10 @@ def test_crash_and_hang_fail_their_cells_and_the_rest_still_runs(tmp_path):
     assert crash["status"] == "failed"
     # Under the interpreter the far read is a segfault (the worker dies) or junk (a wrong result).
     assert "killed by SIGSEGV" in crash["reason"] or "output 'out'" in crash["reason"], crash["reason"]
-    assert hang["status"] == "failed" and "no example finished within 15 s (numerics.timeout_s)" in hang["reason"]
+    assert hang["status"] == "failed" and "no example finished within 8 s (numerics.timeout_s)" in hang["reason"]
     assert ok["status"] == "passed", ok["reason"]
     report = (reports / "faulty_rms_norm" / "PLAN.md").read_text()
-    assert "no example finished within 15 s" in report
+    assert "no example finished within 8 s" in report
     assert "2 failed, 1 passed" in proc.stdout
 
 

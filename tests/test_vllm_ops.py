@@ -85,19 +85,21 @@ def test_a_route_the_harness_does_not_drive_says_why():
     assert "fusion" in unsupported(plan)
 
 
-_AGAINST_VLLM = r"""
-import json, sys
+_IN_VLLM = r"""
+import importlib.util, json, os, sys, traceback
 import torch
 from vllm import ir
 from vllm.model_executor.custom_op import CustomOp, op_registry
 from vllm.model_executor.layers.linear import LinearBase
 from harness.runtime.resolve import import_object
 from harness.spec.load import load_plan
+
+pairs = json.loads(sys.argv[1])  # [plan path, rendered plugin path]
 dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-out = {}
-for path in sys.argv[1:]:
-    v = load_plan(path).vllm
-    layer = import_object(v.layer)
+registries = {}
+for plan_path, _ in pairs:  # vLLM's own names, before any plugin registered
+    v = load_plan(plan_path).vllm
+    layer = import_object(v.layer)  # vLLM and the layer the plugin replaces, imported once
     entry = {"custom_op": v.custom_op is None or op_registry.get(v.custom_op) in [c for c in layer.__mro__],
              "is_custom_op": issubclass(layer, CustomOp), "is_linear": issubclass(layer, LinearBase),
              "ir_op": v.ir_op is None or hasattr(ir.ops, v.ir_op), "tolerance": {}, "providers": []}
@@ -106,41 +108,8 @@ for path in sys.argv[1:]:
         for dt, t in dtypes.items():
             tol = getattr(ir.ops, v.ir_op).get_tolerance(t)
             entry["tolerance"][dt] = [float(tol["atol"]), float(tol["rtol"])]
-    out[path] = entry
-print(json.dumps(out))
-"""
-
-
-@needs_vllm
-def test_the_plans_names_match_vllms_own_registries():
-    """CustomOp registry names, IR ops, in-tree providers and IR tolerances as vLLM itself has them (a fresh process:
-    vLLM's import registers ops this process's tests also define)."""
-    paths = [str(p) for p in DRIVEN]
-    proc = subprocess.run([sys.executable, "-c", _AGAINST_VLLM, *paths], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    for path in paths:
-        plan, entry = load_plan(path), seen[path]
-        assert entry["custom_op"], f"{path}: {plan.vllm.custom_op} is not {plan.vllm.layer}'s"
-        assert entry["is_linear"] if plan.vllm.route == "quantization" else entry["is_custom_op"], entry
-        assert entry["ir_op"], f"{path}: vLLM has no vllm.ir.ops.{plan.vllm.ir_op}"
-        assert not plan.vllm.in_tree_provider or plan.vllm.in_tree_provider in entry["providers"], entry
-        for dt, (atol, rtol) in entry["tolerance"].items():
-            mine = tolerance_for(plan, dt)
-            assert (mine.atol, mine.rtol) == pytest.approx((atol, rtol)), f"{path} {dt}: vLLM IR says {atol}/{rtol}"
-
-
-_REGISTER_EACH = r"""
-import importlib.util, json, os, sys, traceback
-import torch
-from harness.runtime.resolve import import_object
-from harness.spec.load import load_plan
-
-pairs = json.loads(sys.argv[1])  # [plan path, rendered plugin path]
-for plan_path, _ in pairs:
-    import_object(load_plan(plan_path).vllm.layer)  # vLLM and the layer the plugin replaces, imported once
-out = {}
+    registries[plan_path] = entry
+registrations = {}
 for plan_path, plugin_path in pairs:
     read, write = os.pipe()
     pid = os.fork()
@@ -163,23 +132,23 @@ for plan_path, plugin_path in pairs:
     with os.fdopen(read) as pipe:
         message = pipe.read()
     _, status = os.waitpid(pid, 0)
-    out[plan_path] = [os.waitstatus_to_exitcode(status), message]
-print(json.dumps(out))
+    registrations[plan_path] = [os.waitstatus_to_exitcode(status), message]
+print(json.dumps({"registries": registries, "registrations": registrations}))
 """
 
 
 @pytest.fixture(scope="module")
-def registrations(tmp_path_factory) -> dict:
-    """Per bundled plan, its rendered plugin loaded and registered twice (as vLLM's plugin loader may call it) in a
-    process of its own where vLLM is imported and no other plugin registered: (exit status, "ok" or the traceback).
-    One process imports vLLM and the layers once (12 s on a 2-core CPU machine, paid per plan when each plugin had a
-    fresh interpreter) and forks a child per plugin."""
+def in_vllm(tmp_path_factory) -> dict:
+    """A process of its own where vLLM is imported (this process's tests define ops vLLM's import registers too) and
+    no plugin registered: vLLM's registries as it has them, and per bundled plan its rendered plugin loaded and
+    registered twice (as vLLM's plugin loader may call it) in a child forked for it: (exit status, "ok" or the
+    traceback). One process imports vLLM and the layers once for both (12 s on a 2-core CPU machine each time)."""
     tmp = tmp_path_factory.mktemp("plugins")
     pairs = []
     for i, plan_path in enumerate(DRIVEN):
         (tmp / f"plugin{i}.py").write_text(render_plugin(load_plan(plan_path)))
         pairs.append([str(plan_path), str(tmp / f"plugin{i}.py")])
-    proc = subprocess.run([sys.executable, "-c", _REGISTER_EACH, json.dumps(pairs)], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _IN_VLLM, json.dumps(pairs)], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -187,7 +156,22 @@ def registrations(tmp_path_factory) -> dict:
 
 @needs_vllm
 @pytest.mark.xdist_group("vllm_plugins")  # one worker under --dist loadgroup: the fixture's process starts once
+def test_the_plans_names_match_vllms_own_registries(in_vllm):
+    """CustomOp registry names, IR ops, in-tree providers and IR tolerances as vLLM itself has them."""
+    for path in map(str, DRIVEN):
+        plan, entry = load_plan(path), in_vllm["registries"][path]
+        assert entry["custom_op"], f"{path}: {plan.vllm.custom_op} is not {plan.vllm.layer}'s"
+        assert entry["is_linear"] if plan.vllm.route == "quantization" else entry["is_custom_op"], entry
+        assert entry["ir_op"], f"{path}: vLLM has no vllm.ir.ops.{plan.vllm.ir_op}"
+        assert not plan.vllm.in_tree_provider or plan.vllm.in_tree_provider in entry["providers"], entry
+        for dt, (atol, rtol) in entry["tolerance"].items():
+            mine = tolerance_for(plan, dt)
+            assert (mine.atol, mine.rtol) == pytest.approx((atol, rtol)), f"{path} {dt}: vLLM IR says {atol}/{rtol}"
+
+
+@needs_vllm
+@pytest.mark.xdist_group("vllm_plugins")  # one worker under --dist loadgroup: the fixture's process starts once
 @pytest.mark.parametrize("plan_path", DRIVEN, ids=lambda p: p.stem)
-def test_bundled_plugin_imports_and_registers_with_vllm(plan_path, registrations):
-    status, message = registrations[str(plan_path)]
+def test_bundled_plugin_imports_and_registers_with_vllm(plan_path, in_vllm):
+    status, message = in_vllm["registrations"][str(plan_path)]
     assert status == 0 and message == "ok", f"exit status {status}: {message[-3000:]}"
