@@ -21,12 +21,12 @@ on_gpu = pytest.mark.skipif(not torch.cuda.is_available() or sanitizer() is None
                             reason="needs a CUDA device and compute-sanitizer")
 
 
-def run_plan(tmp_path: Path, kernel: str, layouts: str = "contiguous") -> dict:
+def run_plan(tmp_path: Path, kernel: str, layouts: str = "contiguous", *args: str) -> dict:
     plan = tmp_path / "plan.yaml"
     plan.write_text(FIXTURE.read_text().replace("KERNEL", kernel).replace("LAYOUTS", layouts))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan), "--plan-profile",
-                    "ci", "--reports-dir", str(tmp_path / "reports"), "-p", "no:cacheprovider", "-q"],
+                    "ci", "--reports-dir", str(tmp_path / "reports"), "-p", "no:cacheprovider", "-q", *args],
                    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     results = next((tmp_path / "reports" / "rms_norm" / "results").glob("*.json"))
     return json.loads(results.read_text())["cells"]
@@ -34,7 +34,7 @@ def run_plan(tmp_path: Path, kernel: str, layouts: str = "contiguous") -> dict:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's answer")
 def test_gpu_checks_are_not_run_on_a_cpu_machine(tmp_path):
-    cells = run_plan(tmp_path, f"{BUGS}:unmasked_load")
+    cells = run_plan(tmp_path, f"{BUGS}:unmasked_load", "contiguous", "--examples", "2")  # the interpreter's pace
     assert cells["decode-bf16-tp1-memcheck-cpu"]["status"] == "not_run"
     assert cells["decode-bf16-tp1-memcheck-cpu"]["reason"] == "memcheck needs a CUDA device; this machine has none"
     assert cells["decode-bf16-tp1-eager-cpu"]["status"] == "passed"  # its values are right

@@ -76,12 +76,10 @@ def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
 
 
 @cpu_machine_only
-def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    pytester.makeconftest("import sys\nsys.modules['vllm'] = None  # as if vllm were not installed\n")
+def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, no_vllm):
     plan = small_rms_plan(pytester.path, dtype="[bf16, fp32]")
     reports = pytester.path / "reports"
-    result = pytester.runpytest_subprocess(
+    result = pytester.runpytest_inprocess(  # in this process: a fresh one imports torch and the harness again
         "-p", "harness.plugin", "--plan", str(plan), "--isolation", "none", "--examples", "2", "--no-report",
         "--reports-dir", str(reports), "-p", "no:cacheprovider", "-rs", "-k", "bf16")
     result.assert_outcomes(passed=1, skipped=3)
