@@ -133,7 +133,10 @@ class PassBackend:
 
     def __init__(self, passes: list, inductor_config: dict):
         self.passes, self.before, self.after = passes, Counter(), Counter()
-        self.config = {**inductor_config, "force_disable_caches": True, "post_grad_custom_post_pass": self.post_pass}
+        # No compiled-graph cache (a hit would skip the passes; AOTAutograd's is off in check_fusion), but Inductor's
+        # other caches kept: with every cache off, its CPU vector-ISA probes compiled again at each check (17 of a
+        # CPU machine's 40 s for one check).
+        self.config = {**inductor_config, "fx_graph_cache": False, "post_grad_custom_post_pass": self.post_pass}
 
     def __call__(self, graph, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -165,7 +168,8 @@ def check_fusion(plan: Plan, case: FusionCase, profile: FusionProfile) -> Fusion
         kernel_config=KernelConfig(ir_op_priority=IrOpPriorityConfig(**profile.ir_priorities(case))))
     outcome = FusionOutcome(profile=profile.id, custom_ops=list(profile.custom_ops),
                             ir_priority=profile.ir_priorities(case), pass_name=cls)
-    with vllm.config.set_current_vllm_config(config), config.kernel_config.ir_op_priority.set_priority():
+    with vllm.config.set_current_vllm_config(config), config.kernel_config.ir_op_priority.set_priority(), \
+            torch._functorch.config.patch(enable_autograd_cache=False):
         torch.manual_seed(0)
         fusion_pass = pass_cls(config)
         noop, cleanup = NoOpEliminationPass(config), PostCleanupPass(config)
