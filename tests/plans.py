@@ -28,6 +28,14 @@ FUNCTIONAL_ARGS = """\
 cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(),
                                       reason="runs `sm: [cpu]` cells, which a GPU machine does not run")
 
+def hide_vllm(monkeypatch) -> None:
+    """As if vLLM were not installed: `import vllm` fails, and no vLLM ops library is named on its own."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)
+
+
 # Batches of at most 256 tokens, prefills of 16 to 64: for tests whose prefill cells check the harness, not the
 # kernel's numbers (the default 8192 drew thousands of rows, seconds each in Triton's interpreter).
 SMALL_BATCHES = "max_num_batched_tokens: 256, prefill_tokens: [16, 64]"

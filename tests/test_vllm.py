@@ -29,7 +29,7 @@ from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provid
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
-from tests.plans import cpu_machine_only, rms_norm_plan
+from tests.plans import cpu_machine_only, hide_vllm, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS_PLAN = ROOT / "plan.yaml"
@@ -63,8 +63,7 @@ def cell(dtype="bf16", phase="decode") -> Cell:
 
 @pytest.fixture
 def no_vllm(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now fails as if it were not installed
-    monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)  # nor its kernels named on their own
+    hide_vllm(monkeypatch)
 
 
 def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
