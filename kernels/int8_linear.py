@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.host import cdiv, next_power_of_2
+
 BLOCK_N = 64
 BLOCK_K = 64
 
@@ -68,8 +70,8 @@ def int8_weight_only_linear(
     if num_tokens == 0 or out_features == 0:
         return
     # At least 16 rows for tl.dot; decode batches (1-16 tokens) take one row block.
-    block_m = min(max(16, triton.next_power_of_2(num_tokens)), 64)
-    grid = (triton.cdiv(num_tokens, block_m), triton.cdiv(out_features, BLOCK_N))
+    block_m = min(max(16, next_power_of_2(num_tokens)), 64)
+    grid = (cdiv(num_tokens, block_m), cdiv(out_features, BLOCK_N))
     _int8_linear_kernel[grid](
         out, x, weight, weight_scale,
         num_tokens, out_features, in_features,

@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.host import next_power_of_2
+
 # KV positions per inner iteration (independent of the cache's block_size; each position looks up its
 # own block). 32 keeps the interpreter's iteration count low and is a reasonable tile on an H200.
 TILE = 32
@@ -155,7 +157,7 @@ def paged_attention(
         return
     group = num_heads // num_kv_heads
     # At least 16 rows for tl.dot; BLOCK_Q query tokens share one program's K/V tiles.
-    block_m = max(16, triton.next_power_of_2(group))
+    block_m = max(16, next_power_of_2(group))
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _paged_attention_kernel[grid](
@@ -163,7 +165,7 @@ def paged_attention(
         scale, num_seqs, head_size, block_size,
         *out.stride(), *query.stride(), *key_cache.stride(), *value_cache.stride(), block_tables.stride(0),
         QUERIES_PER_KV=group, BLOCK_Q=block_q, BLOCK_M=block_m,
-        HEAD_PAD=max(16, triton.next_power_of_2(head_size)), TILE=TILE,
+        HEAD_PAD=max(16, next_power_of_2(head_size)), TILE=TILE,
         DOT=dot_dtype(query.dtype, query.device),
         num_warps=4,
     )

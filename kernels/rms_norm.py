@@ -5,9 +5,13 @@ registers for smaller activations (one read of x, one write of out), two passes 
 large ones, where streaming the row in first keeps more loads in flight (_launch_config).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+
+from kernels.host import next_power_of_2, pow2_floor
 
 # A row whose block would exceed this many bytes is processed in chunks (tutorial 05's limit).
 MAX_FUSED_BYTES = 65536
@@ -69,10 +73,8 @@ def _rms_norm_kernel(
             tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _pow2_floor(n: int) -> int:
-    return 1 << (n.bit_length() - 1)
-
-
+# Every launch asks again; the answer depends on these numbers only (bounded: the batch sizes a server sees).
+@functools.cache
 def _launch_config(num_tokens: int, hidden: int, elem_size: int, streams: int = 1, two_pass_bytes: int | None = None):
     """(BLOCK, single_pass, num_warps) for `num_tokens` rows of `hidden` elements of `elem_size` bytes, with
     `streams` activations read per row (1: RMSNorm's x; 2: the fused add's x and residual), two passes from
@@ -91,13 +93,13 @@ def _launch_config(num_tokens: int, hidden: int, elem_size: int, streams: int = 
       half the row suit RMSNorm, of the whole row (up to CHUNK_BYTES) the fused add, which streams two
       tensors; 8 elements (16 bytes of bf16) per thread.
     """
-    block = triton.next_power_of_2(hidden)
+    block = next_power_of_2(hidden)
     fits = block * elem_size <= MAX_FUSED_BYTES
     two_pass_bytes = TWO_PASS_BYTES if two_pass_bytes is None else two_pass_bytes
     if fits and streams * num_tokens * hidden * elem_size < two_pass_bytes:
         per_thread = 32 if num_tokens >= PREFILL_ROWS and hidden <= 2048 else 16
-        return block, True, min(max(_pow2_floor(hidden) // (32 * per_thread), 1), 16)
-    chunk = _pow2_floor(hidden) if streams > 1 else max(_pow2_floor(hidden) // 2, 1)
+        return block, True, min(max(pow2_floor(hidden) // (32 * per_thread), 1), 16)
+    chunk = pow2_floor(hidden) if streams > 1 else max(pow2_floor(hidden) // 2, 1)
     chunk = min(chunk, CHUNK_BYTES // elem_size)
     return chunk, False, min(max(chunk * elem_size // 512, 1), 16)
 

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.host import next_power_of_2
+
 
 @triton.jit
 def _rotate_heads(base, cos, sin, num_heads, head_size, half,
@@ -82,8 +84,8 @@ def rotary_embedding(
     num_heads = query.shape[-1] // head_size
     num_kv_heads = 0 if key is None else key.shape[-1] // head_size
     half = cos_sin_cache.shape[-1] // 2
-    block_h = triton.next_power_of_2(max(num_heads, num_kv_heads))
-    block_d = triton.next_power_of_2(half)
+    block_h = next_power_of_2(max(num_heads, num_kv_heads))
+    block_d = next_power_of_2(half)
     num_warps = min(max(block_h * block_d // 256, 1), 8)
     # Row strides are passed so strided views (e.g. q and k sliced out of a fused qkv) need no copy.
     _rotary_embedding_kernel[(num_tokens,)](

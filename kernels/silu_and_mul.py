@@ -10,6 +10,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.host import cdiv, next_power_of_2
+
 # Columns per program: 1024 is 16 bytes per thread for 16-bit types at 4 warps.
 MAX_BLOCK = 1024
 
@@ -47,9 +49,9 @@ def silu_and_mul(out: torch.Tensor, x: torch.Tensor) -> None:
     d = x.shape[-1] // 2  # from the input: under tensor parallelism this is the shard's width
     if num_tokens == 0 or d == 0:
         return
-    block = min(triton.next_power_of_2(d), MAX_BLOCK)
+    block = min(next_power_of_2(d), MAX_BLOCK)
     num_warps = min(max(block // 256, 1), 4)
-    grid = (num_tokens * triton.cdiv(d, block),)
+    grid = (num_tokens * cdiv(d, block),)
     _silu_and_mul_kernel[grid](out, x, out.stride(0), x.stride(0), d, BLOCK=block, num_warps=num_warps)
 
 

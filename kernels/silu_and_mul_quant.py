@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.fp8_quant import fp8_max, scaled_fp8_quant_ref
+from kernels.host import cdiv, next_power_of_2
 from kernels.silu_and_mul import MAX_BLOCK
 
 
@@ -54,9 +55,9 @@ def silu_and_mul_quant(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) 
     d = x.shape[-1] // 2  # from the input: under tensor parallelism this is the shard's width
     if num_tokens == 0 or d == 0:
         return
-    block = min(triton.next_power_of_2(d), MAX_BLOCK)
+    block = min(next_power_of_2(d), MAX_BLOCK)
     num_warps = min(max(block // 256, 1), 4)
-    grid = (num_tokens, triton.cdiv(d, block))
+    grid = (num_tokens, cdiv(d, block))
     _silu_and_mul_quant_kernel[grid](
         out, x, scale, out.stride(0), x.stride(0), d, fp8_max(out.dtype), BLOCK=block, num_warps=num_warps
     )

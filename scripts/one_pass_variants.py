@@ -44,24 +44,44 @@ def _rms(out_ptr, x_ptr, w_ptr, out_rs, x_rs, n_rows, hidden, eps, BLOCK: tl.con
 
 
 @triton.jit
-def _fa(x_ptr, res_ptr, w_ptr, x_rs, res_rs, n_rows, hidden, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-        EVICT: tl.constexpr):
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+def _fa_rows(x_ptr, res_ptr, w_ptr, x_rs, res_rs, n_rows, hidden, eps, block_id, BLOCK: tl.constexpr,
+             ROWS: tl.constexpr, EVICT: tl.constexpr, LOAD_CM: tl.constexpr, STORE_CM: tl.constexpr):
+    rows = (block_id * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
     mask = (cols < hidden) & (rows < n_rows)
     if EVICT:
         x = tl.load(x_ptr + rows * x_rs + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
         r = tl.load(res_ptr + rows * res_rs + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     else:
-        x = tl.load(x_ptr + rows * x_rs + cols, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(res_ptr + rows * res_rs + cols, mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows * x_rs + cols, mask=mask, other=0.0, cache_modifier=LOAD_CM).to(tl.float32)
+        r = tl.load(res_ptr + rows * res_rs + cols, mask=mask, other=0.0, cache_modifier=LOAD_CM).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cols < hidden, other=0.0, eviction_policy="evict_last").to(tl.float32)
     s = x + r
-    tl.store(res_ptr + rows * res_rs + cols, s.to(res_ptr.dtype.element_ty), mask=mask)
+    tl.store(res_ptr + rows * res_rs + cols, s.to(res_ptr.dtype.element_ty), mask=mask, cache_modifier=STORE_CM)
     var = tl.sum(s * s, axis=1)[:, None] / hidden
     rstd = tl.rsqrt(var + eps)
     y = (s * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(x_ptr + rows * x_rs + cols, y.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(x_ptr + rows * x_rs + cols, y.to(x_ptr.dtype.element_ty), mask=mask, cache_modifier=STORE_CM)
+
+
+@triton.jit
+def _fa(x_ptr, res_ptr, w_ptr, x_rs, res_rs, n_rows, hidden, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+        EVICT: tl.constexpr, LOAD_CM: tl.constexpr = "", STORE_CM: tl.constexpr = "", PERSIST: tl.constexpr = False):
+    # PERSIST: a grid smaller than the row blocks, each program striding over them (no tail wave of programs).
+    if PERSIST:
+        for block_id in tl.range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+            _fa_rows(x_ptr, res_ptr, w_ptr, x_rs, res_rs, n_rows, hidden, eps, block_id, BLOCK, ROWS, EVICT,
+                     LOAD_CM, STORE_CM)
+    else:
+        _fa_rows(x_ptr, res_ptr, w_ptr, x_rs, res_rs, n_rows, hidden, eps, tl.program_id(0), BLOCK, ROWS, EVICT,
+                 LOAD_CM, STORE_CM)
+
+
+# The fused add's cache-modifier and persistent-grid variants (op fused_add_rms_norm, rows 1, the shipped warps and
+# its neighbours): streaming stores (.cs) and write-through (.wt) for the in-place writes, L2-only loads (.cg), and a
+# grid of a few programs per SM striding over the rows.
+FA_EXTRA = [(load, store, persist) for load in ("", ".cg") for store in ("", ".cs", ".wt") for persist in (0, 4, 16)
+            if (load, store, persist) != ("", "", 0)]
 
 
 def main():
@@ -112,6 +132,20 @@ def main():
                                 def run(v, rows=rows, warps=warps, evict=evict):
                                     _fa[(triton.cdiv(n, rows),)](v["x"], v["r"], v["w"], h, h, n, h, 1e-6,
                                                                   BLOCK=block, ROWS=rows, EVICT=evict, num_warps=warps)
+                            impls[name] = run
+                if op == "fused_add_rms_norm":
+                    _, _, shipped_warps = rn._launch_config(n, h, 2, streams=2,
+                                                            two_pass_bytes=fa.FUSED_ADD_TWO_PASS_BYTES)
+                    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+                    for warps in {max(shipped_warps // 2, 1), shipped_warps, min(shipped_warps * 2, 16)}:
+                        for load, store, persist in FA_EXTRA:
+                            grid = min(n, sms * persist) if persist else n
+                            name = f"r1-w{warps}-ld{load or '-'}-st{store or '-'}{f'-p{persist}' if persist else ''}"
+
+                            def run(v, warps=warps, load=load, store=store, persist=persist, grid=grid):
+                                _fa[(grid,)](v["x"], v["r"], v["w"], h, h, n, h, 1e-6, BLOCK=block, ROWS=1,
+                                             EVICT=False, LOAD_CM=load, STORE_CM=store, PERSIST=bool(persist),
+                                             num_warps=warps)
                             impls[name] = run
                 # A variant that computes something else is not faster: check each against the shipped kernel.
                 for name in [k for k in impls if k not in ("shipped", "inductor")]:
