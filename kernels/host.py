@@ -1,8 +1,8 @@
 """Launch arithmetic for the kernels' host code, in plain Python.
 
 `triton.next_power_of_2` and `triton.cdiv` are Triton constexpr functions (Triton 3.5 on): called from host code
-each goes through a wrapper that unwraps constexpr arguments, about 15 us a call on a 2-core CPU machine. A
-launcher calling two of them paid that on every call, in every eager step.
+each goes through a wrapper that unwraps constexpr arguments: 2.1-2.3 us a call on an H200 machine's host, about
+15 us on a 2-core CPU machine, against 0.14 us here. A launcher paid that on every call, in every eager step.
 """
 
 
