@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,9 @@ FUNCTIONAL_ARGS = """\
 cpu_machine_only = pytest.mark.skipif(torch.cuda.is_available(),
                                       reason="runs `sm: [cpu]` cells, which a GPU machine does not run")
 
+
 def hide_vllm(monkeypatch) -> None:
     """As if vLLM were not installed: `import vllm` fails, and no vLLM ops library is named on its own."""
-    import sys
-
     monkeypatch.setitem(sys.modules, "vllm", None)
     monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)
 
