@@ -114,6 +114,38 @@ def test_a_worker_sees_the_callers_environment_as_it_is_now(monkeypatch):
         later.stop()
 
 
+def _state_at_fork(conn) -> None:
+    """What a child of the workers' fork server holds before it runs anything of its own."""
+    import sys
+
+    import triton.runtime.interpreter as interp
+
+    conn.send((getattr(interp.InterpreterBuilder.binary_op, "_harness_faithful", False),
+               "torch.distributed.tensor" in sys.modules))
+
+
+def test_workers_fork_from_a_server_that_already_made_the_interpreter_faithful_and_warmed_torch_up():
+    """harness.runtime.worker_preload runs in the fork server, so no worker or rank repeats it (1.6 s of CPU a start
+    on a 2-core CPU machine). With a CUDA build of torch the server does neither (it must not touch CUDA's driver)."""
+    import torch
+
+    from harness.runtime import workers
+
+    ctx = workers._forking_context()
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_state_at_fork, args=(child,), daemon=True)
+    proc.start()
+    try:
+        assert parent.poll(300), "the forked child sent nothing"
+        faithful, warmed = parent.recv()
+    finally:
+        proc.join(10)
+    if torch.cuda._is_compiled():
+        assert not faithful
+    else:
+        assert faithful and warmed
+
+
 def test_the_process_under_the_sanitizer_gets_the_cell_as_a_task_file(tmp_path, monkeypatch):
     """run_memcheck hands the cell to `python -m harness.runtime.memcheck TASK` pickled (here under a stand-in for
     compute-sanitizer that runs the process and reports no memory error, as the tool does on a clean kernel)."""
