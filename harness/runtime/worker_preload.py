@@ -6,14 +6,15 @@ they take 0.2 s.
 Only with a CPU build of torch: on a CUDA build either step may initialise CUDA's driver, and a child forked after
 that cannot use the GPU (there the children do it themselves, as before)."""
 
+import contextlib
+
 import torch
 
 from harness.runtime import workers
 from harness.runtime.interpreter import make_faithful
 
+# An exception here would end the fork server, and with it every worker; each child meets it again at its start.
 if not torch.cuda._is_compiled():
-    try:
+    with contextlib.suppress(Exception):
         make_faithful()
         workers._warm_up()
-    except Exception:  # noqa: BLE001 - an exception here would end the fork server; each child meets it again
-        pass
