@@ -121,12 +121,13 @@ def _state_at_fork(conn) -> None:
     import triton.runtime.interpreter as interp
 
     conn.send((getattr(interp.InterpreterBuilder.binary_op, "_harness_faithful", False),
-               "torch.distributed.tensor" in sys.modules))
+               all(name in sys.modules for name in ("torch.distributed.tensor", "torch._inductor.compile_fx"))))
 
 
 def test_workers_fork_from_a_server_that_already_made_the_interpreter_faithful_and_warmed_torch_up():
     """harness.runtime.worker_preload runs in the fork server, so no worker or rank repeats it (1.6 s of CPU a start
-    on a 2-core CPU machine). With a CUDA build of torch the server does neither (it must not touch CUDA's driver)."""
+    on a 2-core CPU machine, 4.3 s more for a torch_compile cell's imports). With a CUDA build of torch the server
+    does none of it (it must not touch CUDA's driver)."""
     import torch
 
     from harness.runtime import workers
