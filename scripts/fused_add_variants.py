@@ -2,7 +2,10 @@
 unrolled over a constant one (`-static`), writing in place (the op's contract) or into separate outputs (`-sep`, as
 Inductor's compiled reference does), beside the shipped kernel and Inductor. docs/performance.md reads from it.
 
-    python scripts/fused_add_variants.py [TOKENSxHIDDEN ...]   (default: seven prefill shapes)
+    python scripts/fused_add_variants.py [--sliced] [TOKENSxHIDDEN ...]   (default: seven prefill shapes)
+
+--sliced lays the input sets out as the plan's benchmarks do (each tensor's sets slices of one buffer,
+harness.runtime.bench.input_sets) instead of allocating each set on its own.
 
 Every variant is checked against the reference before it is timed; timings as the harness takes them
 (harness.runtime.timing.time_calls, both graph modes), in % of the copy bandwidth measured in the same process.
@@ -87,7 +90,9 @@ def main() -> int:
     dt = torch.bfloat16
     copy_bw, l2 = copy_bandwidth_gbps("cuda"), l2_cache_bytes("cuda")
     rows = []
-    shapes = [tuple(int(v) for v in arg.split("x")) for arg in sys.argv[1:]] or \
+    args = [a for a in sys.argv[1:] if a != "--sliced"]
+    sliced = "--sliced" in sys.argv[1:]
+    shapes = [tuple(int(v) for v in arg.split("x")) for arg in args] or \
         [(2048, 4096), (8192, 4096), (8192, 5120), (8192, 8192), (32768, 4096), (32768, 5120), (32768, 8192)]
     for n, h in shapes:
         def mk():
@@ -98,7 +103,14 @@ def main() -> int:
         # variant, starts with its inputs out of L2, as in the plan's benchmarks. Counting the separate outputs too
         # (4 tensors) gave 2 sets at 2048 x 4096, and the in-place calls found part of their inputs still in L2.
         ws = 2 * n * h * 2 + 2 * h
-        sets = [mk() for _ in range(rotation_count(ws, l2))]
+        count = rotation_count(ws, l2)
+        if sliced:
+            first = [mk() for _ in range(count)]
+            buffers = {k: torch.stack([one[k] for one in first]) for k in first[0]}
+            del first
+            sets = [{k: b[i] for k, b in buffers.items()} for i in range(count)]
+        else:
+            sets = [mk() for _ in range(count)]
         nbytes = 4 * n * h * 2 + 2 * h
         torch._dynamo.reset()
         ref = torch.compile(fa.fused_add_rms_norm_ref, fullgraph=True, dynamic=False)
