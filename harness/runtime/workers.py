@@ -617,7 +617,7 @@ class WorkerGroup:
 
 
 # Workers and ranks fork from a server that imported these (no device touched): a fork, not a Python start and
-# torch import (on a 2-core CPU machine a TP-2 cell's plan ran in 6.6 s against 14-19 s spawned); the last one
-# also makes the interpreter faithful and warms torch up there, once (harness.runtime.worker_preload).
+# torch import (on a 2-core CPU machine a TP-2 cell's plan ran in 6.6 s against 14-19 s spawned); the last one does
+# there, once, what each child would do at its start (harness.runtime.worker_preload).
 FORKSERVER_PRELOAD = ["torch", "triton", "hypothesis", "harness.runtime.runner", "harness.runtime.tp",
                       "harness.runtime.worker_preload"]
