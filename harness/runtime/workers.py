@@ -141,18 +141,20 @@ def _serve(conn, fn: Callable, task: Any, reports: bool = False) -> bool:
     return reply[0] == "ok" and bool(getattr(reply[1], "fatal", False))
 
 
-def _warm_up() -> None:
-    """Imports that torch makes lazily, on first use, made at start instead, outside every call's time limit:
-    torch.testing's first comparison imports torch.distributed.tensor (sympy, torch.fx), 0.7 s on a 2-core
-    CPU machine and several times that on a busy one."""
+def start_up() -> None:
+    """What every worker and rank does at its start, outside every call's time limit: on a CPU machine the
+    interpreter made to compute what a GPU computes (harness.runtime.interpreter), and the imports torch makes
+    lazily, on first use (torch.testing's first comparison imports torch.distributed.tensor, sympy, torch.fx: 0.7 s
+    on a 2-core CPU machine, several times that on a busy one). Cheap where the fork server did it already
+    (harness.runtime.worker_preload)."""
+    make_faithful()
     torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
 
 
 def _worker_main(conn, env: dict, prepare: tuple[Callable, Any] | None = None) -> None:
     _mirror_env(env)  # TRITON_INTERPRET among them, before any kernel module decorates its kernels
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.runtime.interpreter)
-    _warm_up()
+    start_up()
     if prepare:
         try:
             _invoke(*prepare)
@@ -407,8 +409,7 @@ def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str
     _exit_with_parent()
     stacks_file = open(stacks, "w")
     faulthandler.register(signal.SIGUSR1, file=stacks_file, all_threads=True)  # where a hung rank is stuck
-    make_faithful()  # on a CPU machine: the interpreter computes what a GPU computes (harness.runtime.interpreter)
-    _warm_up()
+    start_up()
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)  # one GPU per rank
