@@ -13,6 +13,7 @@ from pathlib import Path
 from harness.rendering.overview import write_overview
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
+from harness.results.merge import collect
 from harness.runtime.resolve import resolve_in_child
 from harness.spec.load import load_plan
 from harness.spec.matrix import expand
@@ -79,6 +80,9 @@ def main(argv=None) -> int:
     path, problems = write_report(plan, op_dir)
     for problem in problems:
         print(f"warning: {problem}", file=sys.stderr)
+    stale = collect(plan, op_dir).stale_summary()
+    if stale:
+        print(f"warning: {stale}", file=sys.stderr)
     print(f"wrote {path}")
     return 0
 

@@ -2,6 +2,7 @@
 # Runs the bundled plans on a GPU machine and leaves their results under reports/ (the nightly job).
 #   scripts/gpu_run.sh numerics [pytest args]   every numerics and vLLM cell of every bundled plan
 #   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed), one plan's timings at a time
+#   scripts/gpu_run.sh calibrate [args]         the calibration corpus's table (python -m tests.calibration)
 # JOBS=N runs N plans' numerics side by side (they share the GPUs). Benchmarks take turns on the GPU: the next plan's
 # run starts while one plan is timed and waits for its turn before its first item (HARNESS_GPU_TURN), so no
 # other process times meanwhile. LOGS=DIR keeps one log per plan there.
@@ -25,7 +26,7 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-op-plan/inductor}
 # PLANS="a.yaml b.yaml" runs those plans only (default: every bundled plan).
 read -r -a plans <<< "${PLANS:-plan.yaml $(echo kernels/plans/*.yaml)}"
-what=${1:?usage: scripts/gpu_run.sh numerics|bench [pytest args]}
+what=${1:?usage: scripts/gpu_run.sh numerics|bench|calibrate [pytest args]}
 shift
 jobs=${JOBS:-1}
 logs=${LOGS:-}
@@ -33,8 +34,20 @@ logs=${LOGS:-}
 case "$what" in
   numerics) select=(-m "not bench" --cells all) ;;  # every cell, whatever the profile (no pairwise sample)
   bench) select=(--bench -m bench); jobs=2 ;;  # one timing, one starting up or writing its report
+  calibrate) ;;  # the calibration corpus (tests/calibration): correct and broken kernels through every check
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac
+# JOBS=N plans side by side on one GPU size themselves by its free memory: each worker's caching allocator is capped
+# at 0.9 x free / N (HARNESS_GPU_MEMORY_FRACTION; the 0.1 left for CUDA contexts), so together they never ask for more
+# than is free. An out-of-memory a solo run would not hit (at the cap, or memory others hold) is the machine's: the
+# cell is "not run here", never failed (harness/runtime/device.py, memory_held_elsewhere).
+if [ "$what" != bench ] && [ "$jobs" -gt 1 ] && [ -z "${HARNESS_GPU_MEMORY_FRACTION:-}" ]; then
+  share="import torch; free, total = torch.cuda.mem_get_info(); print(f'{0.9 * free / total / $jobs:.4f}')"
+  if fraction=$("$python" -c "$share" 2>/dev/null); then
+    export HARNESS_GPU_MEMORY_FRACTION=$fraction
+  fi
+fi
+[ "$what" = calibrate ] && exec "$python" -m tests.calibration --jobs "$jobs" "$@"
 pids=()
 made=()  # what this script created, removed at its exit
 # One timing per call a night: a plan timing a call another plan already timed on the same inputs (vLLM's own plans

@@ -32,13 +32,35 @@ def test_bf16_accumulator_fails_inside_the_tolerance_and_fp32_passes(seed, hidde
     out, expected, truth = _outputs(bf16_accumulator, hidden=hidden, seed=seed)
     torch.testing.assert_close(out, expected, atol=1e-3 * 40, rtol=1.6e-2)  # within bf16's tolerance (x atol_of)
     with pytest.raises(Mismatch, match=r"accumulation: the kernel shifts whole rows .* fp32-accumulating reference"):
-        accumulation.check("out", out, expected, truth)
-    accumulation.check("out", *_outputs(fp32_accumulator, hidden=hidden, seed=seed))
+        accumulation.Readings("row_scale").check("out", out, expected, truth)
+    readings = accumulation.Readings("row_scale")
+    readings.check("out", *_outputs(fp32_accumulator, hidden=hidden, seed=seed))
+    assert readings.verdict().startswith("fp32: consistent"), readings
+
+
+def test_what_a_correct_kernel_of_another_kind_may_show_is_inconclusive_not_failed():
+    """Between the limit and what correct kernels of the op's kind reach, the cell is decided on values; past the
+    decisive limit it fails. An op that does not say its kind fails only past what no correct kernel showed."""
+    out, expected, truth = _outputs(bf16_accumulator, hidden=4096)
+    shift = accumulation.statistics(out, expected, truth)["row_shift"]
+    assert shift > accumulation.LIMITS["row_scale"]["row_shift"].decisive
+    for kind in ("weighted_sum", "dot", "unknown"):
+        readings = accumulation.Readings(kind)
+        if shift > accumulation.LIMITS[kind]["row_shift"].decisive or \
+                accumulation.statistics(out, expected, truth)["element"] > accumulation.LIMITS[kind]["element"].decisive:
+            continue
+        readings.check("out", out, expected, truth)
+        assert readings.verdict().startswith("inconclusive for this op (row shift"), readings.verdict()
+        assert readings.values["row_shift"] == pytest.approx(shift, abs=1e-3)
 
 
 def test_too_few_rows_or_elements_are_left_to_the_tolerance():
-    accumulation.check("out", *_outputs(bf16_accumulator, rows=accumulation.MIN_ROWS - 1))  # too few rows
-    accumulation.check("out", *_outputs(bf16_accumulator, hidden=accumulation.MIN_ROW_ELEMENTS - 1))
+    readings = accumulation.Readings("row_scale")
+    readings.check("out", *_outputs(bf16_accumulator, rows=accumulation.MIN_ROWS - 1))  # too few rows: no row shift
+    assert "row_shift" not in readings.values
+    readings = accumulation.Readings("row_scale")
+    readings.check("out", *_outputs(bf16_accumulator, hidden=accumulation.MIN_ROW_ELEMENTS - 1))
+    assert readings.verdict() is None
 
 
 def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_path):
@@ -46,13 +68,26 @@ def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_pat
         path = rms_norm_plan(tmp_path, f"tests.broken.rms_norm_bugs:{kernel}", phase="[prefill]", dtype="[bf16]",
                              hidden="[1024]", numerics="{examples: 3, prefill_tokens: [64, 128]}",
                              name=f"{kernel}{bool(accumulation_line)}.yaml")
-        if accumulation_line:
-            path.write_text(path.read_text().replace("  sizes:", f"  {accumulation_line}\n  sizes:"))
+        path.write_text(path.read_text().replace("  sizes:", f"  reduction: row_scale\n  {accumulation_line}\n  sizes:"))
         return run_cell(CellTask.load(path, "prefill-bf16-tp1-eager-cpu",
                                       RunSettings(examples=3, profile="ci", database=None))).record
 
     rec = run("bf16_accumulator")
     assert rec.status == Status.FAILED and "accumulation:" in rec.reason, rec
-    assert run("fp32_accumulator").status == Status.PASSED
+    rec = run("fp32_accumulator")
+    assert rec.status == Status.PASSED and rec.facts["accumulation"].startswith("fp32: consistent"), rec
+    assert rec.readings["row_shift"] <= accumulation.LIMITS["row_scale"]["row_shift"].limit, rec
     assert run("correct").status == Status.PASSED  # the bundled Triton kernel, in the faithful interpreter
     assert run("bf16_accumulator", "accumulation: input").status == Status.PASSED  # declared: not checked
+
+
+def test_on_a_cpu_machine_a_dot_product_op_records_that_its_accumulation_was_not_checked(tmp_path):
+    """The interpreter's capped sizes reduce over tens of elements: a GEMM's 16-bit accumulator cannot show, and the
+    cell says so instead of passing as if it had been checked."""
+    path = rms_norm_plan(tmp_path, "tests.broken.rms_norm_bugs:bf16_accumulator", phase="[prefill]", dtype="[bf16]",
+                         hidden="[1024]", numerics="{examples: 2, prefill_tokens: [64, 64]}")
+    path.write_text(path.read_text().replace("  sizes:", "  reduction: dot\n  sizes:"))
+    rec = run_cell(CellTask.load(path, "prefill-bf16-tp1-eager-cpu",
+                                 RunSettings(examples=2, profile="ci", database=None))).record
+    assert rec.status == Status.PASSED and rec.facts["accumulation"] == accumulation.NOT_ON_CPU, rec
+    assert rec.readings is None

@@ -21,6 +21,7 @@ from harness.rendering.overview import render_overview, write_overview
 from harness.spec.load import load_plan
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
+from harness.results.checks_version import checks_version
 from harness.results.store import FORMAT, VERSION
 from harness.spec.vllm_ops import enable_setting, profile_setting
 
@@ -125,7 +126,23 @@ def passed_sm90(op_dir: Path, benchmarks=None, **overrides) -> None:
     write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", machine("sm90", "h200"), cells, benchmarks)
 
 
+def stamp_current(plan, op_dir: Path) -> None:
+    """Stamp the runs the helpers above wrote without a "checks" version with the current code's and `plan`'s: they
+    stand for runs of today's checks (tests of stale results write their own stamp, or render with report.render)."""
+    for path in sorted((Path(op_dir) / "results").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except ValueError:
+            continue  # a broken file a test wrote on purpose
+        if data.get("format") == FORMAT and any("checks" not in prov for prov in data["runs"].values()):
+            for prov in data["runs"].values():
+                prov.setdefault("checks", checks_version(plan.path))
+            path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
 def render(plan, op_dir: Path) -> str:
+    """The page of `plan` from the results in `op_dir`, written by the helpers above (so stamped as current)."""
+    stamp_current(plan, op_dir)
     path, _ = write_report(plan, op_dir)
     return path.read_text()
 
@@ -399,6 +416,7 @@ def test_corrupt_and_foreign_files_are_problems_and_the_rest_is_merged(tmp_path)
     plan = small_plan(tmp_path)
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir)
+    stamp_current(plan, op_dir)
     (op_dir / "results" / "broken.json").write_text('{"format": "harness-results", "version": 1, "op": "rms_')
     (op_dir / "results" / "foreign.json").write_text(json.dumps({"format": "junit", "tests": []}))
     write_results(op_dir, "other-op.json", "silu_and_mul", "run-x", machine("sm90"), {})
@@ -749,6 +767,8 @@ def overview_inputs(tmp_path: Path):
     write_results(reports / "silu_and_mul", "sm90-nvidia-h200.json", "silu_and_mul", "run-h200",
                   machine("sm90", "h200"), {"decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "passed")},
                   {"decode-64": silu_rec})
+    stamp_current(rms, reports / "rms_norm")
+    stamp_current(silu, reports / "silu_and_mul")
     return rms, silu, reports
 
 

@@ -3,9 +3,10 @@ items and pages are stated in. Plain text, no Markdown."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from harness.results.merge import Merged
+from harness.results.store import BenchRecord, IntegrationRecord
 from harness.spec.matrix import Cell
 from harness.spec.status import Status
 
@@ -18,6 +19,14 @@ def first_line(text, limit: int = 240) -> str:
 
 def n_cells(n: int) -> str:
     return f"{n} cell" if n == 1 else f"{n} cells"
+
+
+def n_records(recs: list) -> str:
+    """Records counted by kind: "2 cells, 1 benchmark, 1 vLLM integration item"."""
+    kinds = Counter("benchmark" if isinstance(r, BenchRecord) else "vLLM integration item"
+                    if isinstance(r, IntegrationRecord) else "cell" for r in recs)
+    return ", ".join(f"{kinds[k]} {k}{'s' if kinds[k] > 1 else ''}" for k in ("cell", "benchmark",
+                                                                             "vLLM integration item") if kinds[k])
 
 
 def by_reason(res: Merged, cells: list[Cell]) -> list[tuple[str, list[Cell]]]:

@@ -44,6 +44,7 @@ class Recommendation:
     # A big win over a weak baseline: a question about the baseline before it is a result (harness.decisions.bounds)
     check_baseline: str = ""
     far_from_limit: str = ""  # an enabled kernel under half its bound somewhere: what is left to gain
+    stale: str = ""  # benchmarks timed by other checks than the current code's and plan's (Merged.stale_checks)
 
     @property
     def go(self) -> bool:
@@ -75,6 +76,9 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     inductor = profile == VLLM_PROFILES[0][0]
     gpus = sorted({str(res.source(r).gpu) for r in recs if res.source(r)})
     sizes = tuple(sorted({tuple(sorted((str(k), v) for k, v in r.sizes.items())) for r in recs}, key=str))
+    stale = sorted({res.stale_checks(r) for r in recs} - {""})
+    stale_text = (f"stale: {sum(1 for r in recs if res.stale_checks(r))} of {len(recs)} benchmarks "
+                  f"{'; '.join(stale)}: re-run them" if stale else "")
 
     def made(choice: str, why: str, speedup=None, others=(), timed=(), setting=None) -> Recommendation:
         # a named baseline's setting is the plan's words for a deployment, not one of vLLM's layer settings
@@ -83,7 +87,7 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
             setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
         far = _far_from_limit(timed) if choice == ENABLE else ""
         return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
-                              default, ", ".join(gpus), sizes, _check_baseline(timed), far)
+                              default, ", ".join(gpus), sizes, _check_baseline(timed), far, stale_text)
 
     if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
         return made("", "a CPU machine's benchmarks do not time the kernel" if plan.vllm_kernel else

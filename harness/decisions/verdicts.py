@@ -1,6 +1,7 @@
 """The go / no-go verdict per SM and TP size and the plan's verdict, by the rules of docs/report.md: blocked (a failed
 or unexpected-pass cell), no results, numerics only (a CPU machine), not run here (a TP size this SM's machines had too
-few GPUs for), incomplete, then go or no-go per regime from the recommendations. Plain Python, no Markdown."""
+few GPUs for), incomplete, then go or no-go per regime from the recommendations; any of these resting on records other
+checks made is "stale: re-run" instead. Plain Python, no Markdown."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
-from harness.decisions.reasons import by_reason, n_cells
+from harness.decisions.reasons import by_reason, n_cells, n_records
 from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, recommendations, undecided
 from harness.decisions.speedups import REGIMES
 from harness.results.merge import Merged
 from harness.spec.status import Status
 
-BLOCKED, EXCLUDED, NO_RESULTS, NUMERICS_ONLY, INCOMPLETE, NOT_RUN_HERE = (
-    "blocked", "excluded", "no results", "numerics only", "incomplete", "not run here")
+BLOCKED, EXCLUDED, NO_RESULTS, NUMERICS_ONLY, INCOMPLETE, NOT_RUN_HERE, STALE = (
+    "blocked", "excluded", "no results", "numerics only", "incomplete", "not run here", "stale: re-run")
 GO, NO_GO = "go", "no-go"
 # The order verdicts are listed in: a speed verdict (go, no-go, mixed: None here) after blocked, then those still
 # short of one, then those this SM's machines could not give, then those that cannot give one.
-RANK = (BLOCKED, None, INCOMPLETE, NOT_RUN_HERE, NUMERICS_ONLY, NO_RESULTS, EXCLUDED)
+RANK = (BLOCKED, None, STALE, INCOMPLETE, NOT_RUN_HERE, NUMERICS_ONLY, NO_RESULTS, EXCLUDED)
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,12 @@ def sm_verdicts(res: Merged, recs: list[Recommendation] | None = None) -> list[S
                                                      f"{res.plan_display()} on one"))
                 continue
         if sm == "cpu":  # numerics only, whatever the TP size: one verdict
-            out.append(_cpu_verdict(res, cells))
+            out.append(SmVerdict(sm, *_unless_stale(res, sm, cells, _cpu_verdict(res, cells))))
             continue
-        per_tp = [(tp, _tp_verdict(res, sm, [c for c in cells if c.tp == tp], mine)) for tp in plan.matrix["tp"]]
+        per_tp = []
+        for tp in plan.matrix["tp"]:
+            tp_cells = [c for c in cells if c.tp == tp]
+            per_tp.append((tp, _unless_stale(res, sm, tp_cells, _tp_verdict(res, sm, tp_cells, mine))))
         if len({word_rule for _, word_rule in per_tp}) == 1:  # the same at every TP size: one verdict for the SM
             out.append(SmVerdict(sm, *per_tp[0][1]))
             continue
@@ -136,18 +140,18 @@ def _not_run(res: Merged, sm: str, cells: list) -> tuple[list, str]:
     return not_run, text
 
 
-def _cpu_verdict(res: Merged, cells: list) -> SmVerdict:
+def _cpu_verdict(res: Merged, cells: list) -> tuple[str, str]:
     blocking = _blocking(res, cells)
     if blocking:
-        return SmVerdict("cpu", BLOCKED, _blocked_rule(*blocking, "on this SM"))
+        return BLOCKED, _blocked_rule(*blocking, "on this SM")
     not_run, not_run_text = _not_run(res, "cpu", cells)
     passed = sum(1 for c in cells if res.status(c) == Status.PASSED)
     xfail = sum(1 for c in cells if res.status(c) == Status.XFAIL)
     parts = [f"{passed} of {n_cells(len(cells))} passed"] + ([f"{xfail} failed as expected"] if xfail else [])
     if not_run:
         parts.append(not_run_text)
-    return SmVerdict("cpu", NUMERICS_ONLY, "; ".join(parts) + "; a CPU machine runs the kernel in Triton's "
-                                                              "interpreter, so its results never give a speed verdict")
+    return NUMERICS_ONLY, ("; ".join(parts) + "; a CPU machine runs the kernel in Triton's interpreter, so its "
+                                              "results never give a speed verdict")
 
 
 def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -> tuple[str, str]:
@@ -189,6 +193,31 @@ def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -
                                 "elsewhere")
 
 
+def _unless_stale(res: Merged, sm: str, cells: list, word_rule: tuple[str, str]) -> tuple[str, str]:
+    """A verdict resting on records other checks made (Merged.stale_checks) is no current verdict: "stale: re-run",
+    saying what those records would give. It rests on the blocking records where something blocks (a failure the
+    current checks made blocks whatever else is stale); else on the SM's results among `cells` and, where the
+    benchmarks decide (go, no-go, incomplete), on the SM's benchmarks."""
+    word, rule = word_rule
+    if word in (EXCLUDED, NO_RESULTS):
+        return word_rule  # rests on no record
+    blocking = _blocking(res, cells)
+    if blocking:
+        failed, xpass, integration = blocking
+        basis = [res.records[c.id] for c in failed + xpass] + integration
+        if not all(res.stale_checks(r) for r in basis):
+            return word_rule
+    else:
+        basis = [res.records[c.id] for c in cells if c.id in res.records]
+        if word not in (NOT_RUN_HERE, NUMERICS_ONLY):
+            basis += [r for _, r in res.benchmarks if r.sm == sm]
+    stale = [r for r in basis if res.stale_checks(r)]
+    if not stale:
+        return word_rule
+    return STALE, (f"{n_records(stale)} made by other checks (the harness's checks or the plan changed since): "
+                   f"re-run them; until then they give: {word} ({rule})")
+
+
 def verdict_rank(v: SmVerdict) -> int:
     """SMs with a speed verdict first, then those still short of one, then those that cannot give one."""
     return RANK.index(v.word) if v.word in RANK else 1
@@ -216,7 +245,7 @@ def verdict(res: Merged, recs: list[Recommendation] | None = None,
     word = " · ".join(f"{places(vs)}: {w}" for w, vs in groups.items())
     return Verdict(word, "per SM and TP size: blocked, then no results, then numerics only on a CPU machine, then "
                          "not run here (a TP size that needs more GPUs), then incomplete, then go or no-go per "
-                         "regime (docs/report.md)")
+                         "regime; stale: re-run where one rests on records other checks made (docs/report.md)")
 
 
 def grouped_verdicts(per_sm: list[SmVerdict]) -> list[tuple[str, SmVerdict]]:

@@ -73,6 +73,7 @@ class Session:
     report_problems: list = field(default_factory=list)
     verdict: str = ""  # the report's verdict line, and per SM
     verdicts: list[SmVerdict] = field(default_factory=list)
+    stale: str = ""  # how many records other checks made, said at the end (Merged.stale_summary)
     plan_warnings: list[str] = field(default_factory=list)  # file:line: what the plan leaves idle, said at the end
     # Whether the kernel killed its worker in every numerics cell so far, and per vLLM route the first item whose
     # worker it killed: such a kernel's later items of that route are not run (each would cost a worker and vLLM's
@@ -498,7 +499,7 @@ def _xdist_worker(config) -> str | None:
 
 def pytest_sessionstart(session):
     s = session_of(session.config)
-    prov = provenance(session.config.rootpath)
+    prov = provenance(session.config.rootpath, s.plan_path)  # with the checks' version: the report marks others' stale
     run_id = f"{prov.date}-{socket.gethostname()}-{os.getpid()}"
     s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=_xdist_worker(session.config))
 
@@ -600,6 +601,7 @@ def pytest_sessionfinish(session, exitstatus):
         res = collect(s.plan, s.op_dir)
         s.verdicts = sm_verdicts(res)
         s.verdict = verdict(res, per_sm=s.verdicts).word
+        s.stale = res.stale_summary()
     finally:
         s.stop_workers()
 
@@ -621,6 +623,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     for problem in s.report_problems:
         terminalreporter.write_line(f"results problem: {problem}", yellow=True)
+    if s.stale:
+        terminalreporter.write_line(s.stale, yellow=True)
     if s.verdicts:
         terminalreporter.write_line(f"verdict: {s.verdict}")
         here = detect().sm

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
+from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells, n_records
 from harness.decisions.recommendations import Recommendation, undecided, wanted
 from harness.decisions.speedups import REGIMES, stale
 from harness.decisions.verdicts import SmVerdict, Verdict, grouped_verdicts
@@ -14,6 +14,7 @@ from harness.rendering.performance import others_text, setting_text
 from harness.rendering.plan_words import capture_sizes, custom_op_name, describe, tp_answer, vllm_answer
 from harness.rendering.support import mark_status
 from harness.results.merge import Merged
+from harness.results.store import BenchRecord
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, plugin_route, provider_name
 from harness.spec.vllm_schemas import VLLM_KERNELS
@@ -73,6 +74,13 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[str]:
     items = []
     for problem in res.shown_problems():
         items.append(f"Fix or remove a results file: {md(problem)}")
+    other_checks = [r for rs in res.stale_records().values() for r in rs]
+    for sm in plan.matrix["sm"]:  # what stale records say is not current: re-run them first
+        mine = [r for r in other_checks if r.sm == sm]
+        if mine:
+            bench = " --bench" if any(isinstance(r, BenchRecord) for r in mine) else ""
+            items.append(f"Re-run on {sm} what other checks made ({n_records(mine)}, stale): "
+                         f"{code(f'pytest --plan {pd} --cells all{bench}')}")
     if plan.vllm_kernel and failed:  # vLLM's kernel is not ours to fix: its failures are findings
         items.append(f"For a replacement: accept or refuse (`op.contract`) the inputs vLLM's kernel fails on in "
                      f"{n_cells(len(failed))} (What vLLM's kernel accepts)")
@@ -160,7 +168,8 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[
                      md("cuda_graph " + tally(graph_mode="cuda_graph"))])
     rows.append(["tensor parallelism", tp_answer(plan), "; ".join(f"tp{t} " + tally(tp=t) for t in plan.matrix["tp"])])
     for r in recs:
-        basis = [f"{r.speedup.text()} vs {r.baseline}"] if r.speedup else []
+        basis = [md(r.stale)] if r.stale else []  # first: the figures below are other checks'
+        basis += [f"{r.speedup.text()} vs {r.baseline}"] if r.speedup else []
         if r.others:
             basis.append(f"vs vLLM's kernel and named baselines: {others_text(r)}")
         if r.setting:

@@ -44,7 +44,7 @@ def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
         groups[(REGIMES.index(regime(rec.phase)), plan.matrix["sm"].index(rec.sm), str(gpu))].append((bid, rec))
     lines += [baselines_text(plan), ""]
     for (ri, si, gpu), items in sorted(groups.items()):
-        lines += [f"### {REGIMES[ri]} on {plan.matrix['sm'][si]} ({md(gpu)})", "", *_bench_table(plan, items), ""]
+        lines += [f"### {REGIMES[ri]} on {plan.matrix['sm'][si]} ({md(gpu)})", "", *_bench_table(res, items), ""]
     lines += ["Cells: median µs · GB/s · % of the measured copy bandwidth · % of the call's physical bound (the "
               "largest of its bytes over the copy bandwidth, its flops over the dtype's measured matrix-multiply peak, "
               "and the launch floor, an empty kernel under the same timer, all measured in the same run; a figure "
@@ -105,8 +105,9 @@ def speedup_text(r: Recommendation) -> str:
 
 
 def why_text(r: Recommendation) -> str:
-    """A recommendation's why, with the questions its figures raise ("check the baseline", far from the limit)."""
-    return "; ".join(filter(None, [r.why, r.check_baseline, r.far_from_limit]))
+    """A recommendation's why, after whether its benchmarks are stale, with the questions its figures raise ("check
+    the baseline", far from the limit)."""
+    return "; ".join(filter(None, [r.stale, r.why, r.check_baseline, r.far_from_limit]))
 
 
 def decision_table(recs: list[Recommendation]) -> str:
@@ -132,8 +133,11 @@ def _grouped_untimed(res: Merged) -> list[str]:
     return ["Benchmark shapes not timed:", "", table(rows, ["reason", "shapes", "which"])]
 
 
-def _bench_table(plan: Plan, items: list) -> list[str]:
+def _bench_table(res: Merged, items: list) -> list[str]:
+    plan = res.plan
     recs = [r for _, r in items]
+    # Benchmarks timed by other checks say so in a column of their own, there only where some are.
+    other_checks = {id(r): res.stale_checks(r) for r in recs}
     symbols = sorted({k for r in recs for k in r.sizes},
                      key=lambda k: (list(plan.sizes).index(k) if k in plan.sizes else len(plan.sizes), k))
     varying = [axis for axis in ("phase", "dtype", "graph_mode") if len({str(getattr(r, axis)) for r in recs}) > 1]
@@ -157,6 +161,8 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
             row.append(impl_cell(r.impls.get(name), not_used(plan, r, name)))
         for b in compared:
             row.append(speedup_cell(r, b, not_used(plan, r, b)))
+        if any(other_checks.values()):
+            row.append(f"stale: {md(other_checks[id(r)])}" if other_checks[id(r)] else "current")
         rows.append(row)
     copy = sorted({fmt(r.copy_bw_gbps, 6) for r in recs})
     read = sorted({fmt(r.read_bw_gbps, 6) for r in recs if is_num(r.read_bw_gbps)})
@@ -165,7 +171,8 @@ def _bench_table(plan: Plan, items: list) -> list[str]:
             + (f" (read bandwidth: {', '.join(read)} GB/s)" if read else "")
             + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs)
             + shared_note(recs))
-    headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in compared)]
+    headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in compared),
+               *(["checks"] if any(other_checks.values()) else [])]
     return [note, "", table(rows, headers)]
 
 

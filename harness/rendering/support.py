@@ -23,7 +23,9 @@ def mark_status(res: Merged, cell: Cell) -> Status | None:
 
 
 def mark(res: Merged, cell: Cell) -> str:
-    return MARKS.get(mark_status(res, cell), NO_RESULT)
+    """The cell's mark, "stale" beside it where other checks made its record (the stale results below say which)."""
+    rec = res.records.get(cell.id)
+    return MARKS.get(mark_status(res, cell), NO_RESULT) + (" stale" if rec and res.stale_checks(rec) else "")
 
 
 def support_matrix(res: Merged) -> str:
@@ -64,6 +66,7 @@ def support_matrix(res: Merged) -> str:
                         row.append(mark(res, Cell(phase, dtype, tp, mode, sm)))
                     rows.append(row)
             lines += [f"tp{tp}:", "", table(rows, ["phase", "dtype", *m["graph_mode"]]), ""]
+    lines += _stale(res)
     lines += _failures(res)
     lines += _not_run(res)
     if res.ignored:
@@ -103,6 +106,31 @@ def _failures(res: Merged) -> list[str]:
                          code(rec.repro) if rec.repro else "—"])
         out += ["Expected failures:", "", table(rows, ["cell", "the plan's expectation", "failure", "reproduce"]), ""]
     return out
+
+
+def _stale(res: Merged) -> list[str]:
+    """The cells and vLLM integration items whose records other checks made, by the checks that made them."""
+    groups = defaultdict(lambda: ([], []))  # reason -> (cells, integration item keys)
+    for c in res.cells:
+        rec = res.records.get(c.id)
+        if rec and res.stale_checks(rec):
+            groups[res.stale_checks(rec)][0].append(c)
+    for key, rec in sorted(res.integration.items()):
+        if res.stale_checks(rec):
+            groups[res.stale_checks(rec)][1].append(key)
+    if not groups:
+        return []
+    rows = []
+    for reason, (cells, items) in sorted(groups.items()):
+        if cells:
+            rows.append([f"stale: {md(reason)}", str(len(cells)), md(describe(res.plan, cells))])
+        if items:
+            shown = ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+            rows.append([f"stale: {md(reason)}", str(len(items)), f"vLLM integration items: {md(shown)}"])
+    return ["Stale results, marked \"stale\" above: made by other checks than the harness's and the plan's now (the "
+            "stamp hashes the harness modules that decide a record and the plan file), so not current; re-run them "
+            f"with {code(f'pytest --plan {res.plan_display()} --cells all')} on a machine of their SM:", "",
+            table(rows, ["checks", "records", "which"]), ""]
 
 
 def _not_run(res: Merged) -> list[str]:

@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.results.checks_version import checks_version
 from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir
 from harness.spec.matrix import Cell, excluded_by, expand
 from harness.spec.plan import Plan
@@ -31,6 +32,7 @@ class Merged:
     covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
     sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
     integration: dict[str, IntegrationRecord] = field(default_factory=dict)
+    checks: dict[str, str] = field(default_factory=dict)  # the current code's and plan's checks_version
 
     def source(self, rec) -> Provenance | None:
         return self.runs.get(rec.run)
@@ -42,6 +44,36 @@ class Merged:
     def status(self, cell: Cell) -> Status | None:
         rec = self.records.get(cell.id)
         return rec.status if rec else None
+
+    def stale_checks(self, rec) -> str:
+        """Why a record is stale ("" where it is not): its run's checks differ from the current code's and plan's,
+        or are unknown (results from before runs recorded them). Only results count: an exclusion is the plan's as
+        it is now, another SM's machine saying "not run here" is no result for the cell, and a record of no known
+        run is a results problem (collect), not a stale one."""
+        prov = self.source(rec)
+        if prov is None or prov.sm != rec.sm or getattr(rec, "status", None) is Status.EXCLUDED:
+            return ""
+        kind = "bench" if isinstance(rec, BenchRecord) else "numerics"
+        made, now = (prov.checks or {}).get(kind), self.checks.get(kind)
+        return "" if made == now else f"made by other checks ({made or 'unstamped'} ≠ {now})"
+
+    def stale_records(self) -> dict[str, list]:
+        """The plan's stale records, by section ("cells", "benchmarks", "integration")."""
+        return {"cells": [r for r in self.records.values() if self.stale_checks(r)],
+                "benchmarks": [r for _, r in self.benchmarks + self.untimed if self.stale_checks(r)],
+                "integration": [r for r in self.integration.values() if self.stale_checks(r)]}
+
+    def stale_summary(self) -> str:
+        """The run's and `report`'s closing line on stale records ("" where there are none)."""
+        stale = self.stale_records()
+        n = sum(map(len, stale.values()))
+        if not n:
+            return ""
+        sms = [sm for sm in self.plan.matrix["sm"] if any(r.sm == sm for rs in stale.values() for r in rs)]
+        bench = " --bench" if stale["benchmarks"] else ""
+        where = f" on {', '.join(sms)}" if sms else ""
+        return (f"{n} stale record{'s' if n > 1 else ''} (made by other checks): re-run them{where}: "
+                f"pytest --plan {self.plan_display()} --cells all{bench}")
 
     def cells_with(self, *statuses: Status) -> list:
         return [c for c in self.cells if self.status(c) in statuses]
@@ -107,7 +139,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
         else:
             untimed.append((bid, rec))
     res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
-                 integration=merged.integration)
+                 integration=merged.integration, checks=checks_version(plan.path))
     unknown_runs = sorted({r.run for r in records.values() if r.run not in res.runs}
                           | {r.run for _, r in benchmarks if r.run not in res.runs}, key=str)
     for run in unknown_runs:

@@ -31,8 +31,8 @@ from harness.spec.status import Status
 FORMAT = "harness-results"
 VERSION = 2
 # Version 1 files have the same layout (records were untyped dicts); they are read as they are. Optional fields
-# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord) keep the version: a harness without them skips them
-# (from_json).
+# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord, Provenance.checks) keep the
+# version: a harness without them skips them (from_json).
 READABLE_VERSIONS = (1, 2)
 
 
@@ -62,6 +62,9 @@ class Provenance:
     commit: str | None = None
     date: str = "?"
     cells: str | None = None  # which runnable cells the run ran: "a pairwise sample of 9 of 54 runnable cells"
+    # The version of the checks that made the run's records, per kind ("numerics", "bench"): harness.results.
+    # checks_version. None in older results: unknown checks, so the report shows their records as stale.
+    checks: dict[str, str] | None = None
 
     @property
     def machine_key(self) -> str:
@@ -155,6 +158,7 @@ class CellRecord:
     minimal_example: str | None = None
     passing: InputsSeen | None = None  # the inputs of the examples that passed
     more_failures: list[Failure] | None = None  # distinct failures besides `reason` (plans of vLLM's own kernels)
+    readings: dict[str, float] | None = None  # each check statistic's largest value over the examples (calibration)
     repro: str | None = None
     expectation: str | None = None
     finished: str = ""

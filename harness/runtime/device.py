@@ -6,8 +6,10 @@ Triton kernels then run in Triton's interpreter on CPU tensors.
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
+import re
 import subprocess
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 from harness.spec.hardware import Hardware
+from harness.results.checks_version import checks_version
 from harness.results.store import Provenance
 
 
@@ -75,8 +78,9 @@ def inductor_settings() -> str:
                        if k.startswith("TORCHINDUCTOR_") and k not in INDUCTOR_KEY_IGNORES))
 
 
-def provenance(root: Path) -> Provenance:
-    """Where and with what a run happened: stored with every result so merged reports can say it."""
+def provenance(root: Path, plan_path: Path | None = None) -> Provenance:
+    """Where and with what a run happened: stored with every result so merged reports can say it. With the plan's
+    path, the version of the checks its records are made by (the report shows records of other checks as stale)."""
     hw = detect()
     return Provenance(
         sm=hw.sm, device=hw.device, gpu=hw.gpu, device_count=hw.device_count, cpu_count=hw.cpu_count,
@@ -84,4 +88,91 @@ def provenance(root: Path) -> Provenance:
         vllm=package_version("vllm"), cuda=torch.version.cuda, python=platform.python_version(),
         triton_interpreter=os.environ.get("TRITON_INTERPRET") == "1", commit=_git_commit(root),
         date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        checks=checks_version(plan_path) if plan_path else None,
     )
+
+
+# ---------------------------------------------------------------- GPU memory shared with other processes
+
+# A per-process cap on the caching allocator, as a fraction of the GPU's memory, applied in every worker and rank
+# (scripts/gpu_run.sh sets it for JOBS=N plans side by side: free memory / N, so they never ask for more together).
+MEMORY_FRACTION_ENV = "HARNESS_GPU_MEMORY_FRACTION"
+GiB = 2**30
+
+
+def apply_memory_cap() -> None:
+    """Cap this process's share of the current GPU at HARNESS_GPU_MEMORY_FRACTION, where set (and there is a GPU)."""
+    fraction = os.environ.get(MEMORY_FRACTION_ENV)
+    if fraction and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(min(1.0, float(fraction)))
+
+
+def free_device_memory(collect: bool = True) -> None:
+    """Give the GPU back what this process caches: tensors only cycles keep (gc) and the allocator's free blocks.
+    Touches nothing where CUDA was never used (a CPU run)."""
+    if torch.cuda.is_initialized():
+        if collect:
+            gc.collect()
+        torch.cuda.empty_cache()
+
+
+_SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB|TiB)"  # torch's format_size
+_UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": GiB, "TiB": 2**40}
+CUDA_OOM = re.compile(r"CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation")
+OTHERS_SLACK = GiB  # below this, what "others" hold is this process's own context and libraries' workspaces
+
+
+def _sizes(pattern: str, text: str) -> list[float]:
+    return [float(n) * _UNITS[u] for n, u in re.findall(pattern.replace("SIZE", _SIZE), text)]
+
+
+def out_of_memory_facts(text: str) -> dict[str, float]:
+    """What torch's CUDA out-of-memory message says, in bytes: requested, total, free, allocated (this process's live
+    tensors), own (this process, per NVML), others (other processes, per NVML), allowed (the per-process cap). A
+    message without them (a raw cudaMalloc's) gives what torch.cuda says now, where CUDA is in use here."""
+    facts = {}
+    for name, pattern in (("requested", r"Tried to allocate SIZE"), ("allowed", r"SIZE allowed;"),
+                          ("allocated", r"Of the allocated memory SIZE is allocated by PyTorch"),
+                          ("unallocated", r"and SIZE is reserved by PyTorch but unallocated"),
+                          ("own", r"this process has SIZE memory in use")):
+        found = _sizes(pattern, text)
+        if found:
+            facts[name] = found[0]
+    capacity = re.search(r"total capacity of SIZE of which SIZE is free".replace("SIZE", _SIZE), text)
+    if capacity:
+        facts["total"] = float(capacity[1]) * _UNITS[capacity[2]]
+        facts["free"] = float(capacity[3]) * _UNITS[capacity[4]]
+    elif torch.cuda.is_initialized():
+        facts["free"], facts["total"] = map(float, torch.cuda.mem_get_info())
+        facts.setdefault("allocated", float(torch.cuda.memory_allocated()))
+        facts.setdefault("own", float(torch.cuda.memory_reserved()))
+    others = _sizes(r"Process \d+ has SIZE memory in use", text)
+    if others:
+        facts["others"] = sum(others)
+    elif "total" in facts:  # no NVML: all that is neither free nor this process's
+        own = facts.get("own", facts.get("allocated", 0.0) + facts.get("unallocated", 0.0))
+        facts["others"] = max(0.0, facts["total"] - facts["free"] - own)
+    return facts
+
+
+def memory_held_elsewhere(text: str) -> str | None:
+    """Why a CUDA out-of-memory is this machine's and not the kernel's, or None: it is the kernel's.
+
+    The rule: the kernel's only when its request could not be met on this GPU even with the GPU to itself, i.e. the
+    size torch says it tried to allocate plus the tensors this process holds live is more than the GPU's total
+    memory (a kernel asking for 1 PiB). Otherwise memory other processes hold (plans side by side, another user),
+    this process's cached blocks or its per-process cap (HARNESS_GPU_MEMORY_FRACTION) denied it: a solo run would
+    not have failed there. Where torch does not say the size (a raw cudaMalloc, memcheck's uncached allocator), it is
+    the machine's only when other processes hold more than OTHERS_SLACK."""
+    if not CUDA_OOM.search(text):
+        return None
+    facts = out_of_memory_facts(text)
+    others = facts.get("others", 0.0)
+    if "requested" in facts and "total" in facts:
+        if facts["requested"] + facts.get("allocated", 0.0) > facts["total"]:
+            return None
+    elif others < OTHERS_SLACK:
+        return None
+    cap = (f"; this process's cap is {facts['allowed'] / GiB:.1f} GiB ({MEMORY_FRACTION_ENV}: plans side by side "
+           "share the GPU)") if "allowed" in facts else ""
+    return f"the GPU ran out of memory ({others / GiB:.1f} GiB held by other processes{cap})"

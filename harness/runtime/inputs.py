@@ -18,12 +18,11 @@ from harness.spec.matrix import Cell
 from harness.spec.expressions import evaluate
 from harness.runtime.resolve import resolve
 from harness.spec.dtypes import DTYPE
-from harness.spec.plan import STRUCTURED_INITS, Arg, Plan
+from harness.spec.plan import STRUCTURED_INITS, VALUE_SCALES, Arg, Plan
 
 # Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
 TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}
 DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol
-VALUE_SCALES = ("normal", "tiny", "large", "outliers", "zero_rows")
 # Largest magnitude drawn per scale; "large" stays inside fp16's range after squaring in fp32.
 _SCALE = {"normal": 1.0, "tiny": 1e-3, "large": 100.0, "outliers": 1.0, "zero_rows": 1.0}
 
@@ -331,6 +330,7 @@ def _fill(arg: Arg, shape, dtype, scale: str, gen, device, sizes: dict) -> torch
     elif arg.init == "around_one":  # weights of a norm layer sit near 1
         data = 1.0 + 0.1 * torch.randn(full, generator=gen, device=device)
     else:
+        scale = scale if scale in arg.value_scales else "normal"
         data = torch.randn(full, generator=gen, device=device) * _SCALE[scale]
         if scale == "outliers" and data.numel():
             idx = torch.randint(0, data.numel(), (max(1, data.numel() // 100),), generator=gen, device=device)

@@ -15,6 +15,7 @@ outputs the op writes land in `values` as in eager mode, so the caller compares 
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import torch
@@ -88,18 +89,27 @@ OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor",
 
 
 class _Compiled:
-    """The op under torch.compile(fullgraph=True), counting the graphs its backend compiles."""
+    """The op under torch.compile(fullgraph=True), counting the graphs its backend compiles (with Dynamo's id of
+    each, e.g. "0/3", which prefixes the reason Dynamo gives when that graph's guards fail)."""
 
     def __init__(self, op):
-        self.compiles = 0
+        self.compiles, self.compile_ids = 0, []
+        self.graphs: dict[tuple, list[str]] = {}  # variant key -> ids of the graphs compiled for it
 
         def count_compiles(gm, example_inputs):
             from torch._inductor.compile_fx import compile_fx
 
             self.compiles += 1
+            self.compile_ids.append(str(torch._guards.CompileContext.current_compile_id()))
             return compile_fx(gm, example_inputs)
 
-        self.fn = torch.compile(lambda *args: op(*args), fullgraph=True, backend=count_compiles)
+        self.call = lambda *args: op(*args)
+        self.fn = torch.compile(self.call, fullgraph=True, backend=count_compiles)
+
+    def guard_failures(self) -> list:
+        """Dynamo's reasons so far for not reusing a cached graph of this function, "<compile id>: <failed guard>"
+        (torch._dynamo.utils.guard_failures, filled on every recompile; [] where this torch has none)."""
+        return getattr(torch._dynamo.utils, "guard_failures", {}).get(self.call.__code__, [])
 
 
 # Compiled callers per (op, kernel, fake), kept for the life of the process: a later cell of the same op (another
@@ -120,7 +130,8 @@ class TorchCompile:
         torch._dynamo.config.cache_size_limit = 1024  # never fall back to eager silently
         if hasattr(torch._dynamo.config, "recompile_limit"):
             torch._dynamo.config.recompile_limit = 1024
-        self.compiles, self.seen_keys, self.opcheck_failure = 0, set(), None
+        # variant key -> the token counts seen with it (harness.runtime.modes.variant_key)
+        self.compiles, self.seen, self.opcheck_failure = 0, {}, None
         self.facts = {"compiles": 0, "shapes": 0, "opcheck": None}
         # A derived fake is a new function per call: the reference and outputs it is derived from identify it.
         key = (plan.op_qualname, plan.schema(), kernel, fake or (plan.reference, tuple(plan.outputs)))
@@ -155,23 +166,52 @@ class TorchCompile:
             for d, size in enumerate(arg.shape or ()):  # a batch's sequences and blocks vary per call too
                 if d != self.plan.token_dim(n) and size.names & BATCH_SYMBOLS:
                     torch._dynamo.decorators.mark_unbacked(values[n], d)
+                    base = values[n]._base  # a view: Dynamo guards on its buffer's sizes too (block_tables' rows)
+                    if base is not None and base.dim() == values[n].dim():
+                        torch._dynamo.decorators.mark_unbacked(base, d)
             dim = self.plan.token_dim(n) if arg.is_tensor else None
             if dim is not None:
                 torch._dynamo.decorators.mark_unbacked(values[n], dim)
                 if values[n]._base is not None:  # a strided view: Dynamo guards on its buffer's size too
                     torch._dynamo.decorators.mark_unbacked(values[n]._base, dim)
-        before, key = self.compiled.compiles, example.shape_key()
+        key = variant_key(values, example)
+        before, failures_before = self.compiled.compiles, len(self.compiled.guard_failures())
         out = self.compiled.fn(*args)
         compiled_now = self.compiled.compiles - before
         self.compiles += compiled_now
         self.facts["compiles"] = self.compiles
-        if key in self.seen_keys and compiled_now:
-            raise Mismatch(f"torch.compile recompiled for num_tokens={example.num_tokens} on a shape it had "
-                           f"compiled before ({self.compiles} compilations for {len(self.seen_keys)} shapes): "
-                           "the token dimension must stay dynamic")
-        self.seen_keys.add(key)
-        self.facts["shapes"] = len(self.seen_keys)
+        graphs, tokens = self.compiled.graphs.setdefault(key, []), self.seen.setdefault(key, [])
+        graphs += self.compiled.compile_ids[len(self.compiled.compile_ids) - compiled_now:]
+        if tokens and compiled_now:  # a graph for this very variant existed: only the token count was new to it
+            # Dynamo tried each cached graph: the reason one of this variant's gave is the one that matters
+            reasons = [str(r) for r in self.compiled.guard_failures()[failures_before:]]
+            reasons = [r for r in reasons if r.split(":")[0] in graphs] or [r for r in reasons if r[:1].isalpha()]
+            raise Mismatch(self._recompiled(example, tokens, reasons))
+        if example.num_tokens not in tokens:
+            tokens.append(example.num_tokens)
+        self.facts["shapes"] = len(self.seen)
         return out
+
+    def _recompiled(self, example: Example, tokens: list[int], reasons: list[str]) -> str:
+        """Why the cell fails: the token counts of the variant, and Dynamo's reason for not reusing its graph."""
+        batch = any(d.names & BATCH_SYMBOLS for a in self.plan.tensor_args for d in a.shape)
+        changed = "num_tokens and the batch's sequences and blocks" if batch else "num_tokens"
+        earlier = ", ".join(map(str, tokens[-5:][::-1])) + (", …" if len(tokens) > 5 else "")
+        text = (f"torch.compile recompiled when only {changed} changed ({example.num_tokens}, after {earlier}): "
+                f"the token dimension must stay dynamic ({self.compiles} compilations for {len(self.seen)} "
+                "input variants in this cell)")
+        reason = next(iter(reasons), "").split("\n")[0].split("  #")[0].strip()
+        reason = re.sub(r"^\d+/\d+: ", "", reason)
+        reason = re.sub(r"(?:L\[')?args(?:'\])?\[(\d+)\]", lambda m: self.names[int(m.group(1))], reason)
+        return text + (f"; Dynamo's guard that failed: {reason[:300]}" if reason else "")
+
+
+def variant_key(values: dict, example: Example) -> tuple:
+    """What one compiled graph may be specialised on, all of it drawn by the harness: the sizes and layouts, which
+    optional inputs are None, each tensor's dtype, each Python scalar's type and value (Dynamo guards on every one).
+    Not the token count, nor the batch's sizes: those are unbacked, and a compile for them alone fails the cell."""
+    kinds = tuple(str(v.dtype) if isinstance(v, torch.Tensor) else (type(v).__name__, v) for v in values.values())
+    return example.shape_key(), tuple(values), kinds
 
 
 # ---------------------------------------------------------------- CUDA graphs

@@ -4,7 +4,9 @@ Loading a plan (harness.spec.load) never imports the user's code, so `python -m 
 Markdown without torch. Resolving does: `resolve(plan)` imports the kernel, reference, fake and input
 generator (and op.replaces, vllm.layer outside vLLM's package), checks that each is callable with the plan's
 arguments as the harness passes them (by name; the fake in order), and that a `vllm:` kernel's schema takes
-the plan's arguments in order. A failure is a PlanError at the field's line (`plan.yaml:4: op.kernel: ...`).
+the plan's arguments in order. A failure is a PlanError at the field's line (`plan.yaml:4: op.kernel: ...`), except
+code this machine cannot import (torch without CUDA, a CUDA-only package missing: `environment_error`): the run goes
+on, and its cells are not run here, with why (`Resolved.unavailable`, raised as KernelUnavailable where used).
 
 A reference, op.replaces or vllm.layer in vLLM's own package is imported where it is used (vLLM may not be
 installed here), and named
@@ -29,6 +31,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from harness.spec.load import load_plan
@@ -36,6 +39,13 @@ from harness.spec.plan import Plan, PlanError
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
 from harness.spec.vllm_ops import adapter_module, plugin_routes
 
+# What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the
+# plan is wrong: a plan's code failing to import with one of these makes its cells "not run here", not an invalid plan.
+ENVIRONMENT_ERRORS = ("Torch not compiled with CUDA enabled", "CUDA driver", "libcudart", "libcuda.so", "libnvrtc",
+                      "libcublas", "Found no NVIDIA driver", "No CUDA GPUs are available", "NVIDIA driver on your system")
+# Packages that install (or import) only where CUDA is: a ModuleNotFoundError for one is this machine's.
+CUDA_ONLY_PACKAGES = {"cuda", "cupy", "pycuda", "flash_attn", "flashinfer", "deep_gemm", "deep_ep", "xformers",
+                      "tensorrt", "cutlass", "nvidia", "pynvml", "apex", "vllm_flash_attn", "sgl_kernel"}
 OPTIONAL_PACKAGE = "vllm"  # paths into it are imported where they are used: it may not be installed here
 # The fields whose path may lead into vLLM's package: a reference or native may be vLLM's forward_native, and the
 # layer replaced is vLLM's.
@@ -51,6 +61,50 @@ def import_object(path: str) -> Any:
     return obj
 
 
+class KernelUnavailable(Exception):
+    """The plan's kernel (vLLM's compiled one, or code that cannot be imported on this machine) cannot be loaded here:
+    the cells of the plan are not run here, with this."""
+
+
+ON_THIS_MACHINE = "{module} cannot be imported on this machine: "
+
+
+def environment_error(exc: BaseException, module: str) -> str:
+    """Why importing `module` failed for this machine's sake ("" for a mistake in the plan or its code): a CUDA-only
+    package missing, or torch or a library saying CUDA is not here, anywhere in the exception's chain. A misspelt
+    module or attribute is the plan's."""
+    seen, walked = exc, set()
+    while seen is not None and id(seen) not in walked:
+        walked.add(id(seen))
+        text = str(seen)
+        missing = getattr(seen, "name", None) if isinstance(seen, ModuleNotFoundError) else None
+        if missing and missing.split(".")[0] in CUDA_ONLY_PACKAGES \
+                or isinstance(seen, (ImportError, OSError, RuntimeError, AssertionError)) \
+                and any(s in text for s in ENVIRONMENT_ERRORS):
+            line = text.strip().splitlines()[0] if text.strip() else ""
+            return f"{ON_THIS_MACHINE.format(module=module)}{type(seen).__name__}: {line}"
+        seen = seen.__cause__ or seen.__context__
+    return ""
+
+
+def stand_in_library(exc: BaseException) -> str:
+    """The library a kernel failed on because it is a stand-in ("" if not): vLLM replaces triton with a placeholder
+    module (vllm.triton_utils.importing.TritonPlaceholder, TritonLanguagePlaceholder) where Triton has no backend
+    for this machine, and a kernel using it raises: an AttributeError on the stand-in (one of the placeholder's
+    missing functions), or a TypeError in code whose globals hold one (a no-op `@triton.jit` kernel launched, a None
+    `tl.*` called). A stand-in is a module of a class named *Placeholder*."""
+    if not isinstance(exc, (AttributeError, TypeError)):
+        return ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    found = [getattr(exc, "obj", None)] + (list(tb.tb_frame.f_globals.values()) if tb is not None else [])
+    for obj in found:
+        if isinstance(obj, ModuleType) and "Placeholder" in type(obj).__name__:
+            return obj.__name__.split(".")[0]
+    return ""
+
+
 @dataclass
 class Resolved:
     """A plan's callables, imported once (a reference in vLLM's package on first use)."""
@@ -58,10 +112,13 @@ class Resolved:
     plan: Plan
     objects: dict[str, Any] = field(default_factory=dict)  # field (op.kernel, ...) -> what its path names
     warnings: list[str] = field(default_factory=list)  # file:line: field: what the run leaves out, though it runs
+    unavailable: dict[str, str] = field(default_factory=dict)  # field -> why its code cannot be imported here
 
     def _get(self, field_name: str, path: str | None) -> Any:
         if path is None:
             return None
+        if field_name in self.unavailable:
+            raise KernelUnavailable(self.unavailable[field_name])
         if field_name not in self.objects:
             self.objects[field_name] = import_object(path)
         return self.objects[field_name]
@@ -118,8 +175,15 @@ def resolve(plan: Plan) -> Resolved:
             continue
         try:
             obj = resolved._get(field_name, path)
-        except Exception as exc:  # any import-time failure is a plan error here, not a crash
-            raise plan.error(field_name, f"an importable object ({type(exc).__name__}: {exc})", path) from None
+        except Exception as exc:  # any import-time failure is a plan error here, not a crash ...
+            why = environment_error(exc, path.partition(":")[0])
+            if not why:
+                raise plan.error(field_name, f"an importable object ({type(exc).__name__}: {exc})", path) from None
+            # ... unless it is this machine's: the run goes on, and the cells say so
+            resolved.unavailable[field_name] = why
+            resolved.warnings.append(f"{plan.path}:{plan.where(field_name)}: {field_name}: {why}: its cells are "
+                                     "not run here")
+            continue
         if not callable(obj) and (field_name, path) in callables:
             raise plan.error(field_name, "a function (callable)", f"{path}, a {type(obj).__name__}")
     names = [a.name for a in plan.args]
@@ -133,7 +197,7 @@ def resolve(plan: Plan) -> Resolved:
     _check_signature(resolved, "op.fake", names, positional=True)
     _check_named_baselines(plan)
     # an op's vLLM side that lacks what its routes call fails their integration items, not its cells: a warning
-    resolved.warnings = _pinned_optional_arguments(resolved) + _vllm_adapter_warnings(plan)
+    resolved.warnings += _pinned_optional_arguments(resolved) + _vllm_adapter_warnings(plan)
     _resolved[id(plan)] = (plan, resolved)
     return resolved
 
@@ -173,7 +237,7 @@ def _check_named_baselines(plan: Plan) -> None:
             if not installed:
                 continue
             found = named_baseline(plan, at)
-            if isinstance(found, str):
+            if isinstance(found, str) and not found.startswith(ON_THIS_MACHINE.format(module=at.split(":")[0])):
                 raise plan.error(where, f"a callable {what} ({top} is installed here)", found)
 
 
@@ -236,7 +300,8 @@ def named_baseline(plan: Plan, path: str) -> Callable | str:
         fn = import_object(path)
     except Exception as exc:  # a package installed on another machine only: reported, never a crash
         text = str(exc).strip()
-        return f"{path} cannot be imported here: {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+        return environment_error(exc, path.partition(":")[0]) or \
+            f"{path} cannot be imported here: {type(exc).__name__}: {text.splitlines()[0] if text else ''}"
     if not callable(fn):
         return f"{path} is not callable ({type(fn).__name__})"
     return fn

@@ -22,19 +22,20 @@ from hypothesis.errors import FlakyFailure, HypothesisException
 
 from harness.runtime import accumulation, numerics
 from harness.runtime.calls import kernel_outputs, reference_outputs
-from harness.runtime.device import detect
+from harness.runtime.device import detect, free_device_memory, memory_held_elsewhere
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
 from harness.runtime.interpreter_unfaithful import unfaithful
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
 from harness.runtime.required_examples import required_examples
-from harness.runtime.resolve import resolve
+from harness.runtime.resolve import resolve, stand_in_library
 from harness.spec.plan import Plan, Tolerance
 from harness.results.store import CellRecord, Failure, InputsSeen, Status
 
 from harness.spec.tolerances import output_tolerance, tolerance_for
 from harness.runtime.tasks import CellTask, RunSettings
+from harness.runtime.tf32 import fp32_dot_precision
 from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
 
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
@@ -90,13 +91,21 @@ def exception_text(exc: BaseException) -> str:
                                     "request to PyTorch.)", "")
 
 
-def kernel_error(exc: Exception, ex: Example, device: str) -> KernelRaised:
-    """What a user reads when the kernel raises: out of memory in words, else the exception and where."""
+def kernel_error(exc: Exception, ex: Example, device: str) -> BaseException:
+    """What a user reads when the kernel raises: out of memory in words, else the exception and where. Where this
+    machine, not the kernel, is at fault (memory other processes hold, a library's stand-in), a NotRunHere."""
     frame = traceback.extract_tb(exc.__traceback__)[-1]
     where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # an installed package: by its path
     text = exception_text(exc)
+    library = stand_in_library(exc)
+    if library:
+        return NotRunHere(f"{library} cannot run on this machine (the kernel ran against a stand-in for it: "
+                          f"{type(exc).__name__}: {text.splitlines()[0][:300]}; {where})")
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text \
             or "not enough memory" in text.lower():
+        elsewhere = memory_held_elsewhere(text)
+        if elsewhere:
+            return NotRunHere(elsewhere, out_of_memory=True)
         return KernelRaised(f"out of memory at {ex.describe()}: the kernel asked for more memory than the {device} "
                             f"has ({text.splitlines()[0][:300]}; {where})")
     return KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} ({where})")
@@ -105,6 +114,15 @@ def kernel_error(exc: Exception, ex: Example, device: str) -> KernelRaised:
 class Inconclusive(BaseException):
     """The kernel used a construct Triton's interpreter cannot compute as a GPU does: the cell says nothing of the
     kernel on this machine. A BaseException, so that hypothesis stops at once instead of shrinking it."""
+
+
+class NotRunHere(Inconclusive):
+    """This machine failed the example, not the kernel: the GPU's memory held by other processes (`out_of_memory`:
+    the example is tried once more with caches freed), or a library that cannot run here. Not run here, never failed."""
+
+    def __init__(self, reason: str, out_of_memory: bool = False):
+        super().__init__(reason)
+        self.out_of_memory = out_of_memory
 
 
 class CellCheck:
@@ -116,6 +134,11 @@ class CellCheck:
         self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
         self.tol = tolerance_for(plan, cell.dtype)
         self.stats = Stats()
+        self.accumulation = accumulation.Readings(plan.reduction)
+        sixteen_bit = plan.accumulation == "fp32" and cell.dtype in ("fp16", "bf16")
+        self.accumulation_note = accumulation.NOT_ON_CPU if sixteen_bit and device != "cuda" and \
+            plan.reduction != "row_scale" else None
+        self.accumulation_checked = sixteen_bit and self.accumulation_note is None
         self.count = 0
         self.last_failure: tuple[Example, BaseException] | None = None
         self.passing = InputsSeen()  # what the examples that passed looked like
@@ -152,13 +175,13 @@ class CellCheck:
         actual = kernel_outputs(plan, values, self._call(values, ex))
         for name in plan.outputs:
             self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
-        if plan.accumulation == "fp32" and self.cell.dtype in ("fp16", "bf16") and \
+        if self.accumulation_checked and \
                 max((t.numel() for t in actual.values() if isinstance(t, torch.Tensor)), default=0) <= \
                 accumulation.MAX_ELEMENTS:
             truth = exact_outputs(plan, self.reference, inputs)
             for name in plan.outputs:
                 if not plan.quantization.of(name):
-                    accumulation.check(name, actual[name], expected[name], truth[name])
+                    self.accumulation.check(name, actual[name], expected[name], truth[name])
         for name, before in untouched.items():
             numerics.check_unchanged(name, before, values[name])
         if plan.returned_outputs:
@@ -244,7 +267,17 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     def test(ex):
         progress("example", example=ex)
         try:
-            check(ex)
+            retry = False
+            try:
+                check(ex)
+            except (NotRunHere, torch.OutOfMemoryError) as exc:  # the kernel's own OOM is a KernelRaised
+                if isinstance(exc, NotRunHere) and not exc.out_of_memory:
+                    raise
+                retry = True
+            if retry:  # memory held by others or by this process's caches: once more with them freed
+                check.last_failure = None  # it held the failed call's tensors
+                free_device_memory()
+                check(ex)
         except BaseException as exc:
             faulted = device == "cuda" and any(s in str(exc) for s in FATAL_DEVICE_ERRORS)
             progress("finished", failed=True, device_fault=faulted)
@@ -268,8 +301,8 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     device_fault = False
     try:
         test()
-    except Inconclusive as exc:  # not failed: a GPU judges this cell (README: inconclusive on a CPU machine)
-        rec.status, rec.reason = Status.NOT_RUN, str(exc)
+    except Inconclusive as exc:  # not failed: a GPU judges this cell (README: inconclusive on a CPU machine), or
+        rec.status, rec.reason = Status.NOT_RUN, str(exc)  # a machine whose memory others hold (NotRunHere)
     except Exception as exc:  # hypothesis re-raises the minimal example's failure
         more = []
         if isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # flaky (failed once, not on replay), or several
@@ -278,7 +311,10 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
         rec.more_failures = [Failure(str(e).strip() or type(e).__name__,
                                      check.failed_on[id(e)].describe() if id(e) in check.failed_on else None)
                              for e in more] or None
-        if isinstance(exc, HypothesisException):
+        elsewhere = memory_held_elsewhere(str(exc))
+        if elsewhere:  # out of memory outside the kernel call (its inputs, the reference) or on a TP rank: not its
+            rec.status, rec.reason, rec.more_failures = Status.NOT_RUN, elsewhere, None
+        elif isinstance(exc, HypothesisException):
             rec.reason = f"hypothesis: {exc}"
         else:
             failing = (check.failed_on[id(exc)],) if id(exc) in check.failed_on else check.last_failure
@@ -297,6 +333,11 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     rec.duration_s = round(time.monotonic() - start, 3)
     rec.tolerance = Tolerance(check.tol.atol, check.tol.rtol)
     rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {}), **required_facts}
+    if cell.dtype == "fp32" and (precision := fp32_dot_precision(check.kernel)):
+        rec.facts["fp32 dots"] = precision
+    said = check.accumulation.verdict() or check.accumulation_note
+    rec.facts.update({"accumulation": said} if said else {})
+    rec.readings = dict(check.accumulation.values) or None
     rec.passing = check.passing if check.passing.examples else None
     if not plan.contract.empty:  # what the inputs were drawn within (results outlive a plan's edits)
         rec.facts["contract"] = plan.contract.describe()

@@ -284,6 +284,7 @@ class TPCheck(CellCheck):
 
     def __init__(self, plan: Plan, cell: Cell, device: str):
         super().__init__(plan, cell, device)
+        self.accumulation_checked, self.accumulation_note = False, None  # tp1 cells check it on the same kernel
         self.size = cell.tp
         self.tp_multiple = tp_multiples(plan, self.size)
         self.local = RankRun(plan, cell, device, 0, self.size, self.runner)

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from harness.runtime.device import package_version
-from harness.runtime.resolve import resolve
+from harness.runtime.resolve import KernelUnavailable, resolve  # KernelUnavailable: also what callers catch from here
 from harness.spec.plan import Plan
 from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel
@@ -56,10 +56,6 @@ def load_vllm_ops() -> str:
         return ""
     except Exception as exc:
         return f"vLLM's kernels could not be loaded ({type(exc).__name__}: {exc})"
-
-
-class KernelUnavailable(Exception):
-    """vLLM's kernel cannot be loaded on this machine: the cells of a plan testing it are not run here, with this."""
 
 
 def _source() -> str:
@@ -102,9 +98,13 @@ def compiled_op(kernel: VllmKernel) -> Callable | str:
 
 def load_kernel(plan: Plan) -> Callable:
     """The plan's kernel under test: vLLM's own (`op.kernel: vllm:<name>`), called with the plan's arguments in order,
-    else the plan's import path. Raises KernelUnavailable where vLLM's kernel cannot be loaded here."""
+    else the plan's import path. Raises KernelUnavailable where vLLM's kernel, or the plan's code, cannot be loaded
+    here."""
+    resolved = resolve(plan)
+    if resolved.unavailable:  # some of the plan's code cannot be imported on this machine: no cell runs here
+        raise KernelUnavailable(next(iter(resolved.unavailable.values())))
     if not plan.vllm_kernel:
-        return resolve(plan).kernel
+        return resolved.kernel
     op = compiled_op(VLLM_KERNELS[plan.vllm_kernel])
     if isinstance(op, str):
         raise KernelUnavailable(op)

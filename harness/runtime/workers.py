@@ -57,7 +57,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from harness.runtime.device import detect
+from harness.runtime.device import apply_memory_cap, detect, free_device_memory
 from harness.runtime.interpreter import make_faithful
 
 # Multicast NVLink (NVLS) is off for every group: where the fabric does not support it, NCCL and
@@ -155,6 +155,7 @@ def _worker_main(conn, env: dict, prepare: tuple[Callable, Any] | None = None) -
     _mirror_env(env)  # TRITON_INTERPRET among them, before any kernel module decorates its kernels
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     start_up()
+    apply_memory_cap()  # plans side by side on one GPU (HARNESS_GPU_MEMORY_FRACTION)
     if prepare:
         try:
             _invoke(*prepare)
@@ -168,6 +169,7 @@ def _worker_main(conn, env: dict, prepare: tuple[Callable, Any] | None = None) -
             return
         if task is None or _serve(conn, *task):
             return  # asked to stop, or the device context is unusable: the parent starts a fresh worker
+        free_device_memory()  # sit on no cached blocks between cells: other processes may share the GPU
 
 
 def _fault(reply: tuple) -> Any:
@@ -413,6 +415,7 @@ def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)  # one GPU per rank
+            apply_memory_cap()
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
                                 timeout=timedelta(seconds=PROCESS_GROUP_TIMEOUT_S))
     except BaseException:
@@ -428,7 +431,7 @@ def _rank_main(conn, rank: int, size: int, backend: str, store: str, stacks: str
             break
         fatal = _serve(conn, *task)
         if backend == "nccl":
-            torch.cuda.empty_cache()  # groups of every TP size share GPU 0..N-1: hold no cached blocks between cells
+            free_device_memory()  # groups of every TP size share GPU 0..N-1: hold no cached blocks between cells
         if fatal:
             break  # the group is replaced before the next cell
     try:

@@ -17,7 +17,7 @@ from harness.spec import schema as S
 from harness.spec.dtypes import DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
-    Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
+    VALUE_SCALES, Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
 
@@ -99,7 +99,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider, vllm.adapter,
                   vllm.in_tree_provider, vllm.why_not_proven),
         capture_sizes=many(spec.cuda_graph.capture_sizes) or None if spec.cuda_graph else None,
-        accumulation=op.accumulation, raw_text=text,
+        accumulation=op.accumulation, reduction=op.reduction, raw_text=text,
         contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(), native=op.native,
         lines={dotted(loc): line for loc, line in w.lines.items() if loc},
         paths=_paths(w, op.paths, sizes),
@@ -222,7 +222,8 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
         if spec.optional and spec.role == "output":
             raise w.fail(loc + ("optional",), "an input (an output buffer is always passed)", True)
         args.append(Arg(name=name, shape=tuple(dims), dtype=spec.dtype, layouts=many(spec.layout), init=init,
-                        init_args=init_args, role=spec.role, pad=spec.pad, optional=spec.optional, line=line))
+                        init_args=init_args, role=spec.role, pad=spec.pad, optional=spec.optional,
+                        value_scales=tuple(spec.value_scales or VALUE_SCALES), line=line))
     return tuple(args)
 
 

@@ -25,6 +25,7 @@ INTENTS = ("drop-in", "fusion", "new-algorithm", "quantization")
 AXES = ("phase", "dtype", "tp", "graph_mode", "sm")
 PROFILES = ("dev", "ci", "nightly")  # numerics profiles (hypothesis profiles harness-<name>)
 LAYOUTS = ("contiguous", "strided")
+VALUE_SCALES = ("normal", "tiny", "large", "outliers", "zero_rows")  # the value scales examples are drawn at
 # Value initialisations by name. The structured ones come from the example's batch (harness.runtime.batches): positions
 # as vLLM's scheduler forms them per phase, and a paged KV cache's block tables and lengths consistent with them.
 INITS = ("normal", "around_one", "uniform", "zeros", "ones")
@@ -99,6 +100,7 @@ class Arg:
     value_expr: str | None = None  # a scalar computed from the sizes (`head_size`)
     pad: float = 0  # what CUDA-graph padding rows hold (a value valid for the op: a position, a length)
     optional: bool = False  # an input the kernel also takes as None: drawn with and without a value
+    value_scales: tuple[str, ...] = VALUE_SCALES  # the value scales this input is drawn at (others: normal)
     line: int = 0
 
     @property
@@ -379,6 +381,7 @@ class Plan:
     vllm: Vllm
     capture_sizes: tuple[int, ...] | None
     accumulation: str
+    reduction: str  # op.reduction: what the accumulation check can tell (harness.runtime.accumulation)
     raw_text: str = field(repr=False, default="")
     warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
     contract: Contract = Contract()  # the kernel's preconditions (op.contract)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_mo
 
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
 from harness.spec.plan import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
-    ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VLLM_ROUTES, Numerics
+    ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES, VLLM_ROUTES, Numerics
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 # Tags of the forms a value may take: in pydantic's error locations, never in the plan's own (dropped there).
@@ -120,6 +120,10 @@ class TensorArg(Section):
     pad: Number = Field(0, description="a number (the CUDA-graph padding value)")
     optional: bool = Field(False, description="true: the kernel also takes None here; every cell draws examples "
                            "with a value and without (None)")
+    value_scales: Optional[list[Literal[VALUE_SCALES]]] = Field(
+        None, min_length=1, description="the value scales drawn for this input (default: all of "
+        f"{', '.join(VALUE_SCALES)}); an example of another scale fills it at the normal scale (attention's query "
+        "and keys: logits of a model stay far below the 1e4 that values of 100 give)")
 
 
 class SizeArg(Section):
@@ -162,6 +166,11 @@ class Op(Section):
     mutates: one_or_list(str, "inputs the op writes") = []
     sizes: dict[str, SizeSpec] = {}
     accumulation: Literal["fp32", "input"] = "fp32"
+    reduction: Literal["row_scale", "dot", "weighted_sum", "unknown"] = Field(
+        "unknown", description="the op's kind of reduction, which says what the fp32-accumulation check can tell "
+        "from a correct kernel's own roundings: row_scale (a reduction's result scales each output row: norms, "
+        "per-token scales), dot (each output is a dot product: GEMMs), weighted_sum (softmax-weighted sums: "
+        "attention), unknown (only what no correct kernel of any kind shows fails)")
     fake: Optional[import_path()] = None
     generate: Optional[import_path()] = None
     contract: Optional[Contract] = None

@@ -1,0 +1,1 @@
+"""The calibration corpus of the harness's checks (python -m tests.calibration; docs/calibration.md)."""
