@@ -200,11 +200,14 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")))
     parser.add_argument("--only", default=None, help="entries whose label contains this")
     parser.add_argument("--reports-dir", type=Path, default=BUILD / "reports")
+    parser.add_argument("--table-only", action="store_true", help="print the table of the results in --reports-dir "
+                        "(another machine's run) without running anything")
     args, extra = parser.parse_known_args(argv)
     entries = [e for e in CORPUS if not args.only or args.only in e.label]
-    paths = write_plans(entries)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(lambda e: run(paths[e.label], args.reports_dir, extra), entries))
+    if not args.table_only:
+        paths = write_plans(entries)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda e: run(paths[e.label], args.reports_dir, extra), entries))
     table, holds = [], True
     for e in entries:
         reduction = entry_plan(e)["op"].get("reduction", "unknown")
