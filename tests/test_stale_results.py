@@ -3,6 +3,8 @@ that decide a record and the plan file), and the page and the run's summary mark
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import json
 import shutil
 import subprocess
@@ -152,3 +154,5 @@ def test_the_run_stamps_its_records_and_counts_the_stale_ones_at_the_end(tmp_pat
     runs = merge_dir(reports / "rms_norm" / "results", "rms_norm")[0].runs
     assert runs.pop("run-old").checks == OTHER
     assert [prov.checks for prov in runs.values()] == [cv.checks_version(ROOT / "plan.yaml")]
+    # the harness's own version beside the plan repository's commit
+    assert [prov.harness.split(" ")[0] for prov in runs.values()] == [importlib.metadata.version("vllm-op-plan")]

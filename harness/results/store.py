@@ -65,6 +65,7 @@ class Provenance:
     # The version of the checks that made the run's records, per kind ("numerics", "bench"): harness.results.
     # checks_version. None in older results: unknown checks, so the report shows their records as stale.
     checks: dict[str, str] | None = None
+    harness: str | None = None  # the harness's version and commit (`commit` is the plan repository's)
 
     @property
     def machine_key(self) -> str:

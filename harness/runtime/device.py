@@ -41,9 +41,18 @@ def detect() -> Hardware:
     return Hardware("cpu", "cpu", platform.processor() or platform.machine(), 0, cpus)
 
 
-def _git_commit(root: Path) -> str | None:
-    """HARNESS_COMMIT where the job names the commit (a copied tree's .git may be stale or absent), else git's."""
-    if os.environ.get("HARNESS_COMMIT"):
+def harness_version() -> str:
+    """The harness's own version: its package's, and its checkout's commit where it runs from one (a user's plan
+    repository has its own commit, `Provenance.commit`)."""
+    version = package_version("vllm-op-plan") or "unknown"
+    commit = _git_commit(Path(__file__).resolve().parents[2], named=False)
+    return f"{version} ({commit})" if commit else version
+
+
+def _git_commit(root: Path, named: bool = True) -> str | None:
+    """HARNESS_COMMIT where the job names the commit (a copied tree's .git may be stale or absent), else git's.
+    `named=False`: git's only (a folder that is no checkout: None)."""
+    if named and os.environ.get("HARNESS_COMMIT"):
         return os.environ["HARNESS_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -51,9 +60,9 @@ def _git_commit(root: Path) -> str | None:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        return os.environ.get("HARNESS_COMMIT")
+        return os.environ.get("HARNESS_COMMIT") if named else None
     if out.returncode != 0:  # a copy of the tree without .git (e.g. a CI artifact): the job may say it
-        return os.environ.get("HARNESS_COMMIT")
+        return os.environ.get("HARNESS_COMMIT") if named else None
     return out.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -88,7 +97,7 @@ def provenance(root: Path, plan_path: Path | None = None) -> Provenance:
         vllm=package_version("vllm"), cuda=torch.version.cuda, python=platform.python_version(),
         triton_interpreter=os.environ.get("TRITON_INTERPRET") == "1", commit=_git_commit(root),
         date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        checks=checks_version(plan_path) if plan_path else None,
+        checks=checks_version(plan_path) if plan_path else None, harness=harness_version(),
     )
 
 
