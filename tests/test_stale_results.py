@@ -4,7 +4,6 @@ that decide a record and the plan file), and the page and the run's summary mark
 from __future__ import annotations
 
 import importlib.metadata
-
 import json
 import shutil
 import subprocess
