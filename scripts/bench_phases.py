@@ -2,7 +2,7 @@
 indented, the steps inside it: estimates, graph capture, the timed samples, the launch-inclusive samples), the
 checks after timing, input sets. The items run one after another in this process (no pytest, no precompile step),
 with harness.runtime.bench's and harness.runtime.timing's functions wrapped in wall clocks (no profiler);
-docs/performance.md reads from it.
+docs/performance.md and docs/changelog.md read from it.
 
     python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...] [field=value ...]
 

@@ -1,6 +1,6 @@
 """Other launches of the shipped fused add + RMSNorm kernel, as named baselines of scripts/fused_add_launches.yaml:
 timed beside the kernel, Inductor and each other in the plan's own benchmark items (the timings that ship), where a
-script's own timing loop ranks variants differently (docs/performance.md).
+script's own timing loop ranks variants differently (docs/performance.md, "The fused add at 2048 tokens").
 
     pytest --plan scripts/fused_add_launches.yaml --bench -m bench
 

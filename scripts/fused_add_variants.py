@@ -1,6 +1,7 @@
 """Fused add + RMSNorm's two-pass kernel four ways at prefill shapes on a GPU: loops over the runtime width or
 unrolled over a constant one (`-static`), writing in place (the op's contract) or into separate outputs (`-sep`, as
-Inductor's compiled reference does), beside the shipped kernel and Inductor. docs/performance.md reads from it.
+Inductor's compiled reference does), beside the shipped kernel and Inductor. docs/performance.md and
+docs/changelog.md read from it.
 
     python scripts/fused_add_variants.py [--sliced] [TOKENSxHIDDEN ...]   (default: seven prefill shapes)
 

@@ -2,7 +2,8 @@
 
 On an H200 the fused add's item at 2048 x 4096 under graphs had the kernel (and vLLM's in-place kernel) at
 18.5 us where `scripts/fused_add_variants.py` had 17.4 us on the same machine, while Inductor's out-of-place
-reference moved by 0.15 us (docs/performance.md, fifteenth round). This times the plan's kernel call
+reference moved by 0.15 us (docs/performance.md, "The fused add at 2048 tokens"; docs/changelog.md, fifteenth
+round). This times the plan's kernel call
 (harness.runtime.bench.kernel_call) with the harness's own timer step by step towards `run_benchmark`: fresh
 sliced input sets, the item's check inputs held, after its bounds are measured, separately allocated sets, the
 whole item, then fresh sets again; Inductor's compiled reference beside it.

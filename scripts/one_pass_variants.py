@@ -1,6 +1,6 @@
 """The one-pass RMSNorm and fused add + RMSNorm kernels on a GPU, varied: rows per program, warps, and an
 `evict_first` hint on the activation loads (`-ef`), beside the shipped launch and Inductor.
-kernels/rms_norm.py's launch rule and docs/performance.md read from it.
+kernels/rms_norm.py's launch rule, docs/performance.md and docs/changelog.md read from it.
 
     python scripts/one_pass_variants.py [TOKENS] [HIDDEN] [INDUCTOR_CODE_FILE] [OPS]
     (defaults 2048,8192 2048,4096,5120,8192 - rms_norm,fused_add_rms_norm; "-": no code file)
