@@ -186,6 +186,9 @@ def resolve(plan: Plan) -> Resolved:
             continue
         if not callable(obj) and (field_name, path) in callables:
             raise plan.error(field_name, "a function (callable)", f"{path}, a {type(obj).__name__}")
+        if (field_name, path) in callables and is_triton_kernel(obj):
+            raise plan.error(field_name, TRITON_KERNEL_EXPECTED.get(field_name, TRITON_KERNEL_ELSE),
+                             f"{path}, a Triton {type(obj).__name__}")
     names = [a.name for a in plan.args]
     if plan.vllm_kernel:
         _check_vllm_schema(plan)
@@ -194,7 +197,10 @@ def resolve(plan: Plan) -> Resolved:
     inputs = [a.name for a in plan.args if a.role != "output"]
     _check_signature(resolved, "op.reference", inputs)
     _check_signature(resolved, "op.native", inputs)  # called exactly like the reference
+    _check_returns(resolved, "op.reference")
+    _check_returns(resolved, "op.native")
     _check_signature(resolved, "op.fake", names, positional=True)
+    _check_signature(resolved, "op.generate", ["values"], positional=True, keywords=GENERATE_KEYWORDS)
     _check_named_baselines(plan)
     # an op's vLLM side that lacks what its routes call fails their integration items, not its cells: a warning
     resolved.warnings += _pinned_optional_arguments(resolved) + _vllm_adapter_warnings(plan)
@@ -203,22 +209,67 @@ def resolve(plan: Plan) -> Resolved:
 
 
 def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
-    """The kernel's optional arguments (default None) the plan pins to null: no cell ever passes them a value, so a
-    kernel that ignores them passes (a per-token quant ignoring scale_ub). Warned, as the run itself stays right."""
+    """The kernel's optional arguments (default None) the plan pins to null, leaves out, or always passes a tensor:
+    no cell ever passes them a value (a per-token quant ignoring scale_ub passes), or never None (the kernel's path
+    without one is never run). Warned, as the run itself stays right."""
     kernel, plan = resolved.objects.get("op.kernel"), resolved.plan
     try:
         params = inspect.signature(kernel).parameters if kernel is not None else {}
     except (TypeError, ValueError):
         return []
     out = []
+    draw = "give it a shape and `optional: true` to draw it with and without one"
     for a in plan.args:
         p = params.get(a.name)
+        field_name = f"op.args.{a.name}"
         if p is not None and p.default is None and not a.is_tensor and a.value is None and not a.value_expr:
-            field_name = f"op.args.{a.name}"
             out.append(f"{plan.path}:{plan.where(field_name)}: {field_name}: the kernel's optional argument is pinned "
-                       "to null, so no cell passes it a value: give it a shape and `optional: true` to draw it with "
-                       "and without one")
+                       f"to null, so no cell passes it a value: {draw}")
+        elif p is not None and p.default is None and a.is_tensor and a.role != "output" and not a.optional:
+            out.append(f"{plan.path}:{plan.where(field_name)}: {field_name}: the kernel's optional argument (default "
+                       f"None) is always passed a tensor, so no cell runs the kernel without one: add `optional: "
+                       "true` to draw it with and without one")
+    for name, p in params.items():
+        if p.default is None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not plan.has_arg(name):
+            out.append(f"{plan.path}:{plan.where('op.args')}: op.args: the kernel's optional argument {name} (default "
+                       f"None) is not among the plan's arguments, so no cell passes it a value: add it to op.args "
+                       f"with a shape and `optional: true`, or as `{name}: null` if the op never takes one")
     return out
+
+
+# A Triton kernel (@triton.jit, @triton.autotune, @triton.heuristics) is launched with a grid, `kernel[grid](...)`:
+# called as the plan calls its functions, it raises at the first cell, and its signature (*args, **kwargs) binds
+# anything. Told by its class's module (a JITFunction, an Autotuner, ...) without importing Triton here.
+TRITON_KERNEL_EXPECTED = {"op.kernel": "a @triton.jit function, not its launcher: name the Python function that "
+                                       "launches it"}
+TRITON_KERNEL_ELSE = "a Python function, not a @triton.jit kernel (which is launched with a grid, kernel[grid](...))"
+
+
+def is_triton_kernel(obj: Any) -> bool:
+    return any(c.__module__.split(".")[0] == "triton" for c in type(obj).__mro__)
+
+
+def _returns_none(obj: Any) -> bool:
+    """Whether a function is annotated to return None (`-> None`, also as the string a postponed annotation is)."""
+    try:
+        returns = inspect.signature(obj).return_annotation
+    except (TypeError, ValueError):
+        return False
+    return returns is None or returns == "None"
+
+
+# op.generate's call (harness.runtime.inputs): fn(values, *, plan, cell, example, sizes, generator, device)
+GENERATE_KEYWORDS = ("plan", "cell", "example", "sizes", "generator", "device")
+
+
+def _check_returns(resolved: Resolved, field_name: str) -> None:
+    """A reference (or native) returns the outputs: one annotated to return None is an in-place function, such as
+    the kernel itself named where the reference belongs."""
+    obj = resolved.objects.get(field_name)
+    if obj is not None and _returns_none(obj):
+        path = getattr(resolved.plan, field_name.split(".")[1])
+        raise resolved.plan.error(field_name, "a function returning the op's outputs (op.outputs, in order): this one "
+                                  "is annotated to return None, as an in-place kernel is", f"{path} -> None")
 
 
 def _check_named_baselines(plan: Plan) -> None:
@@ -239,24 +290,54 @@ def _check_named_baselines(plan: Plan) -> None:
             found = named_baseline(plan, at)
             if isinstance(found, str) and not found.startswith(ON_THIS_MACHINE.format(module=at.split(":")[0])):
                 raise plan.error(where, f"a callable {what} ({top} is installed here)", found)
+            if isinstance(found, str):
+                continue
+            if is_triton_kernel(found):
+                raise plan.error(where, TRITON_KERNEL_ELSE, f"{at}, a Triton {type(found).__name__}")
+            # a prepare, and a baseline without one, are called with the kernel's arguments by name; a baseline with a
+            # prepare takes what its prepare returns, known only when it runs
+            if what == "prepare" or plan.benchmark.prepare(name) is None:
+                names = [a.name for a in plan.args]
+                problem = _binds(found, names)
+                if problem:
+                    raise plan.error(where, f"a {what} taking the kernel's arguments by name ({', '.join(names)}): "
+                                     f"{problem}", f"{at}{inspect.signature(found)}")
+            if what == "prepare" and _returns_none(found):
+                raise plan.error(where, "a prepare returning the baseline's arguments by name (a dict): this one is "
+                                 "annotated to return None", f"{at} -> None")
 
 
-def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False) -> None:
-    """The callable accepts the plan's arguments as the harness passes them (by name, or in order)."""
+def _check_signature(resolved: Resolved, field_name: str, names: list[str], positional: bool = False,
+                     keywords: tuple[str, ...] = ()) -> None:
+    """The callable accepts the plan's arguments as the harness passes them (by name, or in order; `keywords`: the
+    names op.generate is also passed)."""
     obj = resolved.objects.get(field_name)
     if obj is None:  # none named, or a path into vLLM's package (checked where it is called)
         return
-    try:
-        sig = inspect.signature(obj)
-    except (TypeError, ValueError):  # a builtin or an op without a Python signature: checked when called
-        return
-    try:
-        sig.bind(*names) if positional else sig.bind(**{n: None for n in names})
-    except TypeError as exc:
+    problem = _binds(obj, names, positional, keywords)
+    if problem:
         how = "in order" if positional else "by name"
         path = getattr(resolved.plan, field_name.split(".")[1])
-        raise resolved.plan.error(field_name, f"a function taking the plan's arguments {how} ({', '.join(names)}): "
-                                  f"{exc}", f"{path}{sig}") from None
+        takes = f"a function taking ({', '.join(names)}, *, {', '.join(keywords)})" if keywords else \
+            f"a function taking the plan's arguments {how} ({', '.join(names)})"
+        raise resolved.plan.error(field_name, f"{takes}: {problem}", f"{path}{inspect.signature(obj)}") from None
+
+
+def _binds(obj: Any, names: list[str], positional: bool = False, keywords: tuple[str, ...] = ()) -> str:
+    """Why `obj` cannot be called with `names` (in order, or by name) and `keywords` by name ("" where it can, or
+    where it has no Python signature: a builtin or an op, checked when called)."""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return ""
+    try:
+        if positional:
+            sig.bind(*names, **{k: None for k in keywords})
+        else:
+            sig.bind(**{n: None for n in names}, **{k: None for k in keywords})
+    except TypeError as exc:
+        return str(exc)
+    return ""
 
 
 # What the op's adapter module defines for each route its plugin takes (docs/adding-an-op.md).
@@ -280,11 +361,56 @@ def _vllm_adapter_warnings(plan: Plan) -> list[str]:
                 "integration items will fail"]
     needed = [name for route in routes for name in ADAPTER_FUNCTIONS[route]]
     missing = [name for name in needed if not callable(getattr(found, name, None))]
-    if not missing:
-        return []
-    return [f"{where}: the op's vLLM side, {module}, defines no {', '.join(missing)} (its routes call "
-            f"{', '.join(needed)}; docs/adding-an-op.md): its vLLM integration items will fail; name the module "
-            "that has them in vllm.adapter"]
+    if missing:
+        return [f"{where}: the op's vLLM side, {module}, defines no {', '.join(missing)} (its routes call "
+                f"{', '.join(needed)}; docs/adding-an-op.md): its vLLM integration items will fail; name the module "
+                "that has them in vllm.adapter"]
+    out = []
+    for name in dict.fromkeys(needed):
+        problem = _adapter_call_problem(plan, name, getattr(found, name))
+        if problem:
+            out.append(f"{where}: {module}.{name} {problem}: its vLLM integration items will fail "
+                       "(docs/adding-an-op.md)")
+    return out
+
+
+# How the generated plugin calls the adapter's functions: the positional arguments vLLM's linear method passes on
+# (exactly these), and for a layer's forward and an IR op, the layer then the call's own arguments (at least these).
+ADAPTER_CALLS = {"vllm_create_weights": ("layer", "input_size_per_partition", "output_partition_sizes", "input_size",
+                                         "output_size", "params_dtype"),
+                 "vllm_apply_inputs": ("layer", "x", "bias")}
+ADAPTER_LEAST = {"vllm_forward_inputs": ("layer", "the forward's first argument"),
+                 "vllm_ir_inputs": ("the IR op's first argument",)}
+
+
+def _adapter_call_problem(plan: Plan, name: str, fn: Any) -> str:
+    """Why an adapter function cannot take the call made to it ("" where it can): `vllm_layer(layer_class, **named)`
+    gets the layer class, then each of its parameters that names a plan argument (or quant_config); the others
+    (harness.integration.routes, the plugin templates) get vLLM's positional arguments."""
+    if is_triton_kernel(fn):
+        return "is a @triton.jit kernel, not a Python function"
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return ""
+    if name == "vllm_layer":
+        given = {a.name for a in plan.args} | {"quant_config"}
+        if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+            return "takes no layer class first (it is called vllm_layer(layer_class, **the plan's arguments it names))"
+        unmet = [p.name for p in params[1:] if p.name not in given and p.default is p.empty
+                 and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return f"needs {', '.join(unmet)}, none of the plan's arguments (it gets the layer class, then the plan's " \
+               f"arguments it names)" if unmet else ""
+    if name in ADAPTER_LEAST:
+        least = ADAPTER_LEAST[name]
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) < len(least) and not any(p.kind == p.VAR_POSITIONAL for p in params):
+            return f"takes {len(positional)} positional arguments; it is called with at least {len(least)} " \
+                   f"({', '.join(least)})"
+        return ""
+    problem = _binds(fn, list(ADAPTER_CALLS[name]), positional=True)
+    return f"cannot take the {len(ADAPTER_CALLS[name])} positional arguments it is called with " \
+           f"({', '.join(ADAPTER_CALLS[name])}): {problem}" if problem else ""
 
 
 def _check_vllm_schema(plan: Plan) -> None:

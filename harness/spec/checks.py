@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from typing import Any
 
 from harness.spec import schema as S
-from harness.spec.dtypes import DTYPE, QUANTIZED_DTYPES
+from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
     VALUE_SCALES, Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
+from harness.spec.tolerances import DEFAULT_TOLERANCE
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
 
@@ -133,7 +135,33 @@ def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str,
             raise w.fail(loc + ("values",), "values that meet the symbol's own constraints (multiple_of, even)",
                          bad[0], field=dotted(loc))
         sizes[sym], out[sym] = spec.values, spec
+    _relations_met(w, sizes, out)
     return sizes, out
+
+
+def _relations_met(w: Where, sizes: dict[str, tuple[int, ...]], specs: dict[str, SizeSpec]) -> None:
+    """Each relation between two symbols (`a: {divides: b}`, `a: {at_most: b}`) holds for every size of either with
+    some size of the other: a size that meets it with none is never drawn (another is drawn in its place), which is
+    what a relation written the wrong way round does (`num_heads: {divides: num_kv_heads}`)."""
+    for sym, spec in specs.items():
+        for key in ("divides", "at_most"):
+            other = getattr(spec, key)
+            if other is None:
+                continue
+            holds = (lambda a, b: b % a == 0) if key == "divides" else (lambda a, b: a <= b)
+            words = "divides" if key == "divides" else "is at most"
+            mine = [v for v in sizes[sym] if not any(holds(v, o) for o in sizes[other])]
+            theirs = [o for o in sizes[other] if not any(holds(v, o) for v in sizes[sym])]
+            if mine or theirs:
+                never, of = (mine[0], sym) if mine else (theirs[0], other)
+                raise w.fail(("op", "sizes", sym, key), f"a relation every size of {sym} ({_listed(sizes[sym])}) and "
+                             f"of {other} ({_listed(sizes[other])}) meets with some size of the other ({sym} {words} "
+                             f"{other}): {of} {never} meets it with none, so it is never drawn (is the relation the "
+                             f"wrong way round, `{other}: {{{key}: {sym}}}`?)", f"{sym}: {{{key}: {other}}}")
+
+
+def _listed(values) -> str:
+    return ", ".join(map(str, values))
 
 
 def _paths(w: Where, paths: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
@@ -178,7 +206,12 @@ def _expr(w: Where, loc: Loc, value: int | float | str, symbols: set[str]) -> st
     return str(value)
 
 
-def _init(w: Where, loc: Loc, init: str | S.ParamInit, symbols: set[str]) -> tuple[str, Any]:
+# The values an integer tensor holds (`integers: [low, high)` must draw within them: torch wraps the others).
+INTEGER_RANGES = {"int8": (-2**7, 2**7 - 1), "uint8": (0, 2**8 - 1), "int32": (-2**31, 2**31 - 1),
+                  "int64": (-2**63, 2**63 - 1), "bool": (0, 1)}
+
+
+def _init(w: Where, loc: Loc, init: str | S.ParamInit, symbols: set[str], dtype: str = "act") -> tuple[str, Any]:
     if isinstance(init, str):
         return init, None
     given = [k for k in PARAM_INITS if getattr(init, k) is not None]
@@ -187,12 +220,26 @@ def _init(w: Where, loc: Loc, init: str | S.ParamInit, symbols: set[str]) -> tup
                      init.model_dump(exclude_none=True))
     kind = given[0]
     if kind == "cos_sin_cache":
-        return kind, {"base": float(init.cos_sin_cache.base)}
+        base = init.cos_sin_cache.base
+        if not base > 1:  # base**(-2i/d): a base of 1 rotates every pair alike, one of 0 or below gives NaN or inf
+            raise w.fail(loc + (kind, "base"), "a rotary base above 1 (10000 in Llama; the frequencies are "
+                         "base**(-2i/rotary_dim))", base)
+        return kind, {"base": float(base)}
     low, high = (_expr(w, loc + (kind, i), v, symbols) for i, v in enumerate(getattr(init, kind)))
-    if not (names_in(low) or names_in(high)) and evaluate(low, {}) >= evaluate(high, {}):
-        # [high, low] would draw a single value (every int8 weight -128) and every cell would still pass
-        raise w.fail(loc + (kind,), "[low, high] with low below high" + (" (high is excluded)" if kind == "integers"
-                     else ""), [evaluate(low, {}), evaluate(high, {})])
+    if not (names_in(low) or names_in(high)):
+        lo, hi = evaluate(low, {}), evaluate(high, {})
+        if lo >= hi:
+            # [high, low] would draw a single value (every int8 weight -128) and every cell would still pass
+            raise w.fail(loc + (kind,), "[low, high] with low below high" + (" (high is excluded)" if kind == "integers"
+                         else ""), [lo, hi])
+        if kind == "integers" and hi - lo < 2:  # [127, 128): every element the same value
+            raise w.fail(loc + (kind,), "[low, high) holding at least two integers (high is excluded: one value "
+                         "alone makes every element the same)", [lo, hi])
+        if kind == "integers" and dtype in INTEGER_RANGES:
+            least, most = INTEGER_RANGES[dtype]
+            if lo < least or hi - 1 > most:
+                raise w.fail(loc + (kind,), f"[low, high) within {dtype}'s values [{least}, {most + 1}) (others wrap "
+                             "around when stored)", [lo, hi])
     return kind, (low, high)
 
 
@@ -218,12 +265,12 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
                 raise w.fail(loc + ("shape", i), f"a symbol defined in op.sizes or built in "
                              f"({', '.join(sorted(symbols))})", unknown[0])
             dims.append(dim)
-        init, init_args = _init(w, loc + ("init",), spec.init, symbols)
+        init, init_args = _init(w, loc + ("init",), spec.init, symbols, spec.dtype)
         if spec.optional and spec.role == "output":
             raise w.fail(loc + ("optional",), "an input (an output buffer is always passed)", True)
         args.append(Arg(name=name, shape=tuple(dims), dtype=spec.dtype, layouts=many(spec.layout), init=init,
                         init_args=init_args, role=spec.role, pad=spec.pad, optional=spec.optional,
-                        value_scales=tuple(spec.value_scales or VALUE_SCALES), line=line))
+                        value_scales=many(spec.value_scales) or VALUE_SCALES, line=line))
     return tuple(args)
 
 
@@ -266,8 +313,29 @@ def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, .
         arg = next((a for a in args if a.name == out), None)
         if arg is not None and arg.dtype not in QUANTIZED_DTYPES:
             raise w.fail(loc, "an output of a quantized dtype (fp8, float8_*, int8)", arg.dtype)
+        scale = next((a for a in args if a.name == spec.scale and a.is_tensor), None)
+        shaped = _scale_shape_fits(scale.shape, spec.granularity) if scale is not None else ""
+        if shaped:
+            raise w.fail(loc + ("granularity",), f"a granularity that the scale tensor {spec.scale}'s shape "
+                         f"[{', '.join(map(str, scale.shape))}] has ({shaped})", spec.granularity)
         quantized.append(Quantized(out, spec.scale, spec.granularity))
     return Quantization(tuple(quantized), float(q.max_step_fraction))
+
+
+def _scale_shape_fits(shape: tuple[Dim, ...], granularity: str) -> str:
+    """Why a scale tensor of this shape cannot hold scales of this granularity ("" where it can): per_tensor is one
+    value, per_token one per token ([num_tokens] or [num_tokens, 1]), per_channel and per_group more than one, not
+    one per token alone."""
+    ones = all(d.coeff == 1 and d.symbol is None for d in shape)
+    tokens = [d for d in shape if d.symbol == "num_tokens"]
+    rest_ones = all(d.coeff == 1 and d.symbol is None for d in shape if d.symbol != "num_tokens")
+    if granularity == "per_tensor" and not ones:
+        return "per_tensor: one value, a shape of [] or [1]"
+    if granularity == "per_token" and not (len(tokens) == 1 and tokens[0].coeff == 1 and rest_ones):
+        return "per_token: one value per token, a shape of [num_tokens] or [num_tokens, 1]"
+    if granularity in ("per_channel", "per_group") and (ones or tokens and rest_ones):
+        return f"{granularity}: more than one value per token"
+    return ""
 
 
 def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> tuple[Rule, ...]:
@@ -474,6 +542,9 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
         if not -len(shape) <= dim < len(shape):
             raise w.fail(loc + (key,), f"a dimension of a {len(shape)}-d tensor", dim)
         d = shape[dim]
+        if spec.units is not None and spec.units not in d.names:
+            raise w.fail(loc + ("units",), f"a symbol of the dimension split ({name}'s dimension {dim}: {d}), whose "
+                         "units the ranks take whole", spec.units)
         if d.symbol == "num_tokens":
             raise w.fail(loc + (key,), "a dimension other than num_tokens (tokens are split with "
                          "tp.sequence_parallel)", dim)
@@ -517,6 +588,38 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
                           units=tuple(units), replicate=tuple(replicate))
 
 
+def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
+    """A TP size's cells draw each sharded symbol as a multiple of what its split needs (ranks x merged parts, or
+    whole units per rank; harness.runtime.tp.tp_multiples): a size of the plan's that is not one is never drawn in
+    those cells (2 KV heads over 4 ranks without `replicate`, merged: 200 where 2 was meant)."""
+    found, units = [], dict(plan.tp.units)
+    splits = [(("tp", "inputs", n), n, dim, merged) for n, dim, merged in plan.tp.shard]
+    merged_out = dict(plan.tp.merged_outputs)
+    splits += [(("tp", "outputs", n), n, dim, merged_out.get(n, 1)) for n, how, dim in plan.tp.combine
+               if how == "gather" and plan.has_arg(n)]
+    for loc, name, dim, merged in splits:
+        if name in plan.tp.replicate:
+            continue
+        d = plan.arg(name).shape[dim]
+        for n in (n for n in plan.matrix["tp"] if n > 1):
+            parts = n * merged
+            if name in units:  # whole units per rank
+                sym, step = units[name], parts
+            elif d.symbol:  # N*symbol split into parts
+                sym, step = d.symbol, parts // math.gcd(d.coeff, parts)
+            else:
+                break
+            never = [v for v in plan.sizes.get(sym, ()) if v % step]
+            if never:
+                found.append(w.fail(loc, f"a split whose tp {n} cells draw every size of op.sizes.{sym} "
+                                    f"({_listed(plan.sizes[sym])}): {name}'s dimension {dim} ({d}) over {n} ranks x "
+                                    f"{merged} merged part(s) needs {sym} a multiple of {step}, so {sym} "
+                                    f"{_listed(never)} is never drawn there" + (" (replicate: true replicates fewer "
+                                    "units than ranks)" if name in units else ""), f"{n} ranks x merged {merged}"))
+                break
+    return found
+
+
 # ---------------------------------------------------------------- settings that never apply
 
 
@@ -535,6 +638,12 @@ def _never_applies(w: Where, plan: Plan, spec: S.PlanFile) -> tuple[str, ...]:
     for phase in plan.benchmark.shapes():
         if phase not in m["phase"]:
             found.append(w.fail(("benchmark", phase), "a phase of matrix.phase", phase))
+    routed = [f for f in ("layer", "ir_op", "custom_op", "provider", "adapter", "in_tree_provider", "why_not_proven")
+              if getattr(plan.vllm, f) is not None]
+    if plan.vllm.route is None and routed and not plan.vllm_kernel:
+        found.append(w.fail(("vllm",), f"a vllm.route for vllm.{', vllm.'.join(routed)} to apply (without one the "
+                            "plan has no plugin and no vLLM integration item runs)", "no vllm.route",
+                            field="vllm.route"))
     cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
     for i, rule in enumerate(plan.expects):
         if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes)
@@ -565,18 +674,21 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
     if num.max_num_seqs > num.max_num_batched_tokens:
         found.append(w.fail(("numerics", "max_num_seqs"), f"at most numerics.max_num_batched_tokens "
                             f"({num.max_num_batched_tokens}); decode batches are drawn up to that", num.max_num_seqs))
-    for dtype, tol in list(plan.tolerance.items()) + [(f"outputs.{o}", t) for o, t in plan.output_tolerance.items()]:
-        if tol.atol > LOOSE_ATOL or tol.rtol > LOOSE_RTOL:
-            found.append(w.fail(("tolerance",) + tuple(dtype.split(".")), f"atol at most {LOOSE_ATOL:g} and rtol at "
-                                f"most {LOOSE_RTOL:g} (this one accepts outputs that are not the op's: a kernel "
-                                "writing zeros passes most examples)", {"atol": tol.atol, "rtol": tol.rtol}))
+    found += _loose_tolerances(w, plan)
     largest_decode = num.max_num_seqs
     above = [s for s in (plan.capture_sizes or ()) if s > largest_decode]
     if above:
         found.append(w.fail(("cuda_graph", "capture_sizes"), f"sizes up to numerics.max_num_seqs ({largest_decode}), "
                             "the largest decode batch: a larger capture is never replayed by one", above))
+    for a in plan.tensor_args:
+        if a.name in plan.outputs and a.dtype in QUANTIZED_DTYPES and plan.quantization.of(a.name) is None:
+            found.append(w.fail(("op", "args", a.name, "dtype"), f"a quantized output named in quantization.outputs "
+                                f"(with its scale and granularity): {a.name} is compared as numbers with the default "
+                                f"tolerance of {a.dtype}, not in quantization steps", a.dtype))
     budget = num.cpu_element_budget
-    for sym_values in [dict(num.cpu_sizes)] if num.cpu_sizes else []:
+    # the sizes a CPU machine draws: numerics.cpu_sizes, else the plan's own where the matrix has cpu cells
+    drawn_on_cpu = [dict(num.cpu_sizes)] if num.cpu_sizes else [{}] if "cpu" in m["sm"] else []
+    for sym_values in drawn_on_cpu:
         sizes = {sym: max(sym_values.get(sym, vals)) for sym, vals in plan.sizes.items()}
         for a in plan.tensor_args:
             dims = [d for d in a.shape if d.symbol != "num_tokens"]
@@ -585,12 +697,79 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
                 for d in dims:
                     per_token *= d.size(sizes)
                 if per_token > budget:
-                    found.append(w.fail(("numerics", "cpu_sizes"), f"sizes whose {a.name} fits "
-                                        f"numerics.cpu_element_budget ({budget}) per token; every CPU example has one "
-                                        f"token of {per_token} elements", dict(num.cpu_sizes)))
+                    if num.cpu_sizes:
+                        found.append(w.fail(("numerics", "cpu_sizes"), f"sizes whose {a.name} fits "
+                                            f"numerics.cpu_element_budget ({budget}) per token; every CPU example has "
+                                            f"one token of {per_token} elements", dict(num.cpu_sizes)))
+                    else:
+                        found.append(w.fail(("op", "sizes"), f"sizes whose {a.name} fits numerics.cpu_element_budget "
+                                            f"({budget}) per token, or numerics.cpu_sizes for a CPU machine to draw "
+                                            f"instead; every CPU example has one token of {per_token} elements",
+                                            dict(plan.sizes)))
                     break
-    found += _unreachable_paths(w, plan)
+    found += _unreachable_paths(w, plan) + _tp_sizes_drawn(w, plan)
     return tuple(str(x) for x in found)
+
+
+# vLLM's own tolerances are its kernel tests' defaults (harness.spec.tolerances): a plan's looser than this many times
+# them lets a kernel that far off pass unseen. Bundled plans stay within 80x (the int8 GEMMs' fp32 rtol over dot
+# products of up to 14336 terms). An `atol_of: max` above LOOSE_OF_MAX passes any element within that fraction of the
+# output's largest magnitude.
+LOOSE_FACTOR, LOOSE_OF_MAX = 100, 0.1
+# Cell dtypes from the most precise: a tolerance for one looser than for a less precise one is one for the wrong dtype.
+BY_PRECISION = ("fp32", "fp16", "bf16")
+
+
+def _loose_tolerances(w: Where, plan: Plan) -> list[PlanError]:
+    """Tolerances that accept what is not the op's output: an error where a kernel writing zeros passes every element
+    (rtol of 1 or more; with atol_of: max, atol + rtol of 1 or more), a warning where it passes most (atol above 1,
+    rtol above 0.5), where a kernel LOOSE_FACTOR times further off than vLLM's own tests allow passes, and where a
+    dtype's tolerance is looser than a less precise dtype's."""
+    found = []
+    entries = [(("tolerance", dt), dt, tol) for dt, tol in plan.tolerance.items()]
+    for out, tol in plan.output_tolerance.items():
+        a = next((a for a in plan.args if a.name == out and a.is_tensor), None)
+        fixed = DTYPE.get(a.dtype) if a is not None and a.dtype != "act" else None
+        dt = CELL_OF_TORCH.get(fixed.torch) if fixed else None
+        entries.append((("tolerance", "outputs", out), dt, tol))
+    for loc, dt, tol in entries:
+        found_as = {"atol": tol.atol, "rtol": tol.rtol, **({"atol_of": "max"} if tol.of_max else {})}
+        if tol.rtol >= 1 or tol.of_max and tol.atol + tol.rtol >= 1:
+            raise w.fail(loc, "a tolerance a kernel writing zeros fails (rtol below 1" + (", atol + rtol below 1 with "
+                         "atol_of: max" if tol.of_max else "") + "): this one accepts an all-zero output everywhere",
+                         found_as)
+        default = DEFAULT_TOLERANCE.get(dt) if dt else None
+        if dt is None:  # an output in the activation dtype: the loosest of the matrix's dtypes
+            known = [DEFAULT_TOLERANCE[d] for d in plan.matrix["dtype"] if d in DEFAULT_TOLERANCE]
+            default = Tolerance(max(t.atol for t in known), max(t.rtol for t in known)) if known else None
+        if not tol.of_max and (tol.atol > LOOSE_ATOL or tol.rtol > LOOSE_RTOL):
+            found.append(w.fail(loc, f"atol at most {LOOSE_ATOL:g} and rtol at most {LOOSE_RTOL:g} (this one accepts "
+                                "outputs that are not the op's: a kernel writing zeros passes most examples)",
+                                found_as))
+        elif tol.of_max and tol.atol > LOOSE_OF_MAX:
+            found.append(w.fail(loc, f"atol at most {LOOSE_OF_MAX:g} with atol_of: max (this one passes every element "
+                                f"within {tol.atol:g} of the output's largest magnitude, whatever the kernel wrote "
+                                "there: a kernel writing zeros passes most of a reduction's elements)", found_as))
+        elif default:
+            factor = max(tol.rtol / default.rtol if default.rtol else 0,
+                         tol.atol / default.atol if default.atol and not tol.of_max else 0)
+            if factor > LOOSE_FACTOR:
+                found.append(w.fail(loc, f"a tolerance within {LOOSE_FACTOR}x vLLM's default for "
+                                    f"{dt or 'the activation dtype'} (atol {default.atol:g}, rtol {default.rtol:g}; "
+                                    f"this one passes a kernel {factor:.0f}x as far off as vLLM's own tests allow)",
+                                    found_as))
+    for i, fine in enumerate(BY_PRECISION):
+        for coarse in BY_PRECISION[i + 1:]:
+            p, q = plan.tolerance.get(fine), plan.tolerance.get(coarse)
+            if p is None or q is None or p.of_max != q.of_max:
+                continue
+            if p.atol >= q.atol and p.rtol >= q.rtol and (p.atol > q.atol or p.rtol > q.rtol):
+                found.append(w.fail(("tolerance", fine), f"a tolerance for {fine} tighter than {coarse}'s (atol "
+                                    f"{q.atol:g}, rtol {q.rtol:g}) in atol or rtol: {fine} keeps more bits, so this "
+                                    f"one, no tighter in either, looks like {coarse}'s, and {fine} cells pass what "
+                                    f"{coarse}'s own tolerance would fail",
+                                    {"atol": p.atol, "rtol": p.rtol}))
+    return found
 
 
 def _unreachable_paths(w: Where, plan: Plan) -> list[PlanError]:

@@ -120,10 +120,10 @@ class TensorArg(Section):
     pad: Number = Field(0, description="a number (the CUDA-graph padding value)")
     optional: bool = Field(False, description="true: the kernel also takes None here; every cell draws examples "
                            "with a value and without (None)")
-    value_scales: Optional[list[Literal[VALUE_SCALES]]] = Field(
-        None, min_length=1, description="the value scales drawn for this input (default: all of "
+    value_scales: Optional[one_or_list(
+        Literal[VALUE_SCALES], "the value scales drawn for this input, one or a list (default: all of "
         f"{', '.join(VALUE_SCALES)}); an example of another scale fills it at the normal scale (attention's query "
-        "and keys: logits of a model stay far below the 1e4 that values of 100 give)")
+        "and keys: logits of a model stay far below the 1e4 that values of 100 give)", min_length=1)] = None
 
 
 class SizeArg(Section):
@@ -303,7 +303,10 @@ class QuantizedOutput(Section):
 
 class Quantization(Section):
     outputs: dict[str, QuantizedOutput]
-    max_step_fraction: Number = Field(0.01, ge=0, le=1, description="a fraction in [0, 1]")
+    # At most half: a kernel that rounds every element the wrong way (truncates) is one step off on about half of
+    # them, so a larger fraction passes it; a percentage (1 for 1%) is refused with it.
+    max_step_fraction: Number = Field(0.01, ge=0, le=0.5, description="a fraction of the elements in [0, 0.5] (0.01 "
+                                      "is 1%)")
 
 
 class PlanFile(Section):
