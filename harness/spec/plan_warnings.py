@@ -1,0 +1,228 @@
+"""Warnings about settings that never apply to a cell, or that would mislead a reader of the run (called by
+harness.spec.checks while it builds a plan)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from typing import TYPE_CHECKING, Any
+
+from harness.spec import schema as S
+from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
+from harness.spec.expressions import condition, evaluate, is_condition, names_in
+from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PHASES, Plan, PlanError, Tolerance
+from harness.spec.tolerances import DEFAULT_TOLERANCE
+from harness.spec.yaml_lines import Loc, dotted, line_of
+
+
+def _listed(values) -> str:
+    return ", ".join(map(str, values))
+
+
+if TYPE_CHECKING:  # harness.spec.checks imports this module
+    from harness.spec.checks import Where
+
+
+def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
+    """A TP size's cells draw each sharded symbol as a multiple of what its split needs (ranks x merged parts, or
+    whole units per rank; harness.runtime.tp.tp_multiples): a size of the plan's that is not one is never drawn in
+    those cells (2 KV heads over 4 ranks without `replicate`, merged: 200 where 2 was meant)."""
+    found, units = [], dict(plan.tp.units)
+    splits = [(("tp", "inputs", n), n, dim, merged) for n, dim, merged in plan.tp.shard]
+    merged_out = dict(plan.tp.merged_outputs)
+    splits += [(("tp", "outputs", n), n, dim, merged_out.get(n, 1)) for n, how, dim in plan.tp.combine
+               if how == "gather" and plan.has_arg(n)]
+    for loc, name, dim, merged in splits:
+        if name in plan.tp.replicate:
+            continue
+        d = plan.arg(name).shape[dim]
+        for n in (n for n in plan.matrix["tp"] if n > 1):
+            parts = n * merged
+            if name in units:  # whole units per rank
+                sym, step = units[name], parts
+            elif d.symbol:  # N*symbol split into parts
+                sym, step = d.symbol, parts // math.gcd(d.coeff, parts)
+            else:
+                break
+            never = [v for v in plan.sizes.get(sym, ()) if v % step]
+            if never:
+                found.append(w.fail(loc, f"a split whose tp {n} cells draw every size of op.sizes.{sym} "
+                                    f"({_listed(plan.sizes[sym])}): {name}'s dimension {dim} ({d}) over {n} ranks x "
+                                    f"{merged} merged part(s) needs {sym} a multiple of {step}, so {sym} "
+                                    f"{_listed(never)} is never drawn there" + (" (replicate: true replicates fewer "
+                                    "units than ranks)" if name in units else ""), f"{n} ranks x merged {merged}"))
+                break
+    return found
+
+
+# ---------------------------------------------------------------- settings that never apply
+
+
+def _never_applies(w: Where, plan: Plan, spec: S.PlanFile) -> tuple[str, ...]:
+    """Settings that can never apply to any cell of the matrix, as warnings (file:line: field: ...): a narrowed
+    matrix is a normal way of working, but a setting it leaves idle is said, not silently dropped."""
+    m, found = plan.matrix, []
+    for dt in plan.tolerance:
+        if dt not in m["dtype"]:
+            found.append(w.fail(("tolerance", dt), "a dtype of matrix.dtype", dt))
+    if spec.cuda_graph is not None and "cuda_graph" not in m["graph_mode"]:
+        found.append(w.fail(("cuda_graph",), "cuda_graph in matrix.graph_mode for capture sizes to apply",
+                            list(m["graph_mode"])))
+    if plan.tp.kind == "sharded" and max(m["tp"]) == 1:
+        found.append(w.fail(("tp",), "a matrix.tp above 1 for sharding to apply", list(m["tp"]), field="tp.kind"))
+    for phase in plan.benchmark.shapes():
+        if phase not in m["phase"]:
+            found.append(w.fail(("benchmark", phase), "a phase of matrix.phase", phase))
+    routed = [f for f in ("layer", "ir_op", "custom_op", "provider", "adapter", "in_tree_provider", "why_not_proven")
+              if getattr(plan.vllm, f) is not None]
+    if plan.vllm.route is None and routed and not plan.vllm_kernel:
+        found.append(w.fail(("vllm",), f"a vllm.route for vllm.{', vllm.'.join(routed)} to apply (without one the "
+                            "plan has no plugin and no vLLM integration item runs)", "no vllm.route",
+                            field="vllm.route"))
+    cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
+    for i, rule in enumerate(plan.expects):
+        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes)
+                   and c["dtype"] in (plan.contract.dtypes or m["dtype"]) for c in cells):
+            found.append(w.fail(("expect", i), "a rule matching a cell the plan does not exclude", dict(rule.match)))
+    return tuple(str(x) for x in found)
+
+
+
+# Tolerances looser than this accept outputs that are not the op's: a kernel writing zeros passes most cells.
+LOOSE_ATOL, LOOSE_RTOL = 1.0, 0.5
+
+
+def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
+    """Settings that validate but would make the run other than it reads: an error where the run would be wrong
+    (no cell left, prefill draws that cannot exist), else a warning naming what the run does instead."""
+    num, m, found = plan.numerics, plan.matrix, []
+    cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
+    if plan.excludes and all(any(x.matches(c) for x in plan.excludes) for c in cells):
+        raise w.fail(("exclude",), "rules that leave at least one cell of the matrix to run", "every cell excluded")
+    if num.prefill_tokens[0] > num.max_num_batched_tokens:
+        raise w.fail(("numerics", "prefill_tokens"), f"a minimum within numerics.max_num_batched_tokens "
+                     f"({num.max_num_batched_tokens}): vLLM never schedules a longer chunk", list(num.prefill_tokens))
+    if num.prefill_tokens[1] > num.max_num_batched_tokens:
+        found.append(w.fail(("numerics", "prefill_tokens"), f"a maximum within numerics.max_num_batched_tokens "
+                            f"({num.max_num_batched_tokens}); prefill examples are drawn up to that",
+                            list(num.prefill_tokens)))
+    if num.max_num_seqs > num.max_num_batched_tokens:
+        found.append(w.fail(("numerics", "max_num_seqs"), f"at most numerics.max_num_batched_tokens "
+                            f"({num.max_num_batched_tokens}); decode batches are drawn up to that", num.max_num_seqs))
+    found += _loose_tolerances(w, plan)
+    largest_decode = num.max_num_seqs
+    above = [s for s in (plan.capture_sizes or ()) if s > largest_decode]
+    if above:
+        found.append(w.fail(("cuda_graph", "capture_sizes"), f"sizes up to numerics.max_num_seqs ({largest_decode}), "
+                            "the largest decode batch: a larger capture is never replayed by one", above))
+    for a in plan.tensor_args:
+        if a.name in plan.outputs and a.dtype in QUANTIZED_DTYPES and plan.quantization.of(a.name) is None:
+            found.append(w.fail(("op", "args", a.name, "dtype"), f"a quantized output named in quantization.outputs "
+                                f"(with its scale and granularity): {a.name} is compared as numbers with the default "
+                                f"tolerance of {a.dtype}, not in quantization steps", a.dtype))
+    budget = num.cpu_element_budget
+    # the sizes a CPU machine draws: numerics.cpu_sizes, else the plan's own where the matrix has cpu cells
+    drawn_on_cpu = [dict(num.cpu_sizes)] if num.cpu_sizes else [{}] if "cpu" in m["sm"] else []
+    for sym_values in drawn_on_cpu:
+        sizes = {sym: max(sym_values.get(sym, vals)) for sym, vals in plan.sizes.items()}
+        for a in plan.tensor_args:
+            dims = [d for d in a.shape if d.symbol != "num_tokens"]
+            if len(dims) < len(a.shape) and all(d.names <= set(sizes) for d in dims):
+                per_token = 1
+                for d in dims:
+                    per_token *= d.size(sizes)
+                if per_token > budget:
+                    if num.cpu_sizes:
+                        found.append(w.fail(("numerics", "cpu_sizes"), f"sizes whose {a.name} fits "
+                                            f"numerics.cpu_element_budget ({budget}) per token; every CPU example has "
+                                            f"one token of {per_token} elements", dict(num.cpu_sizes)))
+                    else:
+                        found.append(w.fail(("op", "sizes"), f"sizes whose {a.name} fits numerics.cpu_element_budget "
+                                            f"({budget}) per token, or numerics.cpu_sizes for a CPU machine to draw "
+                                            f"instead; every CPU example has one token of {per_token} elements",
+                                            dict(plan.sizes)))
+                    break
+    found += _unreachable_paths(w, plan) + _tp_sizes_drawn(w, plan)
+    return tuple(str(x) for x in found)
+
+
+# vLLM's own tolerances are its kernel tests' defaults (harness.spec.tolerances): a plan's looser than this many times
+# them lets a kernel that far off pass unseen. Bundled plans stay within 80x (the int8 GEMMs' fp32 rtol over dot
+# products of up to 14336 terms). An `atol_of: max` above LOOSE_OF_MAX passes any element within that fraction of the
+# output's largest magnitude.
+LOOSE_FACTOR, LOOSE_OF_MAX = 100, 0.1
+# Cell dtypes from the most precise: a tolerance for one looser than for a less precise one is one for the wrong dtype.
+BY_PRECISION = ("fp32", "fp16", "bf16")
+
+
+def _loose_tolerances(w: Where, plan: Plan) -> list[PlanError]:
+    """Tolerances that accept what is not the op's output: an error where a kernel writing zeros passes every element
+    (rtol of 1 or more; with atol_of: max, atol + rtol of 1 or more), a warning where it passes most (atol above 1,
+    rtol above 0.5), where a kernel LOOSE_FACTOR times further off than vLLM's own tests allow passes, and where a
+    dtype's tolerance is looser than a less precise dtype's."""
+    found = []
+    entries = [(("tolerance", dt), dt, tol) for dt, tol in plan.tolerance.items()]
+    for out, tol in plan.output_tolerance.items():
+        a = next((a for a in plan.args if a.name == out and a.is_tensor), None)
+        fixed = DTYPE.get(a.dtype) if a is not None and a.dtype != "act" else None
+        dt = CELL_OF_TORCH.get(fixed.torch) if fixed else None
+        entries.append((("tolerance", "outputs", out), dt, tol))
+    for loc, dt, tol in entries:
+        found_as = {"atol": tol.atol, "rtol": tol.rtol, **({"atol_of": "max"} if tol.of_max else {})}
+        if tol.rtol >= 1 or tol.of_max and tol.atol + tol.rtol >= 1:
+            raise w.fail(loc, "a tolerance a kernel writing zeros fails (rtol below 1" + (", atol + rtol below 1 with "
+                         "atol_of: max" if tol.of_max else "") + "): this one accepts an all-zero output everywhere",
+                         found_as)
+        default = DEFAULT_TOLERANCE.get(dt) if dt else None
+        if dt is None:  # an output in the activation dtype: the loosest of the matrix's dtypes
+            known = [DEFAULT_TOLERANCE[d] for d in plan.matrix["dtype"] if d in DEFAULT_TOLERANCE]
+            default = Tolerance(max(t.atol for t in known), max(t.rtol for t in known)) if known else None
+        if not tol.of_max and (tol.atol > LOOSE_ATOL or tol.rtol > LOOSE_RTOL):
+            found.append(w.fail(loc, f"atol at most {LOOSE_ATOL:g} and rtol at most {LOOSE_RTOL:g} (this one accepts "
+                                "outputs that are not the op's: a kernel writing zeros passes most examples)",
+                                found_as))
+        elif tol.of_max and tol.atol > LOOSE_OF_MAX:
+            found.append(w.fail(loc, f"atol at most {LOOSE_OF_MAX:g} with atol_of: max (this one passes every element "
+                                f"within {tol.atol:g} of the output's largest magnitude, whatever the kernel wrote "
+                                "there: a kernel writing zeros passes most of a reduction's elements)", found_as))
+        elif default:
+            factor = max(tol.rtol / default.rtol if default.rtol else 0,
+                         tol.atol / default.atol if default.atol and not tol.of_max else 0)
+            if factor > LOOSE_FACTOR:
+                found.append(w.fail(loc, f"a tolerance within {LOOSE_FACTOR}x vLLM's default for "
+                                    f"{dt or 'the activation dtype'} (atol {default.atol:g}, rtol {default.rtol:g}; "
+                                    f"this one passes a kernel {factor:.0f}x as far off as vLLM's own tests allow)",
+                                    found_as))
+    for i, fine in enumerate(BY_PRECISION):
+        for coarse in BY_PRECISION[i + 1:]:
+            p, q = plan.tolerance.get(fine), plan.tolerance.get(coarse)
+            if p is None or q is None or p.of_max != q.of_max:
+                continue
+            if p.atol >= q.atol and p.rtol >= q.rtol and (p.atol > q.atol or p.rtol > q.rtol):
+                found.append(w.fail(("tolerance", fine), f"a tolerance for {fine} tighter than {coarse}'s (atol "
+                                    f"{q.atol:g}, rtol {q.rtol:g}) in atol or rtol: {fine} keeps more bits, so this "
+                                    f"one, no tighter in either, looks like {coarse}'s, and {fine} cells pass what "
+                                    f"{coarse}'s own tolerance would fail",
+                                    {"atol": p.atol, "rtol": p.rtol}))
+    return found
+
+
+def _unreachable_paths(w: Where, plan: Plan) -> list[PlanError]:
+    """op.paths no GPU cell reaches at the plan's largest sizes, or that every example takes (a condition that
+    selects nothing)."""
+    found = []
+    largest = {sym: max(vals) for sym, vals in plan.sizes.items()}
+    smallest = {sym: min(vals) for sym, vals in plan.sizes.items()}
+    widths = [DTYPE[d].bytes for d in plan.matrix["dtype"]]
+    for name, expr in plan.paths:
+        reached = any(condition(expr, {**largest, "num_tokens": plan.token_range(phase)[1], "act_bytes": b})
+                      for phase in plan.matrix["phase"] for b in widths)
+        always = all(condition(expr, {**smallest, "num_tokens": 1, "act_bytes": b}) for b in widths)
+        if not reached:
+            found.append(w.fail(("op", "paths", name), "a condition some cell reaches (at the plan's largest sizes "
+                                "and token ranges none does: no example checks this path)", expr))
+        elif always:
+            found.append(w.fail(("op", "paths", name), "a condition some examples do not meet (every example "
+                                "takes this path, so it selects nothing)", expr))
+    return found
