@@ -230,12 +230,12 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
 
 def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
     path = rms_norm_plan(tmp_path, hidden="[64]",
-                         extra="benchmark: {decode: [4], baselines: [native, {wrong: kernels.rms_norm:rms_norm_ref}]}\n")
+                         extra="benchmark: {decode: [4], baselines: [native, {wrong: tests.broken.rms_norm_bugs:raises}]}\n")
     plan = load_plan(path)
     outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
     rec = outcome.record
-    # rms_norm_ref(out=..., x=..., weight=..., eps=...) is not kernel-style: it raises, and only its entry says so
-    assert rec.impls["wrong"].not_run.startswith("raised TypeError") and not rec.impls["wrong"].timed
+    # a baseline taking the kernel's arguments that raises: only its entry says so
+    assert rec.impls["wrong"].not_run.startswith("raised ValueError") and not rec.impls["wrong"].timed
     assert rec.impls["native"].timed and not outcome.failures
 
 
