@@ -130,6 +130,43 @@ def test_a_kernel_never_called_or_missing_in_a_step_kind_is_a_problem():
                                           "inside the model's forward (2 calls elsewhere)"]
 
 
+def test_on_a_gpu_the_kernels_launches_are_counted_per_step_from_the_profilers_trace(tmp_path):
+    """Under CUDA graphs a replayed step never calls Python: the launches come from the torch profiler's trace vLLM's
+    worker writes, each kernel in the step whose annotation encloses its (graph's) launch on the host."""
+    def annotation(name, ts, dur):
+        return {"cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    def launch(corr, ts, cat="cuda_runtime", name="cudaGraphLaunch"):
+        return {"cat": cat, "name": name, "ts": ts, "args": {"correlation": corr}}
+
+    def kernel(name, corr):
+        return {"cat": "kernel", "name": name, "ts": 10_000 + corr, "args": {"correlation": corr}}
+
+    events = [annotation("execute_context_2(46)_generation_0(0)", 0, 100),
+              annotation("execute_context_1(23)_generation_1(1)", 200, 100),
+              annotation("execute_context_0(0)_generation_3(3)", 400, 100),
+              annotation("execute_context_0(0)_generation_2(2)", 600, 100),
+              launch(1, 10), launch(2, 250), launch(3, 450, "cuda_driver", "cuLaunchKernel"),  # Triton: the driver
+              launch(4, 650), launch(5, 900),
+              kernel("_rms_norm_kernel", 1), kernel("_rms_norm_kernel", 2), kernel("other_kernel", 2),
+              kernel("_rms_norm_kernel", 3), kernel("_rms_norm_kernel", 3), kernel("_rms_norm_kernel", 5)]
+    (tmp_path / "rank0.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    calls, steps = engine.launches_by_step(str(tmp_path), {"_rms_norm_kernel": "rms_norm"})
+    # launch 4's step ran no rms_norm kernel; launch 5 lies outside every step (not counted)
+    assert calls == {"rms_norm": {"prefill": 1, "mixed": 1, "decode": 2}}
+    assert steps == {"prefill": 1, "mixed": 1, "decode": 2}
+    plan = load_plan(ROOT / "plan.yaml")
+    run = EngineRun(calls={"rms_norm": {"prefill": 1, "decode": 2}}, steps_seen=steps, counted_by="profiler")
+    assert engine_problems([plan], EngineRun(), run, cuda_graphs=True) == [
+        "rms_norm: the kernel was not called in mixed steps"]
+
+
+def test_on_a_gpu_the_engine_item_runs_under_both_vllm_profiles():
+    assert engine.engine_profiles("cpu") == ("",) and engine.item_name("cpu") == "engine[tiny_llama-cpu]"
+    assert [engine.item_name("sm90", p) for p in engine.engine_profiles("sm90")] == [
+        "engine[tiny_llama-inductor_on-sm90]", "engine[tiny_llama-inductor_off-sm90]"]
+
+
 def test_two_plugins_for_one_layer_cannot_share_an_engine():
     rms = load_plan(ROOT / "plan.yaml")
     with pytest.raises(ValueError, match="two plans provide vllm.ir.ops.rms_norm"):

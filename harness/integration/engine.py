@@ -18,9 +18,12 @@ this one's imports and plugins out of it. One start serves every op whose plugin
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,7 @@ from harness.results.store import EngineOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, package_version
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.plan import Plan
+from harness.spec.vllm_defaults import INDUCTOR_OFF, INDUCTOR_ON
 from harness.spec.vllm_ops import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
 
 # A Llama small enough to start in about 40 s on a 2-core CPU machine (the heads and sizes of a real one, scaled
@@ -55,6 +59,9 @@ MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN = 4, 48, 256
 TOP_LOGPROBS = 5  # how many candidates per position a run returns, for the comparison of two runs
 STEP_KINDS = ("prefill", "mixed", "decode")
 ENGINE_TIMEOUT_S = 600
+GPU_MEMORY_UTILIZATION, KV_CACHE_BYTES = 0.05, 256 * 2**20  # on a GPU: 7 GiB of an H200's 141 at most
+# vLLM's profiles, as an engine item runs them on a GPU: Inductor on (vLLM's default) and off.
+PROFILES = {INDUCTOR_ON: True, INDUCTOR_OFF: False}
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,10 @@ class EngineSpec:
     custom_ops: tuple[str, ...] = ()
     dtype: str = "bfloat16"
     cuda_graphs: bool = False  # True on a GPU: vLLM captures its CUDA graphs (enforce_eager=False)
+    inductor: bool = True  # False: vLLM's "Inductor off" profile (Dynamo's graph, run without Inductor)
+    # vLLM's TRITON_ATTN where its FlashAttention extensions are not installed ("" lets vLLM choose)
+    attention_backend: str = ""
+    profile_dir: str = ""  # on a GPU: torch profiler traces of the served steps, to count the kernel's launches
     # vLLM's engine core and its worker in the LLM's own process, not one process each as vLLM starts them: for an
     # engine whose tokens alone are read (vLLM without the plugins), the same computation, two imports of vLLM fewer.
     one_process: bool = False
@@ -87,6 +98,7 @@ class EngineRun:
     calls_outside_forward: dict[str, int] = field(default_factory=dict)
     startup_calls: dict[str, int] = field(default_factory=dict)
     steps_seen: dict[str, int] = field(default_factory=dict)  # step kind -> kernel calls of any op (workload check)
+    counted_by: str = "probe"  # "probe": Python calls of the kernel; "profiler": its GPU launches, replays included
     start_s: float = 0.0
     serve_s: float = 0.0
     error: str = ""
@@ -144,11 +156,23 @@ def _serve(spec: EngineSpec) -> EngineRun:
 
     run = EngineRun()
     start = time.monotonic()
-    kwargs = {"compilation_config": {"custom_ops": list(spec.custom_ops)}} if spec.custom_ops else {}
+    compilation = {"custom_ops": list(spec.custom_ops)} if spec.custom_ops else {}
+    if not spec.inductor:
+        compilation["backend"] = "eager"
+    kwargs = {"compilation_config": compilation} if compilation else {}
     if spec.ir_op_priority:
         kwargs["ir_op_priority"] = spec.ir_op_priority
     if spec.one_process:
         kwargs["distributed_executor_backend"] = "uni"
+    if spec.attention_backend:
+        kwargs["attention_backend"] = spec.attention_backend
+    if spec.cuda_graphs:
+        # A small, fixed KV cache: two engines start side by side, and other plans' runs may share the GPU; vLLM
+        # refuses to start where less than gpu_memory_utilization x total is free.
+        kwargs |= {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION, "kv_cache_memory_bytes": KV_CACHE_BYTES}
+    if spec.profile_dir:
+        kwargs["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": spec.profile_dir,
+                                     "torch_profiler_use_gzip": False, "torch_profiler_with_stack": False}
     llm = LLM(model=spec.model_dir, load_format="safetensors", skip_tokenizer_init=True, dtype=spec.dtype, seed=0,
               max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
               enforce_eager=not spec.cuda_graphs, **kwargs)
@@ -157,7 +181,11 @@ def _serve(spec: EngineSpec) -> EngineRun:
     params = [SamplingParams(max_tokens=n, temperature=0.0, logprobs=TOP_LOGPROBS, detokenize=False, ignore_eos=True)
               for n in NEW_TOKENS]
     start = time.monotonic()
+    if spec.profile_dir:
+        llm.start_profile()
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in workload()], params, use_tqdm=False)
+    if spec.profile_dir:
+        llm.stop_profile()
     run.serve_s = round(time.monotonic() - start, 1)
     for out in outputs:
         completion = out.outputs[0]
@@ -174,7 +202,61 @@ def _serve(spec: EngineSpec) -> EngineRun:
         run.steps_seen[line["step"]] = run.steps_seen.get(line["step"], 0) + 1
     for line in [line for lines in before.values() for line in lines]:
         run.startup_calls[line["op"]] = run.startup_calls.get(line["op"], 0) + 1
+    if spec.profile_dir:  # the launches a replayed CUDA graph makes never reach Python: count them on the GPU
+        run.calls, run.steps_seen = launches_by_step(spec.profile_dir, _triton_kernel_names(spec.probe_ops))
+        run.counted_by = "profiler"
     return run
+
+
+def _triton_kernel_names(probe_ops: dict) -> dict[str, str]:
+    """The GPU kernel names of each plugin's kernel (the @triton.jit functions of its module) -> op name."""
+    import inspect
+
+    from triton.runtime.jit import JITFunction, KernelInterface
+
+    names = {}
+    for module_name, op in probe_ops.items():
+        kernel = inspect.unwrap(getattr(importlib.import_module(module_name).kernel, "fn", None) or (lambda: None))
+        for obj in vars(inspect.getmodule(kernel) or object).values():
+            while isinstance(obj, KernelInterface) and not isinstance(obj, JITFunction):
+                obj = getattr(obj, "fn", None)  # autotune / heuristics wrap a JITFunction
+            if isinstance(obj, JITFunction):
+                names[obj.fn.__name__] = op
+    return names
+
+
+# vLLM's worker names each profiled step "execute_context_<requests>(<tokens>)_generation_<requests>(<tokens>)"
+# (vllm/v1/worker/gpu_worker.py, annotate_profile).
+STEP_ANNOTATION = re.compile(r"execute_context_(\d+)\(\d+\)_generation_(\d+)\(")
+
+
+def launches_by_step(profile_dir: str, kernel_names: dict[str, str]) -> tuple[dict, dict]:
+    """From the torch profiler traces vLLM's worker wrote: per op, the GPU launches of its kernels by step kind, and
+    per step kind the steps served. A kernel belongs to the step whose annotation encloses its launch on the host
+    (a CUDA graph's kernels share the launch of their graph)."""
+    calls, steps = {}, {}
+    for path in sorted(Path(profile_dir).glob("*.pt.trace.json")):
+        events = json.loads(path.read_text()).get("traceEvents", [])
+        spans = []
+        for e in events:
+            m = STEP_ANNOTATION.match(str(e.get("name", ""))) if e.get("cat") == "user_annotation" else None
+            if m:
+                prefills, decodes = int(m.group(1)), int(m.group(2))
+                kind = "mixed" if prefills and decodes else "prefill" if prefills else "decode" if decodes else ""
+                if kind:
+                    spans.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), kind))
+                    steps[kind] = steps.get(kind, 0) + 1
+        # Launches through the runtime (cudaLaunchKernel, cudaGraphLaunch) or the driver (Triton's cuLaunchKernel).
+        launched = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                    if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+        for e in events:
+            op = kernel_names.get(str(e.get("name", ""))) if e.get("cat") == "kernel" else None
+            ts = launched.get(e.get("args", {}).get("correlation")) if op else None
+            kind = next((k for lo, hi, k in spans if ts is not None and lo <= ts <= hi), None)
+            if kind:
+                per_op = calls.setdefault(op, {})
+                per_op[kind] = per_op.get(kind, 0) + 1
+    return calls, steps
 
 
 def _probe_lines(probe_dir: str) -> dict[str, list[dict]]:
@@ -259,13 +341,34 @@ def engine_env(spec: EngineSpec) -> dict[str, str]:
         env[PROBE_ENV] = json.dumps({"dir": spec.probe_dir, "ops": spec.probe_ops})
     if spec.one_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if spec.cuda_graphs and not _installed("flashinfer"):  # vLLM's GPU sampler imports FlashInfer unless told not to
+        env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     return env
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def attention_backend_here(cuda_graphs: bool) -> str:
+    """TRITON_ATTN on a GPU where vLLM's FlashAttention extensions are not installed (vLLM would pick FLASH_ATTN on
+    sm80+ and fail to load it), else "" (vLLM's own choice). Read from the files, without importing vLLM."""
+    spec = importlib.util.find_spec("vllm") if cuda_graphs and _installed("vllm") else None
+    if spec is None:
+        return ""
+    folders = [Path(p) / "vllm_flash_attn" for p in spec.submodule_search_locations or ()]
+    extensions = [x for f in folders if f.is_dir() for x in f.glob("_vllm_fa*_C*")]
+    return "" if extensions else "TRITON_ATTN"
+
+
 def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: float = ENGINE_TIMEOUT_S,
-               one_process: bool = False) -> EngineRun:
+               one_process: bool = False, inductor: bool = True) -> EngineRun:
     """One engine run in a process of its own, with the plans' plugins loaded and selected (none: vLLM as it is);
-    `one_process`: vLLM's engine core and worker in that process too (EngineSpec.one_process)."""
+    `one_process`: vLLM's engine core and worker in that process too (EngineSpec.one_process); `inductor`: the
+    profile."""
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = workdir / "model"
     write_model(model_dir)
@@ -286,7 +389,9 @@ def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: f
     kernel_dirs = sorted({str(Path(p.path).resolve().parent) for p in plans})
     spec = EngineSpec(str(model_dir), str(workdir / "run.json"), str(probe_dir) if plans else "",
                       (str(plugin_dir), *kernel_dirs) if plans else (), tuple(plugins), probe_ops, priority,
-                      custom_ops, cuda_graphs=cuda_graphs, one_process=one_process)
+                      custom_ops, cuda_graphs=cuda_graphs, one_process=one_process, inductor=inductor,
+                      attention_backend=attention_backend_here(cuda_graphs),
+                      profile_dir=str(workdir / "profile") if plans and cuda_graphs else "")
     (workdir / "spec.json").write_text(json.dumps(asdict(spec)))
     with open(workdir / "engine.log", "w") as log:
         try:
@@ -345,14 +450,14 @@ def compare_greedy(baseline: EngineRun, plugged: EngineRun) -> list[str]:
     return problems
 
 
-def missing_calls(plugged: EngineRun, plans: list[Plan], cuda_graphs: bool = False) -> list[str]:
+def missing_calls(plugged: EngineRun, plans: list[Plan], anywhere: bool = False) -> list[str]:
     """The plans whose kernel the engine did not call in each step kind while serving. [] when all were called.
 
-    Under CUDA graphs a replayed step runs the captured kernel without calling Python, and the compiled model's
-    calls come from Inductor's code, not the model's forward: there any call at all (capture included) counts."""
+    `anywhere`: the calls were counted in Python under CUDA graphs (no profiler traces), where a replayed step runs
+    the captured kernel without calling Python: there any call at all (capture included) counts."""
     problems = []
     for plan in plans:
-        if cuda_graphs:
+        if anywhere:
             total = (sum(plugged.calls.get(plan.name, {}).values()) + plugged.startup_calls.get(plan.name, 0)
                      + plugged.calls_outside_forward.get(plan.name, 0))
             if not total:
@@ -383,18 +488,27 @@ MODEL_WORDS = (f"a tiny Llama ({TINY_LLAMA['num_hidden_layers']} layers, hidden 
                f"vocabulary {TINY_LLAMA['vocab_size']}), seeded random weights")
 
 
-def item_name(sm: str) -> str:
-    return f"{ROUTE}[tiny_llama-{sm}]"
+def item_name(sm: str, profile: str = "") -> str:
+    slug = profile.lower().replace(" ", "_") + "-" if profile else ""  # "Inductor on" -> inductor_on
+    return f"{ROUTE}[tiny_llama-{slug}{sm}]"
 
 
-def serve_with_and_without(plans: list[Plan], workdir: Path, cuda_graphs: bool) -> tuple[EngineRun, EngineRun]:
+def engine_profiles(sm: str) -> tuple[str, ...]:
+    """The profiles an engine item runs under: both of vLLM's on a GPU, where it compiles and captures CUDA graphs;
+    on a CPU machine one eager engine ("")."""
+    return tuple(PROFILES) if sm != "cpu" else ("",)
+
+
+def serve_with_and_without(plans: list[Plan], workdir: Path, cuda_graphs: bool,
+                           inductor: bool = True) -> tuple[EngineRun, EngineRun]:
     """The engine without the plugins and with them, side by side (each start waits mostly on its own processes).
     The one with the plugins runs as vLLM runs by default, its plugins loaded in the processes a deployment loads
     them in; the one without, whose tokens alone are read, in one process (27 s against 60 s on a 2-core CPU
     machine, the same tokens)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        baseline = pool.submit(run_engine, [], workdir / "without-plugins", cuda_graphs, one_process=True)
-        plugged = pool.submit(run_engine, plans, workdir / "with-plugins", cuda_graphs)
+        baseline = pool.submit(run_engine, [], workdir / "without-plugins", cuda_graphs, one_process=True,
+                               inductor=inductor)
+        plugged = pool.submit(run_engine, plans, workdir / "with-plugins", cuda_graphs, inductor=inductor)
         return baseline.result(), plugged.result()
 
 
@@ -405,8 +519,10 @@ def engine_problems(plans: list[Plan], baseline: EngineRun, plugged: EngineRun, 
               for which, run in (("without", baseline), ("with", plugged)) if run.error]
     if errors:
         return errors
-    workload = [] if cuda_graphs else workload_problems(plugged)  # replayed steps write no calls to classify
-    return [*workload, *missing_calls(plugged, plans, cuda_graphs), *compare_greedy(baseline, plugged)]
+    # Replayed steps write no Python calls to classify; the profiler's counts see them.
+    by_step = not cuda_graphs or plugged.counted_by == "profiler"
+    workload = workload_problems(plugged) if by_step else []
+    return [*workload, *missing_calls(plugged, plans, not by_step), *compare_greedy(baseline, plugged)]
 
 
 def first_difference(baseline: EngineRun, plugged: EngineRun) -> str | None:
@@ -419,18 +535,21 @@ def first_difference(baseline: EngineRun, plugged: EngineRun) -> str | None:
 
 
 def engine_outcome(plans: list[Plan], plan: Plan, baseline: EngineRun, plugged: EngineRun,
-                   cuda_graphs: bool) -> EngineOutcome:
+                   cuda_graphs: bool, profile: str = "") -> EngineOutcome:
     return EngineOutcome(model=MODEL_WORDS, requests=len(PROMPT_LENGTHS), ops=[p.name for p in plans],
                          calls=dict(plugged.calls.get(plan.name, {})),
                          calls_outside_forward=plugged.calls_outside_forward.get(plan.name, 0),
                          cuda_graphs=cuda_graphs, tokens_compared=sum(len(t) for t in baseline.tokens),
                          first_difference=first_difference(baseline, plugged), start_s=plugged.start_s or None,
-                         serve_s=plugged.serve_s or None)
+                         serve_s=plugged.serve_s or None, profile=profile or None,
+                         counted_by="profiler" if plugged.counted_by == "profiler" else None,
+                         attention_backend=attention_backend_here(cuda_graphs) or None)
 
 
-def run_engine_item(plan: Plan, sm: str, keep: Path | None = None) -> IntegrationRecord:
+def run_engine_item(plan: Plan, sm: str, keep: Path | None = None, profile: str = "") -> IntegrationRecord:
     """The plan's engine item: its plugin in a running engine, against the engine without it. On a GPU the engine
-    captures CUDA graphs; on a CPU machine it runs eagerly, the kernel in Triton's interpreter."""
+    captures CUDA graphs under the `profile` (PROFILES); on a CPU machine it runs eagerly, the kernel in Triton's
+    interpreter."""
     start = time.monotonic()
     cuda_graphs = detect().device == "cuda"
     rec = IntegrationRecord(route=ROUTE, phase="all", dtype="bf16", tp=1, sm=sm, status=Status.PASSED,
@@ -440,9 +559,9 @@ def run_engine_item(plan: Plan, sm: str, keep: Path | None = None) -> Integratio
         rec.status, rec.reason = Status.NOT_RUN, why
         return rec
     with engine_workdir(keep) as workdir:
-        baseline, plugged = serve_with_and_without([plan], workdir, cuda_graphs)
+        baseline, plugged = serve_with_and_without([plan], workdir, cuda_graphs, PROFILES.get(profile, True))
     problems = engine_problems([plan], baseline, plugged, cuda_graphs)
-    rec.engine = engine_outcome([plan], plan, baseline, plugged, cuda_graphs)
+    rec.engine = engine_outcome([plan], plan, baseline, plugged, cuda_graphs, profile)
     rec.kernel_calls = sum(rec.engine.calls.values())
     if problems:
         rec.status, rec.reason = Status.FAILED, "; ".join(problems)

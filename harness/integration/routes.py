@@ -106,7 +106,9 @@ def build_layer(plan: Plan, values: dict, config, quant_config=None):
     make = adapter_function(plan, "vllm_layer")
     params = list(inspect.signature(make).parameters)[1:]  # after the layer class: the plan's arguments it names
     given = {**values, "quant_config": quant_config}
-    with set_current_vllm_config(config):
+    # Under the device the model loader builds vLLM's layers under (vllm/model_executor/model_loader): parameters
+    # an adapter creates with torch.empty land where the kernel runs.
+    with set_current_vllm_config(config), torch.device(detect().device):
         try:
             return make(import_object(plan.vllm.layer), **{name: given[name] for name in params if name in given})
         except Exception as exc:

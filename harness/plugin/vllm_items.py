@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.integration.engine import engine_unsupported, item_name as engine_item_name, run_engine_item
+from harness.integration.engine import engine_profiles, engine_unsupported, item_name as engine_item_name, \
+    run_engine_item
 from harness.integration.fusion import FusionTask, fusion_items, run_fusion_item
 from harness.results.store import FusionOutcome, IntegrationRecord, Status
 from harness.runtime.vllm_kernels import vllm_missing
@@ -35,9 +36,11 @@ def vllm_run_items(parent, plan: Plan, sm: str, session):
         item.add_marker("fusion")
         yield item
     if sm in plan.matrix["sm"] and names_vllm_op(plan):
-        item = EngineItem.from_parent(parent, name=engine_item_name(sm), sm=sm, plan_session=session)
-        item.add_marker("engine")
-        yield item
+        for profile in engine_profiles(sm):
+            item = EngineItem.from_parent(parent, name=engine_item_name(sm, profile), sm=sm, profile=profile,
+                                          plan_session=session)
+            item.add_marker("engine")
+            yield item
 
 
 class _VllmRunItem(pytest.Item):
@@ -85,6 +88,10 @@ class FusionItem(_VllmRunItem):
 class EngineItem(_VllmRunItem):
     """vLLM's engine serving requests with the plan's plugin loaded, against the engine without it."""
 
+    def __init__(self, *, profile: str, **kwargs):
+        super().__init__(**kwargs)
+        self.profile = profile
+
     def setup(self):
         s = self.plan_session
         why = engine_unsupported(s.plan) or (
@@ -96,4 +103,4 @@ class EngineItem(_VllmRunItem):
 
     def runtest(self):
         # In this process: the engines run in processes of their own, started by spawn.
-        self._finish(run_engine_item(self.plan_session.plan, self.sm))
+        self._finish(run_engine_item(self.plan_session.plan, self.sm, profile=self.profile))

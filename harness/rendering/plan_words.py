@@ -109,11 +109,14 @@ def route_proof(plan: Plan, integration: dict | None) -> str:
         first = next(iter(failed.values()))
         on = f" on vLLM {first.vllm}" if first.vllm else ""
         return f"FAILED{on} in {len(failed)} of {len(items)} integration items: {md(first.reason)}"
-    if passed:
-        versions = ", ".join(sorted({r.vllm for r in passed.values() if r.vllm})) or "?"
-        sms = ", ".join(dict.fromkeys(r.sm for r in passed.values()))
-        return (f"proven on vLLM {versions} ({sms}): {len(passed)} integration items passed, vLLM's layer called "
-                "the kernel and matched the reference")
+    if passed:  # per vLLM build and machine: a GPU's proof beside the CPU build's
+        groups = {}
+        for r in passed.values():
+            where = r.sm if r.sm == "cpu" else f"cuda, {r.sm}"
+            groups.setdefault((r.vllm or "?", where), []).append(r)
+        proofs = [f"on vLLM {version} ({where}): {len(recs)} integration items passed"
+                  for (version, where), recs in sorted(groups.items(), key=lambda g: (g[0][1] == "cpu", g[0]))]
+        return f"proven {'; '.join(proofs)}, vLLM's layer called the kernel and matched the reference"
     reasons = sorted({r.reason for r in items.values() if r.reason})
     return f"not proven here: {md(reasons[0])}" if reasons else "not proven here: no integration item has run yet"
 

@@ -94,7 +94,8 @@ def engine_section(res: Merged) -> str:
             f"{e.tokens_compared} compared, equal" if not e.first_difference and rec.status == Status.PASSED
             else md(e.first_difference or "") or "differ")
         status = _mark(rec) + ("" if rec.status == Status.PASSED else f" {md(rec.reason)}")
-        graphs = NO_RESULT if e is None else ("CUDA graphs" if e.cuda_graphs else "eager")
+        graphs = NO_RESULT if e is None else ("CUDA graphs" if e.cuda_graphs else "eager") + (
+            f", {e.profile}" if e.profile else "") + (", calls from GPU traces" if e.counted_by else "")
         rows.append([rec.sm, status, md(e.model) if e else NO_RESULT, calls, tokens, graphs,
                      md(rec.vllm or NO_RESULT)])
     lines += [table(rows, ["SM", "result", "model", "kernel calls (prefill / mixed / decode steps)", "greedy tokens",

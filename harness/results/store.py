@@ -286,6 +286,10 @@ class EngineOutcome:
     first_difference: str | None = None  # where greedy tokens first differ (within the other run's top candidates)
     start_s: float | None = None  # the engine's start with the plugins
     serve_s: float | None = None
+    profile: str | None = None  # on a GPU: the vLLM profile, "Inductor on" or "Inductor off"
+    # "profiler": the kernel's GPU launches, CUDA graph replays included; None: its Python calls (the probe)
+    counted_by: str | None = None
+    attention_backend: str | None = None  # set where the harness chose vLLM's attention backend
 
 
 @dataclass
