@@ -5,8 +5,8 @@
 #   scripts/vllm_offline.sh install DIR           on the GPU machine, from the repository root: installs them from DIR
 #
 # VLLM defaults to the vLLM whose torch pin matches the GPU machine's torch (TORCH=<version> names it; ask the GPU
-# machine: python3 -c "import torch; print(torch.__version__)"); PYTHON_VERSION (default 3.12) and PLATFORM
-# (default manylinux_2_28_x86_64) describe the GPU machine. The GPU machine's own torch and triton are kept:
+# machine: python3 -c "import torch; print(torch.__version__)"); PYTHON_VERSION (default 3.12) and GLIBC (default
+# 2.35; ask the GPU machine: ldd --version) describe the GPU machine (x86_64). The GPU machine's own torch and triton are kept:
 # they are never downloaded, and `install` never replaces them. Copy DIR with the repository (rsync, a disk).
 # Then `scripts/gpu_run.sh numerics` runs vLLM's routes, its fusion passes and an engine with CUDA graphs there.
 set -euo pipefail
@@ -14,7 +14,10 @@ cd "$(dirname "$0")/.."
 what=${1:?usage: scripts/vllm_offline.sh download DIR [VLLM] | install DIR}
 dir=${2:?a folder for the wheels}
 py=${PYTHON_VERSION:-3.12}
-platform=${PLATFORM:-manylinux_2_28_x86_64}
+glibc=${GLIBC:-2.35}
+# Every manylinux tag a machine of that glibc installs (pip takes one --platform per tag).
+platforms=(--platform manylinux2014_x86_64)
+for minor in $(seq 17 "${glibc#2.}"); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
 
 case "$what" in
   download)
@@ -34,8 +37,8 @@ case "$what" in
     fi
     # Binary wheels for the GPU machine's Python and platform; torch's wheels (and the CUDA libraries they pull,
     # several GB) are left out below, as the GPU machine has its own.
-    python3 -m pip download --dest "$dir" --only-binary=:all: --python-version "$py" --platform "$platform" \
-      --platform manylinux2014_x86_64 --platform linux_x86_64 --platform any "${extra[@]}" "$vllm" \
+    python3 -m pip download --dest "$dir" --only-binary=:all: --python-version "$py" "${platforms[@]}" \
+      "${extra[@]}" "$vllm" \
       pydantic pytest hypothesis pyyaml pytest-benchmark tabulate numpy
     rm -f "$dir"/torch-*.whl "$dir"/triton-*.whl "$dir"/nvidia_*.whl
     echo "$(ls "$dir" | wc -l) wheels in $dir ($(du -sh "$dir" | cut -f1)); copy it to the GPU machine"
