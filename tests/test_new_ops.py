@@ -199,6 +199,40 @@ def test_broken_kernel_is_caught(tmp_path, plan, kernel, words):
     assert rec.minimal_example and rec.minimal_example.startswith("num_tokens=")
 
 
+def test_an_in_place_mismatch_says_whether_the_argument_was_written_and_what_was_returned(tmp_path):
+    path = narrowed(tmp_path, "rotary_embedding", "tests.broken.rotary_bugs:out_of_place")
+    rec = run_cell(CellTask.load(path, "decode-fp32-tp1-eager-cpu", CI)).record
+    assert rec.status == Status.FAILED, rec.reason
+    assert "'query' was left unchanged by the call" in rec.reason, rec.reason
+    assert "the tensor the kernel returned matches the reference: it computed out of place" in rec.reason
+    path = narrowed(tmp_path, "rotary_embedding", "tests.broken.rotary_bugs:always_gptj")
+    rec = run_cell(CellTask.load(path, "decode-fp32-tp1-eager-cpu", CI)).record
+    assert "'query' was written, with other values" in rec.reason and "returned" not in rec.reason, rec.reason
+
+
+def test_a_kernel_failing_every_input_is_shrunk_below_the_phase_sizes(tmp_path):
+    """Hypothesis stops at the phase's fewest tokens (a prefill's 128 here); a kernel that fails every input is
+    walked on to the smallest example that fails alike."""
+    path = narrowed(tmp_path, "rotary_embedding", "tests.broken.rotary_bugs:key_unrotated",
+                    matrix="  phase: [prefill]\n  dtype: [fp32]\n  tp: [1]\n  graph_mode: [eager]\n  sm: [cpu]\n")
+    rec = run_cell(CellTask.load(path, "prefill-fp32-tp1-eager-cpu", RunSettings(3, "ci", None))).record
+    assert rec.status == Status.FAILED and "output 'key'" in rec.reason, rec.reason
+    # position 0 rotates by nothing, so a key left unrotated fails only from the second token on
+    assert 2 <= int(rec.minimal_example.split()[0].removeprefix("num_tokens=")) < 128, rec.minimal_example
+    walked = rec.facts["shrunk on"]
+    assert walked["from"].startswith("num_tokens=") and walked["to"] == rec.minimal_example, walked
+    assert rec.examples == 3  # the walk's checks are not the cell's examples
+
+
+def test_relative_error_near_zero_is_taken_against_the_output_scale():
+    from harness.runtime.numerics import errors
+
+    expected = torch.tensor([1e-30, 2.0, -4.0], dtype=torch.float64)
+    actual = expected + torch.tensor([1e-3, 0.0, 0.0], dtype=torch.float64)
+    _, rel, _ = errors(actual, expected)
+    assert rel == pytest.approx(1e-3 / (1e-3 * 4.0))  # not 1e27: the error against 0.001 of the largest
+
+
 def test_quantized_comparison_allows_a_bounded_fraction_one_step_off():
     from harness.runtime.numerics import Mismatch, Stats, compare_quantized
 

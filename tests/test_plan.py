@@ -285,6 +285,17 @@ def test_a_setting_the_run_reads_otherwise_is_warned_at_its_line(tmp_path, what,
     assert warnings[0].startswith(f"{path}:{line}: "), warnings[0]
 
 
+@pytest.mark.parametrize("expr", ["num_tokens <= 2", "num_tokens < 64 and hidden * act_bytes >= 8192",
+                                  "not num_tokens > 4", "num_tokens == 1 or hidden != 4096", "2 >= num_tokens"])
+def test_a_path_condition_of_any_comparison_some_cell_reaches_is_not_warned(tmp_path, expr):
+    """A path taken at small sizes (a one-pass kernel for short rows, a decode-only branch) is reached too: the
+    condition is tried across the sizes and token ranges, not at the largest only."""
+    text = (ROOT / "plan.yaml").read_text()
+    path = tmp_path / "plan.yaml"
+    path.write_text(text.replace('"num_tokens * hidden * act_bytes >= 192 * 2**20"', f'"{expr}"', 1))
+    assert not [x for x in load_plan(path).warnings if "op.paths" in x], load_plan(path).warnings
+
+
 @pytest.mark.parametrize("what, plan, old, new, field, words", MISLEADING, ids=[m[0] for m in MISLEADING])
 def test_a_plan_that_would_mislead_is_an_error_at_its_line(tmp_path, what, plan, old, new, field, words):
     text = (ROOT / plan).read_text()

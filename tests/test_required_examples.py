@@ -41,6 +41,14 @@ def test_the_cheapest_example_past_a_path_and_where_none_is_reachable(tmp_path):
     assert "on a CPU machine" in on_cpu
 
 
+@pytest.mark.parametrize("expr, tokens", [("num_tokens <= 2", 1), ("num_tokens == 64", 64), ("num_tokens != 1", 2),
+                                          ("not num_tokens < 100", 100)])
+def test_a_path_of_any_comparison_gets_its_cheapest_example(tmp_path, expr, tokens):
+    plan = _plan(tmp_path, f"{{p: '{expr}'}}")
+    ex = path_example(plan, Cell.from_id("decode-bf16-tp1-eager-sm90"), "cuda", expr)
+    assert not isinstance(ex, str) and ex.num_tokens == tokens, ex
+
+
 def test_int32_overflow_example_only_where_a_gpu_runs_it(tmp_path):
     path = rms_norm_plan(tmp_path, phase="[prefill]", numerics="{examples: 2, int32_overflow: true}")
     plan = load_plan(path)

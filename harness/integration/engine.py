@@ -101,6 +101,7 @@ class EngineRun:
     counted_by: str = "probe"  # "probe": Python calls of the kernel; "profiler": its GPU launches, replays included
     start_s: float = 0.0
     serve_s: float = 0.0
+    attention_backend: str = ""  # the backend asked of vLLM ("": its own choice)
     error: str = ""
 
 
@@ -217,7 +218,7 @@ def _triton_kernel_names(probe_ops: dict) -> dict[str, str]:
     names = {}
     for module_name, op in probe_ops.items():
         kernel = inspect.unwrap(getattr(importlib.import_module(module_name).kernel, "fn", None) or (lambda: None))
-        for obj in vars(inspect.getmodule(kernel) or object).values():
+        for obj in vars(inspect.getmodule(kernel) or object).values():  # the module the launcher was written in
             while isinstance(obj, KernelInterface) and not isinstance(obj, JITFunction):
                 obj = getattr(obj, "fn", None)  # autotune / heuristics wrap a JITFunction
             if isinstance(obj, JITFunction):
@@ -273,6 +274,7 @@ def main(spec_path: str) -> int:
         run = _serve(spec)
     except Exception as exc:  # the engine did not start or failed serving: said in words, not as a traceback
         run = EngineRun(error=f"{type(exc).__name__}: {str(exc).strip()[:1000]}")
+    run.attention_backend = spec.attention_backend
     Path(spec.out).write_text(json.dumps(asdict(run)))
     return 0
 
@@ -543,7 +545,7 @@ def engine_outcome(plans: list[Plan], plan: Plan, baseline: EngineRun, plugged: 
                          first_difference=first_difference(baseline, plugged), start_s=plugged.start_s or None,
                          serve_s=plugged.serve_s or None, profile=profile or None,
                          counted_by="profiler" if plugged.counted_by == "profiler" else None,
-                         attention_backend=attention_backend_here(cuda_graphs) or None)
+                         attention_backend=plugged.attention_backend or None)
 
 
 def run_engine_item(plan: Plan, sm: str, keep: Path | None = None, profile: str = "") -> IntegrationRecord:

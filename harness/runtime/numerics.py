@@ -18,6 +18,9 @@ from harness.results.store import ErrorStats, finite_number
 
 # A failure within this many tolerances is "borderline" and gets judged against fp64.
 BORDERLINE = 4.0
+# A relative error over a reference element near zero is division by noise: an element whose reference is below
+# this fraction of the output's largest magnitude has its error taken relative to that fraction of it instead.
+REL_FLOOR = 1e-3
 
 
 @dataclass
@@ -101,7 +104,8 @@ def errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float, 
     if not finite.any():
         return 0.0, 0.0, None
     diff = (a - e).abs()[finite]
-    rel = diff / e.abs()[finite].clamp_min(torch.finfo(torch.float32).tiny)
+    scale = e.abs()[finite]
+    rel = diff / scale.clamp_min(max(REL_FLOOR * float(scale.max()), torch.finfo(torch.float32).tiny))
     ulp = ulp_distance(actual, expected) if actual.dtype in ULP_BITS else None
     return float(diff.max()), float(rel.max()), ulp
 
@@ -203,6 +207,25 @@ def compare_quantized(name: str, actual, expected: torch.Tensor, max_step_fracti
         raise Mismatch(f"output '{name}': {one_step:.2%} of quantized elements are one step from the reference "
                        f"(at most {max_step_fraction:.2%} allowed: quantization.max_step_fraction)",
                        ErrorStats(abs_err, None, worst, name))
+
+
+def in_place_reason(name: str, after: torch.Tensor, before: torch.Tensor, returned, expected: torch.Tensor,
+                    tol: Tolerance) -> str:
+    """For an in-place output that did not match: whether the call left it as drawn, and whether a tensor the
+    kernel returned holds the result instead (it computed out of place)."""
+    same = after.shape == before.shape and after.dtype == before.dtype and bool(
+        torch.equal(ordered(after), ordered(before)))
+    said = (f"'{name}' was left unchanged by the call (op.mutates says the kernel writes its result into it)" if same
+            else f"'{name}' was written, with other values")
+    for value in returned if isinstance(returned, tuple) else (returned,):
+        if isinstance(value, torch.Tensor) and value.shape == expected.shape and value.dtype == expected.dtype \
+                and value.data_ptr() != after.data_ptr():
+            try:
+                compare(name, value, expected, tol, None)
+            except Mismatch:
+                continue
+            return said + "; the tensor the kernel returned matches the reference: it computed out of place"
+    return said
 
 
 def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:

@@ -31,16 +31,22 @@ def token_range(plan: Plan, phase: str, sizes: dict, device: str) -> tuple[int, 
 
 
 def _fewest_tokens(expr: str, names: dict, low: int, high: int) -> int | None:
-    """The fewest tokens in [low, high] past the condition, assuming more tokens never leave a path taken."""
-    if not condition(expr, {**names, "num_tokens": high}):
-        return None
-    while low < high:
-        mid = (low + high) // 2
-        if condition(expr, {**names, "num_tokens": mid}):
-            high = mid
-        else:
-            low = mid + 1
-    return low
+    """The fewest tokens in [low, high] past the condition, whichever way its comparisons go: `low` itself where
+    it holds there (a path for short batches), the bisected threshold where it holds from some count on, else the
+    first power of two (or the range's ends) where it holds (a condition on a single count); None where none does."""
+    held = lambda n: condition(expr, {**names, "num_tokens": n})  # noqa: E731
+    if held(low):
+        return low
+    if held(high):
+        while low < high:
+            mid = (low + high) // 2
+            if held(mid):
+                high = mid
+            else:
+                low = mid + 1
+        return low
+    return next((n for n in sorted({low + 1, *(2 ** k for k in range(high.bit_length()))}) if low < n < high
+                 and held(n)), None)
 
 
 def _size_combinations(plan: Plan, device: str):

@@ -27,7 +27,7 @@ from harness.runtime.inputs import Example, build_args, examples, token_cap, wit
 from harness.runtime.interpreter_unfaithful import unfaithful
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
-from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized
+from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized, in_place_reason
 from harness.runtime.required_examples import required_examples
 from harness.runtime.resolve import resolve, stand_in_library
 from harness.spec.plan import Plan, Tolerance
@@ -172,9 +172,18 @@ class CellCheck:
         untouched = {a.name: values[a.name].clone() for a in plan.tensor_args
                      if a.role == "input" and a.name not in plan.mutates and a.name not in ex.omitted}
         inputs = {**values, **{n: values[n].clone() for n in plan.mutates}}  # as drawn, for the fp64 tie-break
-        actual = kernel_outputs(plan, values, self._call(values, ex))
+        returned = self._call(values, ex)
+        actual = kernel_outputs(plan, values, returned)
         for name in plan.outputs:
-            self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
+            try:
+                self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
+            except Mismatch as exc:
+                if name in plan.mutates and name not in plan.returned_outputs and \
+                        isinstance(actual[name], torch.Tensor) and isinstance(expected[name], torch.Tensor):
+                    tol = output_tolerance(plan, self.cell.dtype, name, SHORT_NAMES.get(expected[name].dtype))
+                    exc.message += "; " + in_place_reason(name, actual[name], inputs[name], returned,
+                                                          expected[name], tol)
+                raise
         if self.accumulation_checked and \
                 max((t.numel() for t in actual.values() if isinstance(t, torch.Tensor)), default=0) <= \
                 accumulation.MAX_ELEMENTS:
@@ -299,6 +308,7 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
         test = partial(test, replay)
     rec = CellRecord(**cell.axes(), status=Status.PASSED)
     device_fault = False
+    shrunk = {}  # a minimal failure walked on past hypothesis's
     try:
         test()
     except Inconclusive as exc:  # not failed: a GPU judges this cell (README: inconclusive on a CPU machine), or
@@ -328,11 +338,19 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
             rec.minimal_example = failing[0].describe() if failing else None
             if isinstance(exc, Mismatch) and exc.stats:
                 rec.error = exc.stats
+            if isinstance(exc, Mismatch) and failing and replay is None and not tp_multiple \
+                    and not check.passing.examples:
+                smaller = shrink_below_phase(plan, cell, check, failing[0], exc)
+                if smaller != failing[0]:
+                    rec.minimal_example = smaller.describe()
+                    shrunk = {"shrunk on": {"from": failing[0].describe(), "to": smaller.describe(),
+                                                     "why": "every example drawn failed, so the walk went on past "
+                                                            "the sizes hypothesis draws for this phase"}}
     cap = token_cap(plan, {sym: max(v) for sym, v in plan.sizes.items()}, device)
     rec.examples = check.count
     rec.duration_s = round(time.monotonic() - start, 3)
     rec.tolerance = Tolerance(check.tol.atol, check.tol.rtol)
-    rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {}), **required_facts}
+    rec.facts = {**check.runner.facts, **({"token_cap": cap} if cap else {}), **required_facts, **shrunk}
     if cell.dtype == "fp32" and (precision := fp32_dot_precision(check.kernel)):
         rec.facts["fp32 dots"] = precision
     said = check.accumulation.verdict() or check.accumulation_note
@@ -358,7 +376,7 @@ def run_cell(task: CellTask, progress=None) -> Outcome:
 
 
 def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None,
-                   known: Sequence[Example] = ()) -> Example:
+                   known: Sequence[Example] = (), token_floor: int | None = None) -> Example:
     """The smallest example near `ex` that still reproduces a fault, for a fault hypothesis could not shrink
     (it killed the worker, or poisoned its device). First the examples earlier cells of this phase shrank
     their faults to (`known`; no larger than `ex` in tokens): the first that reproduces is where the walk
@@ -367,7 +385,8 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
     each input's row padding, the value scale), bisects toward the field's smallest value this cell could
     draw, keeping a candidate only when `reproduces(candidate)` (a replay in a fresh worker) says it faults
     too; repeats while a pass gains. `reproduces` answers False once its budget is spent, so this always
-    ends with a reproducing example: `ex` itself when nothing smaller does."""
+    ends with a reproducing example: `ex` itself when nothing smaller does. `token_floor`: the fewest tokens
+    tried (by default the phase's fewest)."""
     tp_multiple = tp_multiple or {}
 
     def faults(candidate: Example) -> bool:  # outside the kernel's contract: never drawn, so never tried
@@ -405,7 +424,7 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
             gained |= bisect(range(1, best.decode_tokens + 1),
                              lambda d: replace(best, num_tokens=d + chunk, decode_tokens=d))
         else:
-            low = min(plan.numerics.prefill_tokens[0], n) if cell.phase == "prefill" else 1
+            low = token_floor or (min(plan.numerics.prefill_tokens[0], n) if cell.phase == "prefill" else 1)
             gained |= bisect(range(low, n + 1), lambda k: replace(best, num_tokens=k))
         sizes = {}  # size symbol -> the values this cell could draw up to the current one, ascending
         for sym in sorted(best.sizes):
@@ -434,6 +453,36 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
         if best.scale != "normal":
             gained |= bisect(["normal", best.scale], lambda sc: replace(best, scale=sc))
     return best
+
+
+# Walking on past hypothesis's minimal failure: at most this many checks, or this many seconds.
+BELOW_PHASE_CHECKS = 16
+BELOW_PHASE_BUDGET_S = 30.0
+
+
+def shrink_below_phase(plan: Plan, cell: Cell, check: CellCheck, ex: Example, failure: Mismatch) -> Example:
+    """When every example failed, the smallest example that still fails alike, down to one token: hypothesis
+    stops at the smallest size the phase draws (a prefill's first token count), a reproducer need not. Checked
+    in this process (a mismatch leaves the worker sound); alike means the same output's mismatch."""
+    started, budget = time.monotonic(), [BELOW_PHASE_CHECKS]
+    what = str(failure).split(":", 1)[0]
+
+    def reproduces(candidate: Example) -> bool:
+        if budget[0] <= 0 or time.monotonic() - started > BELOW_PHASE_BUDGET_S:
+            return False
+        budget[0] -= 1
+        try:
+            check(candidate)
+        except Mismatch as exc:
+            return str(exc).split(":", 1)[0] == what
+        except Exception:
+            return False
+        return False
+
+    count = check.count  # the cell's examples are those hypothesis drew
+    smaller = shrink_example(plan, cell, ex, reproduces, token_floor=1)
+    check.count, check.last_failure = count, None  # it held the last candidate's tensors
+    return smaller
 
 
 def device_poisoned(reason: str, device: str) -> bool:

@@ -208,21 +208,34 @@ def _loose_tolerances(w: Where, plan: Plan) -> list[PlanError]:
     return found
 
 
+def _path_points(plan: Plan, names: set[str]):
+    """The points a path's condition is tried at: every drawn value of each size symbol it names (its smallest and
+    largest where the values are many), per phase its fewest and most tokens and the powers of two between, and
+    each dtype's width. Any comparison, either way round, then finds where it holds and where it does not."""
+    symbols = {sym: sorted(vals) if len(vals) <= 4 else [min(vals), max(vals)]
+               for sym, vals in plan.sizes.items() if sym in names}
+    tokens = set()
+    for phase in plan.matrix["phase"]:
+        low, high = plan.token_range(phase)
+        tokens |= {low, low + 1, high} | {2 ** k for k in range(high.bit_length()) if low < 2 ** k < high}
+    widths = sorted({DTYPE[d].bytes for d in plan.matrix["dtype"]})
+    for values in itertools.product(*symbols.values()):
+        for n in sorted(tokens) if "num_tokens" in names else (1,):
+            for b in widths:
+                yield {**dict(zip(symbols, values)), "num_tokens": n, "act_bytes": b}
+
+
 def _unreachable_paths(w: Where, plan: Plan) -> list[PlanError]:
-    """op.paths no GPU cell reaches at the plan's largest sizes, or that every example takes (a condition that
-    selects nothing)."""
+    """op.paths no GPU cell reaches within the plan's sizes and token ranges, or that every example takes (a
+    condition that selects nothing)."""
     found = []
-    largest = {sym: max(vals) for sym, vals in plan.sizes.items()}
-    smallest = {sym: min(vals) for sym, vals in plan.sizes.items()}
-    widths = [DTYPE[d].bytes for d in plan.matrix["dtype"]]
     for name, expr in plan.paths:
-        reached = any(condition(expr, {**largest, "num_tokens": plan.token_range(phase)[1], "act_bytes": b})
-                      for phase in plan.matrix["phase"] for b in widths)
-        always = all(condition(expr, {**smallest, "num_tokens": 1, "act_bytes": b}) for b in widths)
-        if not reached:
-            found.append(w.fail(("op", "paths", name), "a condition some cell reaches (at the plan's largest sizes "
+        fallback = {sym: max(vals) for sym, vals in plan.sizes.items()}  # symbols the condition does not name
+        held = {condition(expr, {**fallback, **point}) for point in _path_points(plan, names_in(expr))}
+        if True not in held:
+            found.append(w.fail(("op", "paths", name), "a condition some cell reaches (within the plan's sizes "
                                 "and token ranges none does: no example checks this path)", expr))
-        elif always:
+        elif False not in held:
             found.append(w.fail(("op", "paths", name), "a condition some examples do not meet (every example "
                                 "takes this path, so it selects nothing)", expr))
     return found

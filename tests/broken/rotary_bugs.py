@@ -56,3 +56,10 @@ def always_gptj(positions, query, key, head_size, cos_sin_cache, is_neox):
 def key_unrotated(positions, query, key, head_size, cos_sin_cache, is_neox):
     """Bug: rotates query only; key is left as it came in (attention scores lose the relative position)."""
     _launch(positions, query, key, head_size, cos_sin_cache, is_neox, rotate_key=False)  # BUG
+
+
+def out_of_place(positions, query, key, head_size, cos_sin_cache, is_neox):
+    """Bug: rotates copies and returns them; query and key, which the op mutates, are left as they came in."""
+    query, key = query.clone(), None if key is None else key.clone()  # BUG: the caller's tensors are not written
+    _launch(positions, query, key, head_size, cos_sin_cache, is_neox, rotate_key=True)
+    return query, key
