@@ -17,7 +17,7 @@ from harness.results.merge import collect
 from harness.results.store import load, merge_dir
 from tests.test_report import ROOT, bench, cell, machine, passed_sm90, section, small_plan, write_results
 
-OTHER = {"numerics": "0123456789ab", "bench": "ba9876543210"}
+OTHER = {"numerics": "0123456789ab", "integration": "0a1b2c3d4e5f", "bench": "ba9876543210"}
 FAST = {"decode-64": bench("decode", 64, 10.0, 50.0, 20.0), "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)}
 
 
@@ -107,6 +107,10 @@ def test_the_stamp_covers_the_modules_that_decide_a_record_and_the_plan(tmp_path
     (copy / "runtime" / "numerics.py").write_text("# another comparison\n")
     numerics_changed = cv.checks_version(plan.path)
     assert numerics_changed["numerics"] != before["numerics"] and numerics_changed["bench"] == before["bench"]
+    (copy / "integration" / "fusion.py").write_text("# another pass check\n")
+    integration_changed = cv.checks_version(plan.path)
+    assert integration_changed["integration"] != numerics_changed["integration"]
+    assert integration_changed["numerics"] == numerics_changed["numerics"]  # the cells stay current
     (copy / "decisions" / "bounds.py").write_text("# another bound\n")
     assert cv.checks_version(plan.path)["bench"] != before["bench"]
     plan.path.write_text(plan.path.read_text() + "\n")

@@ -13,18 +13,22 @@ from pathlib import Path
 HARNESS_DIR = Path(__file__).resolve().parents[1]  # the installed harness package
 
 # Per kind of record, the modules whose code decides it (relative to HARNESS_DIR; those missing are skipped).
-# "numerics": cells and vLLM integration items; "bench": benchmark records.
+# "numerics": cells; "integration": vLLM items (routes, fusion passes, the engine; the plugin they load);
+# "bench": benchmark records. A change to one kind's modules leaves the other kinds' records current.
 CHECKED_MODULES = {
     "numerics": tuple(f"runtime/{name}.py" for name in (
         "accumulation", "numerics", "runner", "modes", "inputs", "calls", "tp", "memcheck", "required_examples",
-        "upcast", "shrinking", "check_code", "tf32")) + ("spec/tolerances.py", "integration/routes.py",
-                                                          "integration/fusion.py", "integration/engine.py"),
+        "upcast", "shrinking", "check_code", "tf32")) + ("spec/tolerances.py",),
+    "integration": ("integration/routes.py", "integration/fusion.py", "integration/engine.py",
+                    "integration/engine_probe.py", "rendering/plugin_source.py",
+                    *(f"rendering/plugin_templates/{t}.py.tmpl" for t in ("custom_op", "ir", "quantization")),
+                    "runtime/numerics.py", "spec/tolerances.py"),
     "bench": ("runtime/bench.py", "runtime/timing.py", "decisions/bounds.py"),
 }
 
 
 def checks_version(plan_path: Path | str) -> dict[str, str]:
-    """Per kind ("numerics", "bench"), 12 hex digits of the sha256 of its modules' bytes and the plan file's."""
+    """Per kind ("numerics", "integration", "bench"), 12 hex digits of the sha256 of its modules' bytes and the plan file's."""
     plan = Path(plan_path)
     plan_bytes = plan.read_bytes() if plan.is_file() else b""
     out = {}

@@ -53,7 +53,8 @@ class Merged:
         prov = self.source(rec)
         if prov is None or prov.sm != rec.sm or getattr(rec, "status", None) is Status.EXCLUDED:
             return ""
-        kind = "bench" if isinstance(rec, BenchRecord) else "numerics"
+        kind = "bench" if isinstance(rec, BenchRecord) else "integration" if isinstance(rec, IntegrationRecord) \
+            else "numerics"
         made, now = (prov.checks or {}).get(kind), self.checks.get(kind)
         return "" if made == now else f"made by other checks ({made or 'unstamped'} ≠ {now})"
 
