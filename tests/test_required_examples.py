@@ -19,7 +19,7 @@ TWO_PASS = "num_tokens * hidden * act_bytes >= 192 * 2**20"  # kernels/rms_norm.
 
 
 def _plan(tmp_path, paths: str = "", **kw):
-    extra = f"benchmark: {{prefill: [32768], decode: [256]}}\n"
+    extra = "benchmark: {prefill: [32768], decode: [256]}\n"
     path = rms_norm_plan(tmp_path, hidden="[2048, 4096, 5120, 8192]", phase="[decode, prefill]",
                          dtype="[bf16, fp32]", sm="[cpu, sm90]", extra=extra, **kw)
     if paths:

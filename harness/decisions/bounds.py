@@ -53,7 +53,8 @@ def fastest_possible_us(rec: BenchRecord) -> float | None:
     shown above 100% of its bound rather than failed."""
     if not finite_number(rec.bound_us):
         return None
-    if not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps) and rec.read_bw_gbps > rec.copy_bw_gbps):
+    if not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps)
+            and rec.read_bw_gbps > rec.copy_bw_gbps):
         return rec.bound_us
     # The same bound with the bytes at the read bandwidth: still no faster than the flops or the launch floor allow.
     return physical_bound(rec.bytes, rec.read_bw_gbps, rec.flops, rec.peak_tflops, rec.launch_floor_us)[0]

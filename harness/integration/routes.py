@@ -10,8 +10,9 @@ reason vLLM took it.
 
 What is op-specific comes from the op's adapter module (the plan's `vllm.adapter`, by default the kernel's
 module): `vllm_layer` builds vLLM's layer for one call, `vllm_forward_inputs` / `vllm_ir_inputs` /
-`vllm_create_weights` + `vllm_apply_inputs` map vLLM's calls onto the kernel's arguments. A failure says whose code raised: the kernel's, the op's adapter's, the generated
-plugin's (the harness's) or vLLM's.
+`vllm_create_weights` + `vllm_apply_inputs` map vLLM's calls onto the kernel's arguments.
+A failure says whose code raised: the kernel's, the op's adapter's, the generated plugin's (the harness's) or
+vLLM's.
 
 vLLM is optional: it is imported here only when an item runs (`vllm_missing()` says whether it can
 be). Every name a deployment types comes from harness.spec.vllm_ops.
@@ -476,7 +477,8 @@ class IntegrationOutcome:
 def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES, profile: str = "ci",
                 database: str | None = None, plugin_text: str | None = None, priority: list[str] | None = None,
                 custom_ops: list[str] | None = None) -> IntegrationRecord:
-    """One integration item: register through `route`, call vLLM's layer on drawn inputs, count kernel calls, compare."""
+    """One integration item: register through `route`, call vLLM's layer on drawn inputs, count kernel calls,
+    compare."""
     start = time.monotonic()
     device = detect().device
     tol = tolerance_for(plan, cell.dtype)

@@ -149,7 +149,8 @@ def _run_kernel(plan: Plan) -> list[str]:
             for sym in sorted(d.names, key=len, reverse=True):
                 size = _size_of(plan, sym)
                 if size is None:
-                    return lines + [f"    raise NotImplementedError({f'no input of the kernel gives {sym}, the size of {a.name}'!r})"]
+                    why = f"no input of the kernel gives {sym}, the size of {a.name}"
+                    return lines + [f"    raise NotImplementedError({why!r})"]
                 text = re.sub(rf"\b{sym}\b", size, text)
             dims.append(text)
         lines.append(f"    {a.name} = torch.empty({py_tuple(dims)}, dtype={_dtype_expr(plan, a.dtype)}, "

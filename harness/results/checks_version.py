@@ -28,7 +28,8 @@ CHECKED_MODULES = {
 
 
 def checks_version(plan_path: Path | str) -> dict[str, str]:
-    """Per kind ("numerics", "integration", "bench"), 12 hex digits of the sha256 of its modules' bytes and the plan file's."""
+    """Per kind ("numerics", "integration", "bench"), 12 hex digits of the sha256 of its modules' bytes and the
+    plan file's."""
     plan = Path(plan_path)
     plan_bytes = plan.read_bytes() if plan.is_file() else b""
     out = {}

@@ -1,1 +1,2 @@
-"""Running cells: resolving user code, inputs, numerics, graph modes, the runner, TP, memcheck, benchmarks and worker isolation. Imports torch."""
+"""Running cells: resolving user code, inputs, numerics, graph modes, the runner, TP, memcheck, benchmarks and worker
+isolation. Imports torch."""

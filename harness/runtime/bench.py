@@ -312,9 +312,10 @@ _compiled: dict = {}  # the compiled reference of the last shape benchmarked in 
 
 
 def compiled_reference(reference: Callable, shape: tuple) -> Callable:
-    """The native code (op.native, else the reference) under torch.compile, specialised to one shape (Inductor at its best, as vLLM's
-    compile_sizes get it). Items of one shape follow each other (eager, then cuda_graph), so they share one
-    compilation; a new shape starts afresh (dynamo.reset), so dynamo's recompile limit never sends it to eager."""
+    """The native code (op.native, else the reference) under torch.compile, specialised to one shape (Inductor at its
+    best, as vLLM's compile_sizes get it). Items of one shape follow each other (eager, then cuda_graph), so they
+    share one compilation; a new shape starts afresh (dynamo.reset), so dynamo's recompile limit never sends it to
+    eager."""
     key = (reference, shape)
     if key not in _compiled:
         _without_guard_latency_probe()

@@ -199,7 +199,8 @@ def compare_quantized(name: str, actual, expected: torch.Tensor, max_step_fracti
     one_step = float((steps == 1).float().mean())
     if worst > 1:
         first = tuple(int(i) for i in (steps == worst).nonzero()[0])
-        raise Mismatch(f"output '{name}': {int((steps > 1).sum())} of {actual.numel()} quantized elements are more than "
+        raise Mismatch(f"output '{name}': {int((steps > 1).sum())} of {actual.numel()} quantized elements are more "
+                       f"than "
                        f"one step from the reference (up to {worst} steps, first at index {first}: "
                        f"{float(actual[first]):g} against {float(expected[first]):g})",
                        ErrorStats(abs_err, None, worst, name))

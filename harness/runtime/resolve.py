@@ -42,7 +42,8 @@ from harness.spec.vllm_ops import adapter_module, plugin_routes
 # What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the
 # plan is wrong: a plan's code failing to import with one of these makes its cells "not run here", not an invalid plan.
 ENVIRONMENT_ERRORS = ("Torch not compiled with CUDA enabled", "CUDA driver", "libcudart", "libcuda.so", "libnvrtc",
-                      "libcublas", "Found no NVIDIA driver", "No CUDA GPUs are available", "NVIDIA driver on your system")
+                      "libcublas", "Found no NVIDIA driver", "No CUDA GPUs are available",
+                      "NVIDIA driver on your system")
 # Packages that install (or import) only where CUDA is: a ModuleNotFoundError for one is this machine's.
 CUDA_ONLY_PACKAGES = {"cuda", "cupy", "pycuda", "flash_attn", "flashinfer", "deep_gemm", "deep_ep", "xformers",
                       "tensorrt", "cutlass", "nvidia", "pynvml", "apex", "vllm_flash_attn", "sgl_kernel"}

@@ -10,8 +10,8 @@ nightly's items). scripts/gpu_run.sh bench points HARNESS_SHARED_TIMINGS at a ne
 The same call: one function (a Python function by module, name and the digest of its source file; vLLM's compiled
 op by name and the library it came from; `compiled` is the native code under this torch's Inductor) given the same
 arguments as the item built them (each tensor's dtype, shape, strides and a sample of its values, of the first and
-last rotated input set, and how many sets there are). Each implementation is still checked against its own plan's reference and
-tolerance; only the timing loop is skipped. The record names the plan and item the samples came from
+last rotated input set, and how many sets there are). Each implementation is still checked against its own plan's
+reference and tolerance; only the timing loop is skipped. The record names the plan and item the samples came from
 (ImplFigures.timed_in), and its page says how many of its figures were taken over.
 """
 

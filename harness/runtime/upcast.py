@@ -33,7 +33,8 @@ aten = torch.ops.aten
 MATMUL_OPS = tuple(getattr(aten, name) for name in (
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "convolution",
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_attention_math",
 ) if hasattr(aten, name))
 WIDE = (torch.float32, torch.float64)
 SIXTEEN_BIT = {"bf16": torch.bfloat16, "fp16": torch.float16}

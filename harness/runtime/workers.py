@@ -488,7 +488,8 @@ class WorkerGroup:
                 if "error" in msg:
                     raise GroupFault(f"rank {rank} could not join the {self.backend} group:\n{msg['error']}")
         except GroupTimeout:
-            raise GroupFault(f"the ranks did not join the {self.backend} group within {GROUP_START_TIMEOUT_S:g} s")
+            raise GroupFault(f"the ranks did not join the {self.backend} group within {GROUP_START_TIMEOUT_S:g} s") \
+                from None
 
     def _reply(self, rank: int, watch: CallProgress) -> tuple:
         """`rank`'s reply to the call, taking in its progress messages (each may move the deadline)."""

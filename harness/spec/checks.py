@@ -9,17 +9,14 @@ PlanError at the line of the field it names (`Where`). Nothing here imports the 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 import re
 from typing import Any
 
 from harness.spec import schema as S
-from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
+from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
     VALUE_SCALES, Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
-from harness.spec.tolerances import DEFAULT_TOLERANCE
 from harness.spec.yaml_lines import Loc, dotted, line_of
 from harness.spec.plan_warnings import _never_applies, _would_mislead
 

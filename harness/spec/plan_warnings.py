@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.spec import schema as S
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
-from harness.spec.expressions import condition, evaluate, is_condition, names_in
-from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PHASES, Plan, PlanError, Tolerance
+from harness.spec.expressions import condition, names_in
+from harness.spec.plan import AXES, Plan, PlanError, Tolerance
 from harness.spec.tolerances import DEFAULT_TOLERANCE
-from harness.spec.yaml_lines import Loc, dotted, line_of
 
 
 def _listed(values) -> str:

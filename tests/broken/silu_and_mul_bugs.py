@@ -3,7 +3,6 @@
 import triton
 import triton.language as tl
 
-from kernels.silu_and_mul import silu_and_mul as correct  # the real kernel, for "a correct kernel passes"
 
 # The unsharded intermediate size the buggy kernel bakes in; a test may set it.
 INTERMEDIATE_SIZE = 512
