@@ -58,7 +58,8 @@ def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
         return
     for item in items:
-        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        names = {str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                 for m in item.iter_markers("xdist_group")}
         suffix = "@" + "_".join(sorted(names))
         if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
             item._id = type(item._id).parse(item.nodeid + suffix)

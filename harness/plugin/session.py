@@ -1,4 +1,5 @@
-"""The run of one plan under pytest: its items (numerics cells, benchmarks, vLLM integration), their records, the report.
+"""The run of one plan under pytest: its items (numerics cells, benchmarks, vLLM integration), their records, the
+report.
 
 Registered by harness.plugin only when `--plan` is given. Data flows one way: plan -> cells (items)
 -> results file -> report. Every item that runs a kernel runs it in an isolated worker
@@ -144,7 +145,8 @@ def pytest_configure(config):
     if config.args_source != pytest.Config.ArgsSource.ARGS:
         config.args[:] = [str(plan_path)]  # `pytest --plan X` alone collects the plan, not the test suite
     profile = config.getoption("--plan-profile") or _hypothesis_profile() or ("ci" if os.environ.get("CI") else "dev")
-    examples = config.getoption("--examples") or plan.numerics.examples * (NIGHTLY_FACTOR if profile == "nightly" else 1)
+    examples = config.getoption("--examples") or \
+        plan.numerics.examples * (NIGHTLY_FACTOR if profile == "nightly" else 1)
     reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
     cells = config.getoption("--cells") or ("all" if profile == "nightly" else "sampled")
     config.stash[_SESSION] = Session(plan, plan_path, profile, examples, reports / plan.name,
@@ -475,7 +477,8 @@ def store_in_pytest_benchmark(benchmark, clock: DeviceClock, timing: Timing, rec
     benchmark.extra_info.update({
         "impl": "kernel", "timer": timing.timer, "calls_per_sample": timing.calls_per_sample, "gbps": figs.gbps,
         "pct_copy_bw": figs.pct_copy_bw, "pct_of_bound": figs.pct_of_bound, "bound_us": rec.bound_us,
-        "launches": figs.launches, "rotated_sets": rec.rotated_sets, "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
+        "launches": figs.launches, "rotated_sets": rec.rotated_sets,
+        "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
     benchmark.pedantic(clock.advance, rounds=clock.load(timing), iterations=1)
 
 

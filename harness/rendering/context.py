@@ -70,7 +70,8 @@ def problem_breakdown(plan: Plan) -> str:
     if plan.description:
         lines += [md(plan.description), ""]
     lines.append(f"- **Kernel:** {code(signature)} from {code(plan.kernel)}; {'; '.join(effect) or 'no outputs'}.")
-    lines.append(f"- **Reference:** {code(plan.reference)} (PyTorch eager; the numerics every cell is checked against).")
+    lines.append(f"- **Reference:** {code(plan.reference)} (PyTorch eager; the numerics every cell is checked "
+                 "against).")
     if plan.vllm_kernel:
         kernel = VLLM_KERNELS[plan.vllm_kernel]
         lines.append(f"- **vLLM's own kernel:** {code(kernel.call)}, {code(kernel.schema)} (as vLLM 0.26.0 registers "
@@ -98,7 +99,7 @@ def constraints(res: Merged) -> str:
         ["Quantization", md(quant)],
         ["Tensor parallelism", tp_answer(plan)],
         ["Graph modes", md(", ".join(plan.matrix["graph_mode"])) + f"; CUDA graph capture sizes "
-                        f"{'from the plan' if plan.capture_sizes else 'as vLLM'}: {cs[0]} … {cs[-1]} ({len(cs)} sizes)"],
+         f"{'from the plan' if plan.capture_sizes else 'as vLLM'}: {cs[0]} … {cs[-1]} ({len(cs)} sizes)"],
         ["vLLM target and route", vllm_answer(plan, res.integration)],
         ["Hardware (SMs)", md(", ".join(plan.matrix["sm"]))],
         ["Reference", code(plan.reference)],
@@ -162,6 +163,8 @@ def detected_facts(res: Merged) -> str:
         lines += [f"Token caps (Triton interpreter, {plan.numerics.cpu_element_budget} elements per activation): "
                   f"{per}.", ""]
     if facts:
-        rows = [[plan.matrix["graph_mode"][g], md(key), md(value), str(n)] for (g, key, value), n in sorted(facts.items())]
-        lines += ["Facts the cells reported (graph-mode runners, the examples past each `op.paths` path, int32-overflow examples):", "", table(rows, ["graph mode", "fact", "value", "cells"]), ""]
+        rows = [[plan.matrix["graph_mode"][g], md(key), md(value), str(n)]
+                for (g, key, value), n in sorted(facts.items())]
+        lines += ["Facts the cells reported (graph-mode runners, the examples past each `op.paths` path, "
+                  "int32-overflow examples):", "", table(rows, ["graph mode", "fact", "value", "cells"]), ""]
     return "\n".join(lines).rstrip()

@@ -17,6 +17,8 @@ from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, i
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
+CUDA_GRAPH_BOX = "CUDA graph: captured at the capture sizes, replayed (full for decode, piecewise for prefill)"
+
 def design(plan: Plan, integration: dict | None = None) -> str:
     if plan.vllm_kernel:
         return "\n".join(["## High-level design", "",
@@ -73,10 +75,12 @@ def design(plan: Plan, integration: dict | None = None) -> str:
           f'    kernel["{mm("kernel " + plan.kernel)}"]',
           f'    inductor["{mm("Inductor: traces and fuses the native code")}"]',
           f'    dynamo["{mm("torch.compile (Dynamo): one opaque node, shapes from the fake")}"]',
-          f'    cudagraph["{mm("CUDA graph: captured at the capture sizes, replayed (full for decode, piecewise for prefill)")}"]']
-    g += edges + ["    customop --> kernel", "    dynamo -.-> customop", "    dynamo -.-> inductor", "    cudagraph -.-> kernel"]
+          f'    cudagraph["{mm(CUDA_GRAPH_BOX)}"]']
+    g += edges + ["    customop --> kernel", "    dynamo -.-> customop", "    dynamo -.-> inductor",
+                  "    cudagraph -.-> kernel"]
     return "\n".join(["## High-level design", "",
-                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route {code(plan.vllm.route)}):",
+                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route "
+                      f"{code(plan.vllm.route)}):",
                       "", "```mermaid", *g, "```"])
 
 

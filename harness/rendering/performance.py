@@ -79,7 +79,8 @@ def baselines_text(plan: Plan) -> str:
         parts.append(f"{md(name)}: {code(path)}" + (f", on inputs prepared once per input set by {code(prepare)}, "
                                                    "outside the timed region" if prepare else ""))
     accuracy = "" if plan.native else " (the numerics oracle is also the speed baseline: the plan names no op.native)"
-    return f"Baselines: {'; '.join(parts) or 'none'}. Every figure is checked against the reference after timing{accuracy}."
+    return (f"Baselines: {'; '.join(parts) or 'none'}. Every figure is checked against the reference after "
+            f"timing{accuracy}.")
 
 
 # ---------------------------------------------------------------- recommendations
@@ -154,7 +155,7 @@ def _bench_table(res: Merged, items: list) -> list[str]:
                 [(k, str(v)) for k, v in sorted(r.sizes.items())], bid)
 
     rows = []
-    for bid, r in sorted(items, key=order):
+    for _, r in sorted(items, key=order):
         row = [fmt(r.num_tokens, 12), *(fmt(r.sizes.get(k), 12) for k in symbols),
                *(md(getattr(r, a)) for a in varying)]
         for name in impls:

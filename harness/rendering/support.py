@@ -140,8 +140,8 @@ def _not_run(res: Merged) -> list[str]:
         rows.append([md(reason), str(len(cells)), md(describe(res.plan, cells))])
     missing = res.missing()
     if missing:
-        rows.append(["no result recorded (sampled out, deselected with -k or -m, or the run stopped)", str(len(missing)),
-                     md(describe(res.plan, missing))])
+        rows.append(["no result recorded (sampled out, deselected with -k or -m, or the run stopped)",
+                     str(len(missing)), md(describe(res.plan, missing))])
     uncovered = res.uncovered_cells()
     if uncovered:
         rows.append(["no results from this SM yet", str(len(uncovered)), md(describe(res.plan, uncovered))])

@@ -86,7 +86,8 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
                      "and unfused", vllm.provider)
     for field_name in ROUTE_NEEDS.get(vllm.route, ()):
         if getattr(vllm, field_name) is None:
-            raise w.fail(("vllm", "route"), f"vllm.{field_name} beside route {vllm.route} (the {ROUTE_NEEDS_WHY[field_name]})",
+            raise w.fail(("vllm", "route"),
+                         f"vllm.{field_name} beside route {vllm.route} (the {ROUTE_NEEDS_WHY[field_name]})",
                          f"route {vllm.route} without vllm.{field_name}")
     plan = Plan(
         path=path, name=op.name, intent=op.intent, kernel=op.kernel, reference=op.reference, fake=op.fake,
@@ -374,7 +375,7 @@ def _contract(w: Where, loc: Loc, c: S.Contract, args: tuple[Arg, ...], sizes: d
         keys_of(w, loc + (k,), getattr(c, k), tuple(sizes))
     strides = tuple(c.row_stride_multiple_of.items())
     for t, n in strides:
-        at, f, shape = loc + ("row_stride_multiple_of", t), f"{name}.row_stride_multiple_of.{t}", tensors[t].shape
+        at, shape = loc + ("row_stride_multiple_of", t), tensors[t].shape
         if len(shape) < 2:
             raise w.fail(at, "a tensor of 2 or more dimensions (one with rows)", f"{t}: {len(shape)}-d")
         width = shape[-1]
