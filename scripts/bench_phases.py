@@ -6,7 +6,8 @@ docs/performance.md and docs/changelog.md read from it.
 
     python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...] [field=value ...]
 
-NAME=VALUE overrides a harness.runtime.timing or .bench constant for the run (e.g. TARGET_MS=10.0 "EAGER_SAMPLES=(50,200)"), to see
+NAME=VALUE overrides a harness.runtime.timing or .bench constant for the run (e.g. TARGET_MS=10.0 \
+"EAGER_SAMPLES=(50,200)"), to see
 what a timing budget costs and what it does to the intervals: the median relative width of the speedups against
 each baseline is printed, and RECORDS.json gets every item's speedups. A lower-case field=value keeps the items
 whose BenchSpec field has that value (graph_mode=cuda_graph, dtype=bf16, phase=decode).

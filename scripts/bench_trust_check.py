@@ -105,7 +105,7 @@ def main() -> int:
                 probes[impl] = (fn, one, count_launches(fn, one))
             add(shape, "eager, cold L2, after counting launches", len(sets),
                 repeated(lambda: time_calls(call, sets, "cuda").median_us), "harness before", eager, nbytes)
-        del sets
+        sets = one = None  # the input sets freed before the next shape's
         torch.cuda.empty_cache()
 
     checks = []

@@ -27,8 +27,8 @@ from kernels import fused_add_rms_norm as fa  # noqa: E402
 
 
 @triton.jit
-def _two_pass_variant(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_row_stride, res_row_stride, out_row_stride, res_out_row_stride,
-       hidden, eps, BLOCK: tl.constexpr, HIDDEN: tl.constexpr, STATIC: tl.constexpr):
+def _two_pass_variant(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_row_stride, res_row_stride, out_row_stride,
+       res_out_row_stride, hidden, eps, BLOCK: tl.constexpr, HIDDEN: tl.constexpr, STATIC: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     res_row = res_ptr + row * res_row_stride
@@ -78,9 +78,9 @@ def _two_pass_variant(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, x_row_stride,
 def variant(block, warps, static, separate):
     def run(v):
         out, ro = (v["o"], v["ro"]) if separate else (v["x"], v["r"])
-        _two_pass_variant[(v["x"].shape[0],)](v["x"], v["r"], v["w"], out, ro, v["x"].stride(0), v["r"].stride(0), out.stride(0),
-                               ro.stride(0), v["x"].shape[1], 1e-6, BLOCK=block, HIDDEN=v["x"].shape[1], STATIC=static,
-                               num_warps=warps)
+        _two_pass_variant[(v["x"].shape[0],)](v["x"], v["r"], v["w"], out, ro, v["x"].stride(0), v["r"].stride(0),
+                                              out.stride(0), ro.stride(0), v["x"].shape[1], 1e-6, BLOCK=block,
+                                              HIDDEN=v["x"].shape[1], STATIC=static, num_warps=warps)
     return run
 
 
@@ -120,7 +120,8 @@ def main() -> int:
         for block, warps in ((1024, 4), (2048, 8), (4096, 16), (2048, 4), (4096, 8)):
             for static in (False, True):
                 for sep in (False, True):
-                    impls[f"b{block}-w{warps}{'-static' if static else ''}{'-sep' if sep else ''}"] = variant(block, warps, static, sep)
+                    impls[f"b{block}-w{warps}{'-static' if static else ''}{'-sep' if sep else ''}"] = \
+                        variant(block, warps, static, sep)
         # correctness of each variant against the shipped kernel
         base = mk()
         want = fa.fused_add_rms_norm_ref(base["x"], base["r"], base["w"], 1e-6)
@@ -138,7 +139,8 @@ def main() -> int:
         for mode in ("eager", "cuda_graph"):
             for name, call in impls.items():
                 t = time_calls(call, sets, "cuda", graph=mode == "cuda_graph")
-                rows.append([mode, n, h, name, round(t.median_us, 2), round(100 * nbytes / (t.median_us * 1e-6) / 1e9 / copy_bw, 1)])
+                rows.append([mode, n, h, name, round(t.median_us, 2),
+                             round(100 * nbytes / (t.median_us * 1e-6) / 1e9 / copy_bw, 1)])
         del sets
         torch.cuda.empty_cache()
     print(tabulate(rows, ["mode", "tokens", "hidden", "variant", "us", "% copy"]))

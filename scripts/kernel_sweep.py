@@ -3,7 +3,8 @@
     python scripts/kernel_sweep.py [--ops rms_norm,fused_add_rms_norm,silu_and_mul] [--tokens 2048,8192,32768]
                                    [--hidden 2048,4096,5120,8192] [--intermediate ...] [--dtype bf16] [--out FILE]
 
-Per op, shape and mode (`--modes eager,cuda_graph`): the shipped launch (`default`), a sweep of alternatives (one or two passes and warps for the norms,
+Per op, shape and mode (`--modes eager,cuda_graph`): the shipped launch (`default`), a sweep of alternatives \
+(one or two passes and warps for the norms,
 columns per program and warps for silu_and_mul), and the op's reference compiled by Inductor, each timed with
 harness.runtime.timing.time_calls (CUDA events, input sets rotated past twice the L2 size) and given as % of the
 device-to-device copy bandwidth measured in the same process (bytes: inputs read once, outputs written once).
@@ -150,8 +151,8 @@ def main() -> int:
 
     text = (f"copy bandwidth {copy_bw:.0f} GB/s, {args.dtype}, {sms} SMs\n\n"
             + tabulate(rows, ["op", "mode", "tokens", "width", "config", "median us", "% copy", "error"]) + "\n\n"
-            + tabulate(summary, ["op", "mode", "tokens", "width", "default us", "default %", "best", "best us", "best %",
-                                 "inductor us", "inductor %"]))
+            + tabulate(summary, ["op", "mode", "tokens", "width", "default us", "default %", "best", "best us",
+                                 "best %", "inductor us", "inductor %"]))
     print(text)
     if args.out:
         args.out.write_text(text + "\n")

@@ -47,7 +47,8 @@ def test_what_a_correct_kernel_of_another_kind_may_show_is_inconclusive_not_fail
     for kind in ("weighted_sum", "dot", "unknown"):
         readings = accumulation.Readings(kind)
         if shift > accumulation.LIMITS[kind]["row_shift"].decisive or \
-                accumulation.statistics(out, expected, truth)["element"] > accumulation.LIMITS[kind]["element"].decisive:
+                accumulation.statistics(out, expected, truth)["element"] > \
+                accumulation.LIMITS[kind]["element"].decisive:
             continue
         readings.check("out", out, expected, truth)
         assert readings.verdict().startswith("inconclusive for this op (row shift"), readings.verdict()
@@ -68,7 +69,8 @@ def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_pat
         path = rms_norm_plan(tmp_path, f"tests.broken.rms_norm_bugs:{kernel}", phase="[prefill]", dtype="[bf16]",
                              hidden="[1024]", numerics="{examples: 3, prefill_tokens: [64, 128]}",
                              name=f"{kernel}{bool(accumulation_line)}.yaml")
-        path.write_text(path.read_text().replace("  sizes:", f"  reduction: row_scale\n  {accumulation_line}\n  sizes:"))
+        path.write_text(path.read_text().replace("  sizes:",
+                                                 f"  reduction: row_scale\n  {accumulation_line}\n  sizes:"))
         return run_cell(CellTask.load(path, "prefill-bf16-tp1-eager-cpu",
                                       RunSettings(examples=3, profile="ci", database=None))).record
 

@@ -28,7 +28,7 @@ NATIVE_LINE = "  native: kernels.int8_linear:int8_weight_only_linear_native"
 
 def int8_plan_without_native(tmp_path: Path) -> Path:
     text = INT8.read_text()
-    line = next(l for l in text.splitlines() if l.startswith(NATIVE_LINE))
+    line = next(s for s in text.splitlines() if s.startswith(NATIVE_LINE))
     path = tmp_path / "int8.yaml"
     path.write_text(text.replace(line + "\n", "", 1))
     return path
@@ -40,7 +40,7 @@ def int8_plan_without_native(tmp_path: Path) -> Path:
 def test_an_upcasting_reference_without_a_native_is_warned_at_its_line(tmp_path):
     path = int8_plan_without_native(tmp_path)
     warned = [w for w in plan_code_warnings(load_plan(path)) if "op.reference" in w]
-    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if l.startswith("  reference:"))
+    line = next(i for i, s in enumerate(path.read_text().splitlines(), 1) if s.startswith("  reference:"))
     assert len(warned) == 1 and warned[0].startswith(f"{path}:{line}: op.reference: the reference computes in "
                                                      "float32 on fp16 activations (aten.mm in float32)"), warned
     assert "name op.native (what vLLM runs without the custom op" in warned[0]
@@ -284,7 +284,8 @@ def test_a_baseline_timed_on_the_reference_before_the_plan_named_its_native_is_l
     assert "Re-run the benchmarks" in section(text, "Open items")
     # the same record, timed on the native the plan names: used
     rec = bench_record("decode", 64, 5.0, 9.0, 8.0)
-    rec["timed_functions"] = {"native": "tests.baselines:rms_norm_native", "compiled": "tests.baselines:rms_norm_native"}
+    rec["timed_functions"] = {"native": "tests.baselines:rms_norm_native",
+                              "compiled": "tests.baselines:rms_norm_native"}
     passed_sm90(op_dir, benchmarks={"decode-64": rec})
     assert decision_rows(render(plan, op_dir))[("sm90", "bf16", "decode-sized", "Inductor on")]["recommendation"] \
         == "**enable the custom op**"

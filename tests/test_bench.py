@@ -35,7 +35,8 @@ H200 = Hardware("sm90", "cuda", "NVIDIA H200", 1, 16)
 # Fields of a timed implementation on a CPU machine (None fields, launches among them, are not written).
 FIGURE_KEYS = {"median_us", "q20_us", "q80_us", "gbps", "pct_copy_bw", "samples"}
 RECORD_KEYS = {"phase", "dtype", "sm", "graph_mode", "num_tokens", "sizes", "copy_bw_gbps", "bytes",
-               "timed_functions", "l2_bytes", "working_set_bytes", "rotated_sets", "timer", "impls", "speedup", "finished", "run"}
+               "timed_functions", "l2_bytes", "working_set_bytes", "rotated_sets", "timer", "impls", "speedup",
+               "finished", "run"}
 
 
 def timing(median, q20, q80) -> ImplFigures:
@@ -230,7 +231,8 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
 
 def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
     path = rms_norm_plan(tmp_path, hidden="[64]",
-                         extra="benchmark: {decode: [4], baselines: [native, {wrong: tests.broken.rms_norm_bugs:raises}]}\n")
+                         extra="benchmark: {decode: [4], baselines: [native, "
+                               "{wrong: tests.broken.rms_norm_bugs:raises}]}\n")
     plan = load_plan(path)
     outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
     rec = outcome.record
@@ -404,7 +406,8 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     results = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())
     assert set(results["benchmarks"]) == {"decode-fp32-eager-cpu-t4-hidden64", "decode-fp32-cuda_graph-cpu-t4-hidden64"}
     rec = results["benchmarks"]["decode-fp32-eager-cpu-t4-hidden64"]
-    assert RECORD_KEYS - {"l2_bytes"} <= set(rec) and rec["timer"] == "host"  # no L2 size on a CPU machine and rec["copy_bw_gbps"] > 0
+    # no L2 size on a CPU machine and rec["copy_bw_gbps"] > 0
+    assert RECORD_KEYS - {"l2_bytes"} <= set(rec) and rec["timer"] == "host"
     assert (rec["phase"], rec["dtype"], rec["sm"], rec["graph_mode"], rec["num_tokens"], rec["sizes"]) == \
         ("decode", "fp32", "cpu", "eager", 4, {"hidden": 64})
     assert "interpreter" in rec["impls"]["kernel"]["not_run"]
@@ -719,8 +722,10 @@ def test_an_implementation_after_an_in_place_one_shares_by_the_inputs_as_built(t
     assert records[1].impls["into"].timed_in == "writes_first decode-fp32-eager-cpu-t4-hidden64 into"
 
 
-@pytest.mark.parametrize("bundled, vllms", [("plan.yaml", "kernels/plans/vllm_rms_norm.yaml"),
-                                            ("kernels/plans/silu_and_mul.yaml", "kernels/plans/vllm_silu_and_mul.yaml")])
+@pytest.mark.parametrize("bundled, vllms", [
+    ("plan.yaml", "kernels/plans/vllm_rms_norm.yaml"),
+    ("kernels/plans/silu_and_mul.yaml", "kernels/plans/vllm_silu_and_mul.yaml"),
+])
 def test_vllms_own_plans_time_what_the_bundled_plans_time_as_baselines(bundled, vllms, monkeypatch):
     """Why the nightly shares timings: vLLM's plan's kernel is the bundled plan's `vllm` baseline, and their
     native and compiled baselines are the same calls on the same inputs, at every benchmark shape."""

@@ -265,7 +265,8 @@ def test_the_fusion_section_says_per_profile_whether_the_pattern_matched_and_the
         "fusion[none-bf16-sm90]": rec("none", matched=2, fused_kernels=["_C::rms_norm_static_fp8_quant"]),
         "fusion[all-bf16-sm90]": rec("all", matched=0, fused_kernels=[],
                                      ops_after=["_C::static_scaled_fp8_quant", "vllm_ir::rms_norm"]),
-        "fusion[+quant_fp8-bf16-sm90]": rec("+quant_fp8", Status.FAILED, "sequence 0: the fused graph's output differs"),
+        "fusion[+quant_fp8-bf16-sm90]": rec("+quant_fp8", Status.FAILED,
+                                            "sequence 0: the fused graph's output differs"),
         "fusion[+rms_norm-bf16-sm90]": rec("+rms_norm", Status.NOT_RUN, "vllm not installed")})
     section = page.split("## vLLM's fusion pass")[1].split("\n## ")[0]
     assert "`RMSNormQuantFusionPass`" in section and "`torch.ops._C.rms_norm_static_fp8_quant`" in section

@@ -79,7 +79,8 @@ def test_shapes_are_expressions_over_symbols_and_scalars_can_be_sizes(tmp_path):
 @pytest.mark.parametrize("args, sizes, field, words", [
     ("    out: {shape: [num_tokens, heads*nope], dtype: act, role: output}", "{heads: [4]}",
      "op.args.out.shape[1]", "found 'nope'"),
-    ("    out: {shape: [num_tokens, 4], dtype: fp9, role: output}", "{heads: [4]}", "op.args.out.dtype", "float8_e4m3fn"),
+    ("    out: {shape: [num_tokens, 4], dtype: fp9, role: output}", "{heads: [4]}",
+     "op.args.out.dtype", "float8_e4m3fn"),
     ("    out: {shape: [num_tokens, 4], dtype: act, role: output, init: {integers: [0]}}", "{heads: [4]}",
      "op.args.out.init.integers", "[low, high]"),
     ("    out: {shape: [num_tokens, 4], dtype: act, role: output, init: sparkly}", "{heads: [4]}",

@@ -322,7 +322,7 @@ def test_a_plan_that_pins_an_optional_argument_gets_a_warning_naming_it(tmp_path
     text = (ROOT / "kernels/plans/dynamic_per_token_fp8_quant.yaml").read_text()
     old = next(line for line in text.splitlines() if line.strip().startswith("scale_ub:"))
     path.write_text(text.replace(old, "    scale_ub: null", 1))
-    line = next(i for i, l in enumerate(path.read_text().splitlines(), 1) if l.strip() == "scale_ub: null")
+    line = next(i for i, s in enumerate(path.read_text().splitlines(), 1) if s.strip() == "scale_ub: null")
     warned = resolve(load_plan(path)).warnings
     assert len(warned) == 1 and warned[0].startswith(f"{path}:{line}: op.args.scale_ub: the kernel's optional "
                                                      "argument is pinned to null"), warned

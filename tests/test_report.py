@@ -201,7 +201,8 @@ def test_sections_header_and_provenance(tmp_path):
     op_dir = tmp_path / "reports" / "rms_norm"
     write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu", "laptop", "2026-11-28T09:00:00Z"), {
         "decode-bf16-tp1-eager-cpu": cell("decode-bf16-tp1-eager-cpu", "passed", facts={"token_cap": 8}),
-        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "not_run", reason="needs sm90; this machine is cpu"),
+        "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "not_run",
+                                           reason="needs sm90; this machine is cpu"),
     })
     text = render(RMS, op_dir)
     assert text.startswith("# Integration plan: rms_norm\n")
@@ -376,12 +377,13 @@ def test_support_matrix_marks_legend_and_details(tmp_path):
 def test_merge_two_machines_latest_wins_and_provenance_per_sm(tmp_path):
     plan = small_plan(tmp_path, sm="[sm90]")
     op_dir = tmp_path / "reports" / "rms_norm"
-    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-a", machine("sm90", "gpu-a", "2026-11-28T01:00:00Z"), {
+    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-a",
+                  machine("sm90", "gpu-a", "2026-11-28T01:00:00Z"), {
         "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "passed", "2026-11-28T01:05:00Z"),
         "prefill-bf16-tp1-eager-sm90": cell("prefill-bf16-tp1-eager-sm90", "passed", "2026-11-28T01:06:00Z"),
     })
-    write_results(op_dir, "sm90-nvidia-h200-b.json", "rms_norm", "run-b", machine("sm90", "gpu-b", "2026-11-29T01:00:00Z",
-                                                                               commit="fedcba987654"), {
+    write_results(op_dir, "sm90-nvidia-h200-b.json", "rms_norm", "run-b",
+                  machine("sm90", "gpu-b", "2026-11-29T01:00:00Z", commit="fedcba987654"), {
         "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "failed", "2026-11-29T01:05:00Z",
                                            reason="newer failure"),
     })
@@ -486,7 +488,8 @@ def test_verdict_blocked_by_a_failed_or_unexpectedly_passing_cell(tmp_path):
     fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0)}
     for status in ("failed", "xpass"):
         op_dir = tmp_path / status / "rms_norm"
-        passed_sm90(op_dir, benchmarks=fast, **{"decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", status)})
+        passed_sm90(op_dir, benchmarks=fast,
+                    **{"decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", status)})
         text = render(plan, op_dir)
         assert verdict_line(text) == "- **Verdict:** sm90: blocked · sm100: no results"
         assert "**blocked**" in sm_line(text, "sm90") and "blocks the integration" in sm_line(text, "sm90")
@@ -889,7 +892,8 @@ def hostile_diagrams(escape) -> str:
     for text in (NASTY, 'a;b', 'x"y"z', "p|q", "end", "%%c", "#35;x"):
         t = escape(text)
         blocks.append(f'```mermaid\nflowchart TD\n    a["{t}"] -->|"{t}"| b{{"{t}"}}\n```')
-        blocks.append(f"```mermaid\nsequenceDiagram\n    participant A as {t}\n    A->>A: {t}\n    Note over A: {t}\n```")
+        blocks.append(f"```mermaid\nsequenceDiagram\n    participant A as {t}\n"
+                      f"    A->>A: {t}\n    Note over A: {t}\n```")
     return "\n\n".join(blocks) + "\n"
 
 
@@ -906,7 +910,8 @@ def test_hostile_text_is_escaped_for_mermaid(tmp_path, mermaid_checker):
 
 def test_the_checker_rejects_a_broken_diagram(tmp_path, mermaid_checker):
     bad = tmp_path / "bad.md"
-    bad.write_text('```mermaid\nflowchart TD\n    graph["a"] --> b\n```\n\n```mermaid\nsequenceDiagram\n    A->>B: x; y\n```\n')
+    bad.write_text('```mermaid\nflowchart TD\n    graph["a"] --> b\n```\n\n'
+                   '```mermaid\nsequenceDiagram\n    A->>B: x; y\n```\n')
     rc, results = mermaid_checker(bad)
     assert rc == 1 and [r["ok"] for r in results] == [False, False]
 

@@ -175,7 +175,7 @@ def test_a_vllm_kernel_plan_loads_without_vllm(tmp_path, monkeypatch):
     plan = load_plan(vllm_plan(tmp_path))
     assert plan.vllm_kernel == "rms_norm" and plan.op_qualname == "vllm_c::vllm_rms_norm"
     with pytest.raises(ValueError, match="harness.runtime.vllm_kernels.load_kernel loads it"):
-        resolve(plan).kernel
+        _ = resolve(plan).kernel
 
 
 @pytest.mark.parametrize("what, old, new, line, field, words", [

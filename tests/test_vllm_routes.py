@@ -289,7 +289,6 @@ def test_a_page_draws_nothing_of_a_route_the_vllm_it_ran_against_lacks(tmp_path)
     plan = load_plan(rms_norm_plan(tmp_path, extra=section))
     op_dir = tmp_path / "reports" / "rms_norm"
     assert "vllm.ir.ops.rotary_embedding" in render(plan, op_dir)[0]  # no item has run: the plan's route, unproven
-    res = collect(plan, op_dir)
     lacks = "vLLM 0.32.0 has no vllm.ir.ops.rotary_embedding (vllm.ir.ops: rms_norm): no IR route for this op"
     item = dict(phase="decode", dtype="fp32", tp=1, graph_mode="eager", sm="cpu", vllm="0.32.0")
     integration_records = {f"vllm-{r}[decode-fp32-cpu]": IntegrationRecord(route=r, **item, status=Status.FAILED,

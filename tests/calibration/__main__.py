@@ -67,7 +67,8 @@ CORPUS = (
     # element-wise with scales
     Entry("silu_and_mul", "element-wise", "bundled", "kernels/plans/silu_and_mul.yaml"),
     Entry("fla_swiglu", "element-wise", "flash-linear-attention", "tests/thirdparty/fla_swiglu.yaml"),
-    Entry("vllm_silu_and_mul", "element-wise", "vLLM (compiled)", "kernels/plans/vllm_silu_and_mul.yaml", as_vllm_calls=True),
+    Entry("vllm_silu_and_mul", "element-wise", "vLLM (compiled)", "kernels/plans/vllm_silu_and_mul.yaml",
+          as_vllm_calls=True),
     Entry("per_token_fp8_quant", "element-wise", "bundled", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
           graph_modes=("eager", "torch_compile")),
     Entry("torch_per_token_fp8_quant", "element-wise", "variant (plain PyTorch)",
