@@ -227,8 +227,8 @@ def _unreachable_paths(w: Where, plan: Plan) -> list[PlanError]:
     """op.paths no GPU cell reaches within the plan's sizes and token ranges, or that every example takes (a
     condition that selects nothing)."""
     found = []
+    fallback = {sym: max(vals) for sym, vals in plan.sizes.items()}  # symbols a condition does not name
     for name, expr in plan.paths:
-        fallback = {sym: max(vals) for sym, vals in plan.sizes.items()}  # symbols the condition does not name
         held = {condition(expr, {**fallback, **point}) for point in _path_points(plan, names_in(expr))}
         if True not in held:
             found.append(w.fail(("op", "paths", name), "a condition some cell reaches (within the plan's sizes "
