@@ -222,6 +222,10 @@ def test_a_kernel_failing_every_input_is_shrunk_below_the_phase_sizes(tmp_path):
     assert 2 <= int(rec.minimal_example.split()[0].removeprefix("num_tokens=")) < 128, rec.minimal_example
     walked = rec.facts["shrunk on"]
     assert walked["from"].startswith("num_tokens=") and walked["to"] == rec.minimal_example, walked
+    # the reason is the smaller example's: its mismatched elements are counted out of that example's key
+    tokens = [int(e.split()[0].removeprefix("num_tokens=")) for e in (walked["from"], walked["to"])]
+    total = int(re.search(r"Mismatched elements: \d+ / (\d+)", rec.reason).group(1))
+    assert total % tokens[1] == 0 and total // tokens[1] * tokens[0] != total, rec.reason
     assert rec.examples == 3  # the walk's checks are not the cell's examples
 
 

@@ -16,7 +16,7 @@ from harness.runtime.inputs import Example, per_token_elements, sizes_fit, token
 from harness.spec.dtypes import DTYPE
 from harness.spec.expressions import condition
 from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
+from harness.spec.plan import Plan, token_probes
 
 INT32_ELEMENTS = 2**31
 MAX_SIZE_COMBINATIONS = 256  # size combinations searched for the cheapest example past a path
@@ -45,8 +45,7 @@ def _fewest_tokens(expr: str, names: dict, low: int, high: int) -> int | None:
             else:
                 low = mid + 1
         return low
-    return next((n for n in sorted({low + 1, *(2 ** k for k in range(high.bit_length()))}) if low < n < high
-                 and held(n)), None)
+    return next((n for n in token_probes(low, high) if low < n < high and held(n)), None)
 
 
 def _size_combinations(plan: Plan, device: str):

@@ -340,9 +340,10 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
                 rec.error = exc.stats
             if isinstance(exc, Mismatch) and failing and replay is None and not tp_multiple \
                     and not check.passing.examples:
-                smaller = shrink_below_phase(plan, cell, check, failing[0], exc)
-                if smaller != failing[0]:
-                    rec.minimal_example = smaller.describe()
+                smaller, its_failure = shrink_below_phase(plan, cell, check, failing[0], exc)
+                if smaller != failing[0]:  # the reason and error then are those of the smaller example
+                    rec.minimal_example, rec.reason = smaller.describe(), str(its_failure).strip()
+                    rec.error = its_failure.stats or rec.error
                     shrunk = {"shrunk on": {"from": failing[0].describe(), "to": smaller.describe(),
                                                      "why": "every example drawn failed, so the walk went on past "
                                                             "the sizes hypothesis draws for this phase"}}
@@ -460,12 +461,15 @@ BELOW_PHASE_CHECKS = 16
 BELOW_PHASE_BUDGET_S = 30.0
 
 
-def shrink_below_phase(plan: Plan, cell: Cell, check: CellCheck, ex: Example, failure: Mismatch) -> Example:
-    """When every example failed, the smallest example that still fails alike, down to one token: hypothesis
-    stops at the smallest size the phase draws (a prefill's first token count), a reproducer need not. Checked
-    in this process (a mismatch leaves the worker sound); alike means the same output's mismatch."""
+def shrink_below_phase(plan: Plan, cell: Cell, check: CellCheck, ex: Example,
+                       failure: Mismatch) -> tuple[Example, Mismatch]:
+    """When every example failed, the smallest example that still fails alike, down to one token, and its
+    mismatch: hypothesis stops at the smallest size the phase draws (a prefill's first token count), a reproducer
+    need not. Checked in this process (a mismatch leaves the worker sound); alike means the same output's
+    mismatch."""
     started, budget = time.monotonic(), [BELOW_PHASE_CHECKS]
     what = str(failure).split(":", 1)[0]
+    seen = {ex.describe(): failure}  # each reproducing example's mismatch
 
     def reproduces(candidate: Example) -> bool:
         if budget[0] <= 0 or time.monotonic() - started > BELOW_PHASE_BUDGET_S:
@@ -474,7 +478,10 @@ def shrink_below_phase(plan: Plan, cell: Cell, check: CellCheck, ex: Example, fa
         try:
             check(candidate)
         except Mismatch as exc:
-            return str(exc).split(":", 1)[0] == what
+            if str(exc).split(":", 1)[0] != what:
+                return False
+            seen[candidate.describe()] = exc
+            return True
         except Exception:
             return False
         return False
@@ -482,7 +489,7 @@ def shrink_below_phase(plan: Plan, cell: Cell, check: CellCheck, ex: Example, fa
     count = check.count  # the cell's examples are those hypothesis drew
     smaller = shrink_example(plan, cell, ex, reproduces, token_floor=1)
     check.count, check.last_failure = count, None  # it held the last candidate's tensors
-    return smaller
+    return smaller, seen[smaller.describe()]
 
 
 def device_poisoned(reason: str, device: str) -> bool:

@@ -487,6 +487,12 @@ class Plan:
         return sorted(self.capture_sizes or vllm_capture_sizes(self.numerics.max_num_seqs))
 
 
+def token_probes(low: int, high: int) -> list[int]:
+    """The token counts a condition on num_tokens is tried at within [low, high]: both ends, the count after the
+    first, and the powers of two between (where a kernel's size-selected path usually switches)."""
+    return sorted({n for n in (low, low + 1, high, *(2 ** k for k in range(high.bit_length()))) if low <= n <= high})
+
+
 def vllm_capture_sizes(max_num_seqs: int) -> list[int]:
     """vLLM's default cudagraph capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)."""
     largest = min(2 * max_num_seqs, 512)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from harness.spec import schema as S
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, names_in
-from harness.spec.plan import AXES, Plan, PlanError, Tolerance
+from harness.spec.plan import AXES, Plan, PlanError, Tolerance, token_probes
 from harness.spec.tolerances import DEFAULT_TOLERANCE
 
 
@@ -215,7 +215,7 @@ def _path_points(plan: Plan, names: set[str]):
     tokens = set()
     for phase in plan.matrix["phase"]:
         low, high = plan.token_range(phase)
-        tokens |= {low, low + 1, high} | {2 ** k for k in range(high.bit_length()) if low < 2 ** k < high}
+        tokens.update(token_probes(low, high))
     widths = sorted({DTYPE[d].bytes for d in plan.matrix["dtype"]})
     for values in itertools.product(*symbols.values()):
         for n in sorted(tokens) if "num_tokens" in names else (1,):
