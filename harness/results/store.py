@@ -1,12 +1,12 @@
 """Result records and the results file: what every item ended in, and where and with what it ran.
 
-The records are dataclasses, written to and read from JSON here and nowhere else. One file per
-machine kind under `reports/<op>/results/` (`cpu.json`, `sm90-nvidia-h200.json`, ...). A run
-folds its records into that file after every item, through a temporary file that atomically
-replaces the old one, so an interrupted run (Ctrl-C, SIGTERM, SIGKILL) leaves a valid file holding
-every finished item. xdist workers write files of their own, folded in at the end of the run (or
-by the next run or `python -m harness report`). Merging across files: per record, the latest wins,
-except that another SM's "not run here" never replaces a real result.
+The records are dataclasses, written to and read from JSON here and nowhere else, by pydantic (which checks each
+field's type on reading). One file per machine kind under `reports/<op>/results/` (`cpu.json`,
+`sm90-nvidia-h200.json`, ...). A run folds its records into that file after every item, through a temporary file
+that atomically replaces the old one, so an interrupted run (Ctrl-C, SIGTERM, SIGKILL) leaves a valid file holding
+every finished item. xdist workers write files of their own, folded in at the end of the run (or by the next run or
+`python -m harness report`). Merging across files: per record, the latest wins, except that another SM's "not run
+here" never replaces a real result.
 
 Plain Python: no torch, so the report can read results anywhere.
 """
@@ -19,11 +19,11 @@ import json
 import os
 import re
 import tempfile
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from harness.spec.plan import Tolerance
 from harness.spec.status import Status
@@ -331,68 +331,34 @@ def finite_number(v) -> bool:
 
 
 def to_json(obj: Any) -> Any:
-    """A record as JSON data: dataclasses as objects, statuses as their names, None fields left out."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if getattr(obj, f.name) is not None}
-    if isinstance(obj, Status):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): to_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_json(v) for v in obj]
-    if isinstance(obj, float) and not finite_number(obj):
-        return str(obj)
-    return obj
+    """A record as JSON data (pydantic's dump of the dataclass: None fields left out, statuses as their names), a
+    number that is not finite as its text."""
+    return _finite(_adapter(type(obj)).dump_python(obj, mode="json", exclude_none=True))
 
 
-@functools.lru_cache(maxsize=None)
-def _fields(cls: type) -> tuple[dict, frozenset]:
-    """A record class's field types and names, resolved once (get_type_hints evaluates every annotation anew)."""
-    return typing.get_type_hints(cls), frozenset(f.name for f in dataclasses.fields(cls))
+def _finite(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_finite(v) for v in data]
+    return str(data) if isinstance(data, float) and not finite_number(data) else data
+
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
 
 
 def from_json(cls: type, data: Any, where: str) -> Any:
-    """A record of `cls` from JSON data; ResultsError names the place when the data does not fit."""
-    if not isinstance(data, dict):
-        raise ResultsError(f"{where}: expected an object, found {type(data).__name__}")
-    hints, names = _fields(cls)
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            continue  # a field an older or newer harness wrote and this one does not use
-        kwargs[key] = _convert(hints[key], value, f"{where}.{key}")
+    """A record of `cls` from JSON data, validated by pydantic (fields an older or newer harness wrote and this one
+    does not know are skipped); ResultsError names the place when the data does not fit."""
     try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ResultsError(f"{where}: {exc}") from None
-
-
-def _convert(hint, value, where: str):
-    if value is None:
-        return None
-    target = hint
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: convert as X
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        target = args[0] if len(args) == 1 else hint
-    if target is Status:
-        try:
-            return Status(value)
-        except ValueError:
-            raise ResultsError(f"{where}: unknown status {value!r}") from None
-    if dataclasses.is_dataclass(target):
-        return from_json(target, value, where)
-    if typing.get_origin(target) is list and dataclasses.is_dataclass(typing.get_args(target)[0]):
-        if not isinstance(value, list):
-            raise ResultsError(f"{where}: expected a list")
-        return [from_json(typing.get_args(target)[0], v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if typing.get_origin(target) is dict:
-        inner = typing.get_args(target)[1]
-        if dataclasses.is_dataclass(inner):
-            if not isinstance(value, dict):
-                raise ResultsError(f"{where}: expected an object")
-            return {k: from_json(inner, v, f"{where}.{k}") for k, v in value.items()}
-    return value
+        return _adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0]["loc"])
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ResultsError(f"{where}{loc}: {errors[0]['msg']}{more}") from None
 
 
 # ---------------------------------------------------------------- the file

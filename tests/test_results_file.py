@@ -1,0 +1,73 @@
+"""The results file's records through pydantic: a record that does not fit is named down to its field, fields another
+harness wrote are skipped, numbers that are not finite keep their text, and the committed files read back as written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.results.store import CellRecord, ResultsError, from_json, load, results_text, to_json
+from harness.spec.status import Status
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORD = {"phase": "decode", "dtype": "bf16", "tp": 1, "graph_mode": "eager", "sm": "sm90", "status": "failed",
+          "reason": "output 'out': max abs error nan", "run": "r1"}
+
+
+def results_file(tmp_path: Path, **record) -> Path:
+    path = tmp_path / "sm90-nvidia-h200.json"
+    run = {"sm": "sm90", "device": "cuda", "gpu": "NVIDIA H200", "device_count": 1, "cpu_count": 16}
+    path.write_text(json.dumps({"format": "harness-results", "version": 2, "op": "rms_norm", "runs": {"r1": run},
+                                "cells": {"decode-bf16-tp1-eager-sm90": {**RECORD, **record}}}))
+    return path
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("status", "broken", "cells.decode-bf16-tp1-eager-sm90.status: Input should be 'passed'"),
+    ("tp", "two", "cells.decode-bf16-tp1-eager-sm90.tp: Input should be a valid integer"),
+    ("error", [1.0], "cells.decode-bf16-tp1-eager-sm90.error: Input should be a dictionary"),
+    ("more_failures", [{"reason": 3}], "cells.decode-bf16-tp1-eager-sm90.more_failures[0].reason: Input should be "
+                                       "a valid string"),
+])
+def test_a_record_that_does_not_fit_is_named_with_its_file_and_field(tmp_path, field, value, words):
+    path = results_file(tmp_path, **{field: value})
+    with pytest.raises(ResultsError) as caught:
+        load(path)
+    assert str(caught.value).startswith(f"{path}: {words}"), caught.value
+
+
+def test_fields_of_another_harness_are_skipped_and_non_finite_numbers_keep_their_text(tmp_path):
+    path = results_file(tmp_path, written_by_a_newer_harness={"x": 1},
+                        error={"max_abs": "nan", "max_rel": "inf", "output": "out"}, readings={"max_abs": "nan"})
+    rec = load(path).cells["decode-bf16-tp1-eager-sm90"]
+    assert rec.status is Status.FAILED and rec.error.max_abs == "nan" and rec.error.max_rel == "inf"
+    data = to_json(rec)
+    assert "written_by_a_newer_harness" not in data and data["readings"] == {"max_abs": "nan"}
+    assert data["error"] == {"max_abs": "nan", "max_rel": "inf", "output": "out"}
+    assert to_json(from_json(CellRecord, data, "again")) == data
+
+
+def test_committed_results_files_read_back_as_written():
+    """Every record of every committed results file: read, written again, the same JSON (no field lost or changed
+    by the conversion)."""
+    files = sorted(ROOT.glob("reports/*/results/*.json"))
+    assert files
+    for path in files:
+        data = json.loads(path.read_text())
+        again = json.loads(results_text(load(path).to_json()))
+        for section in ("runs", "cells", "benchmarks", "integration"):
+            assert again.get(section, {}) == data.get(section, {}) or _same_but_defaults(data, again, section), \
+                (path, section)
+
+
+def _same_but_defaults(data: dict, again: dict, section: str) -> bool:
+    """Files written before a field had a default (error.max_rel: 0.0) gain it on reading: nothing else differs."""
+    for key, old in data.get(section, {}).items():
+        new = again[section][key]
+        if any(new.get(k) != v for k, v in old.items() if k != "error"):
+            return False
+        if old.get("error") and any(new["error"].get(k) != v for k, v in old["error"].items()):
+            return False
+    return True
