@@ -58,7 +58,7 @@ if [ "$what" = bench ] && [ -z "${HARNESS_SHARED_TIMINGS:-}" ]; then
   export HARNESS_SHARED_TIMINGS
   made+=("$HARNESS_SHARED_TIMINGS")
 fi
-# The turn on the GPU the plans' runs take one after another (harness/plugin/session.py, take_gpu_turn): the
+# The turn on the GPU the plans' runs take one after another (harness/plugin/state.py, take_gpu_turn): the
 # interpreter start, collection, CUDA context and report of each plan, 10-20 s a plan on an H200 machine, no longer
 # add to the night, as the timed items of one plan still run with no other timing beside them.
 if [ "$what" = bench ] && [ -z "${HARNESS_GPU_TURN:-}" ]; then

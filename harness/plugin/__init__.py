@@ -2,8 +2,8 @@
 
 Inert without `--plan`: this module imports no torch and changes no environment variable, so an
 unrelated test suite in the same environment runs as if the plugin were not installed. With a
-plan, it registers harness.plugin.session, which holds the items and the hooks of the run (and imports
-torch and the plan's kernels).
+plan, it registers harness.plugin.session, which holds the hooks of the run (its items are in
+harness.plugin.items; it imports torch and the plan's kernels).
 """
 
 from __future__ import annotations

@@ -1,0 +1,339 @@
+"""The items of one plan's run: a numerics cell, a vLLM route item and a benchmark shape, collected from the plan
+file; each runs its kernel in an isolated worker (harness.runtime.workers) and records what it ended in. A benchmark
+item hands the kernel's device samples to pytest-benchmark."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, integration_routes, run_integration_item
+from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
+from harness.plugin.vllm_items import vllm_run_items
+from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Status
+from harness.runtime.bench import (
+    BenchOutcome,
+    BenchSpec,
+    bench_specs,
+    not_run_record,
+    precompile,
+    run_benchmark,
+    skip_reason,
+)
+from harness.runtime.device import detect
+from harness.runtime.memcheck import run_memcheck
+from harness.runtime.runner import Outcome, run_cell, shrink_example
+from harness.runtime.shrinking import shrink_fault
+from harness.runtime.tasks import BenchTask, CellTask, IntegrationTask
+from harness.runtime.timing import Timing
+from harness.runtime.tp import run_cell_on_rank, tp_multiples
+from harness.runtime.vllm_kernels import vllm_missing
+from harness.runtime.workers import Fault
+from harness.spec.matrix import Cell, Decision, decide, expand
+from harness.spec.plan import Plan
+from harness.spec.vllm_ops import unsupported
+
+
+class PlanFile(pytest.File):
+    def collect(self):
+        s = session_of(self.config)
+        plan, hw = s.plan, detect()
+        for cell in expand(plan):
+            decision = decide(plan, cell, hw, s.max_cpu_ranks)
+            item = CellItem.from_parent(self, name=f"numerics[{cell.id}]", cell=cell, decision=decision)
+            for axis, value in cell.axes().items():
+                item.add_marker(f"tp{value}" if axis == "tp" else value)
+            if decision.expects_failure:
+                item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
+            yield item
+        yield from self._integration_items(plan, hw)
+        yield from vllm_run_items(self, plan, hw.sm, s)  # vLLM's fusion passes; a running engine
+        if self.config.getoption("--bench"):
+            for spec in bench_specs(plan, hw.sm):
+                item = BenchItem.create(self, spec, skip_reason(plan, spec, hw, s.max_cpu_ranks))
+                for marker in ("bench", spec.phase, spec.dtype, spec.graph_mode, spec.sm):
+                    item.add_marker(marker)
+                yield item
+
+    def _integration_items(self, plan: Plan, hw):
+        """One per (route, phase, dtype) on this machine's SM, for plans whose `vllm:` section names a route the harness
+        drives (a kernel that is vLLM's own is in vLLM already; the page says why other routes are not proven)."""
+        if hw.sm not in plan.matrix["sm"]:
+            return
+        for route in integration_routes(plan):
+            for phase in plan.matrix["phase"]:
+                for dtype in [d for d in plan.matrix["dtype"] if d in LAYER_DTYPES]:
+                    cell = Cell(phase, dtype, 1, "eager", hw.sm)
+                    decision = decide(plan, cell, hw, session_of(self.config).max_cpu_ranks)
+                    item = VllmItem.from_parent(self, name=f"vllm-{route}[{phase}-{dtype}-{hw.sm}]", cell=cell,
+                                                route=route, decision=decision)
+                    item.add_marker(phase)
+                    item.add_marker(dtype)
+                    if decision.expects_failure:
+                        item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
+                    yield item
+
+
+class ItemFailed(Exception):
+    """An item's failure, shown as its message (no traceback: the message says what to do)."""
+
+
+class PlanItem(pytest.Item):
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, ItemFailed):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        # Line 0 (the plan file's first line), not None: pytest places a skip by marker (--benchmark-skip,
+        # --benchmark-only, -m with skipif) at the item's line, and asserts there is one.
+        return self.path, 0, f"{self.parent.name}::{self.name}"
+
+
+def _expected(decision: Decision, status: Status) -> Status:
+    """A plan's expected failure turns failed into xfail and passed into xpass."""
+    if not decision.expects_failure or status not in (Status.FAILED, Status.PASSED):
+        return status  # a cell not run after all stays not run
+    return Status.XFAIL if status == Status.FAILED else Status.XPASS
+
+
+class CellItem(PlanItem):
+    def __init__(self, *, cell: Cell, decision: Decision, **kwargs):
+        super().__init__(**kwargs)
+        self.cell, self.decision, self.outcome = cell, decision, None
+        self.sampled_out = ""  # why the run's sample left this cell out (pytest_collection_finish)
+
+    def setup(self):
+        if not self.decision.runs:
+            pytest.skip(self.decision.reason)
+        if self.sampled_out:
+            pytest.skip(self.sampled_out)
+
+    def runtest(self):
+        s = session_of(self.config)
+        if self.cell.graph_mode == "memcheck":  # a process of its own, under compute-sanitizer
+            started = s.memchecks.pop(self.cell.id, None)
+            self.outcome = started.result() if started else run_memcheck(*memcheck_args(s, self.cell))
+            if self.outcome.record.status == Status.NOT_RUN:
+                pytest.skip(self.outcome.record.reason)
+            if self.outcome.record.status != Status.PASSED:
+                raise ItemFailed(self.failure_text())
+            return
+        task = CellTask(s.plan, self.cell, s.run_settings())
+        shrunk = None
+        if s.isolation == "none" and self.cell.tp == 1:
+            value, facts = run_cell(task), {}
+        else:
+            if self.cell.tp > 1:  # TP cells always need a group
+                worker, fn = s.worker(self.cell.tp), run_cell_on_rank
+            else:
+                worker, fn = s.worker("kernels"), run_cell
+            value = worker.call(fn, task, s.plan.numerics.timeout_s)
+            facts = worker.facts
+            # A crash or a device fault killed the worker hypothesis was shrinking in: shrink in fresh ones.
+            multiples = tp_multiples(s.plan, self.cell.tp) if self.cell.tp > 1 else None
+            known = s.fault_minimals.setdefault((self.cell.phase, self.cell.tp), [])
+            shrunk = shrink_fault(worker, fn, task, s.plan.numerics.timeout_s, value,
+                                  lambda ex, reproduces: shrink_example(s.plan, self.cell, ex, reproduces, multiples,
+                                                                        known))
+            if shrunk and shrunk.example not in known:
+                known.append(shrunk.example)
+        if s.isolation != "none" or self.cell.tp > 1:
+            if isinstance(value, Fault):
+                s.cells_killed += 1
+            else:
+                s.cells_survived += 1
+        if isinstance(value, Fault):
+            value = Outcome(CellRecord(**self.cell.axes(), status=Status.FAILED, reason=value.reason,
+                                       examples=value.examples, facts=value.facts or {}), traceback=value.traceback)
+        value.record.facts.update(facts)
+        if shrunk:
+            value.record.minimal_example = shrunk.example.describe()
+            value.record.facts.update(shrunk.facts)
+        self.outcome = value
+        if value.record.status == Status.NOT_RUN:  # vLLM's kernel cannot be loaded here: not run, as memcheck cells
+            pytest.skip(value.record.reason)
+        if value.record.status != Status.PASSED:
+            raise ItemFailed(self.failure_text())
+
+    def failure_text(self) -> str:
+        rec = self.outcome.record
+        lines = [f"cell {self.cell.id} failed: {rec.reason}"]
+        if rec.minimal_example:
+            lines.append(f"minimal example: {rec.minimal_example}")
+        for f in rec.more_failures or ():  # distinct failures besides the first (plans of vLLM's own kernels)
+            lines.append(f"also failed: {f.reason}" + (f"; minimal example: {f.minimal_example}" if f.minimal_example
+                                                       else ""))
+        lines.append(f"reproduce: {self.repro_command()}")
+        if self.outcome.traceback:
+            lines.append(self.outcome.traceback)
+        return "\n".join(lines)
+
+    def repro_command(self) -> str:
+        s = session_of(self.config)
+        try:
+            plan = os.path.relpath(s.plan_path, self.config.invocation_params.dir)
+        except ValueError:
+            plan = str(s.plan_path)
+        return f"pytest --plan {plan} --plan-profile {s.profile} -k '{self.cell.id}'"
+
+    def result(self, skipped: bool) -> CellRecord:
+        if skipped:
+            return CellRecord(**self.cell.axes(), status=self.decision.status, reason=self.decision.reason)
+        rec = self.outcome.record if self.outcome else CellRecord(**self.cell.axes(), status=Status.FAILED,
+                                                                  reason="the item stopped before a result")
+        rec.status = _expected(self.decision, rec.status)
+        if rec.status in (Status.FAILED, Status.XFAIL):
+            rec.repro = self.repro_command()
+        if self.decision.expects_failure:
+            rec.expectation = self.decision.reason
+        return rec
+
+
+class VllmItem(PlanItem):
+    """vLLM's own layer, with the kernel registered through one route, on one (phase, dtype)."""
+
+    def __init__(self, *, cell: Cell, route: str, decision: Decision, **kwargs):
+        super().__init__(**kwargs)
+        self.cell, self.route, self.decision = cell, route, decision
+
+    def setup(self):
+        if not self.decision.runs:
+            self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=self.decision.status,
+                                           reason=self.decision.reason))
+            pytest.skip(self.decision.reason)
+        why = vllm_missing() or unsupported(session_of(self.config).plan)  # without starting a worker
+        if why:
+            self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=Status.NOT_RUN, reason=why))
+            pytest.skip(why)
+
+    def runtest(self):
+        s = session_of(self.config)
+        task = IntegrationTask(s.plan, self.cell, self.route, s.run_settings(max(1, min(s.examples, MAX_EXAMPLES))))
+        # vLLM items get a worker of their own: importing vLLM costs seconds, and the plugin they load defines
+        # the same torch.library op the cells define.
+        if self.route in s.route_faults and s.cells_killed and not s.cells_survived:
+            why = (f"not run: the kernel killed its worker in every numerics cell ({s.cells_killed}) and in "
+                   f"{s.route_faults[self.route]}; this route's other items would only crash again")
+            self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=Status.NOT_RUN, reason=why))
+            pytest.skip(why)
+        value = s.worker("vllm").call(run_integration_item, task, s.plan.numerics.timeout_s)
+        if isinstance(value, Fault):
+            s.route_faults.setdefault(self.route, f"{self.name} ({value.reason.splitlines()[0][:160]})")
+        rec = value.record if not isinstance(value, Fault) else IntegrationRecord(
+            route=self.route, **self.cell.axes(), status=Status.FAILED, reason=value.reason)
+        if rec.status == Status.NOT_RUN:
+            self._record(rec)
+            pytest.skip(rec.reason)
+        failed = rec.status == Status.FAILED
+        rec.status = _expected(self.decision, rec.status)
+        self._record(rec)
+        if failed:
+            raise ItemFailed(f"{self.name} failed: {rec.reason}")
+
+    def _record(self, rec: IntegrationRecord) -> None:
+        session_of(self.config).record("integration", self.name, rec)
+
+
+def _timed_bench_item(benchmark):
+    """What pytest sees as a benchmark item's test function where pytest-benchmark is active: it requests the
+    `benchmark` fixture, which BenchItem.runtest hands the kernel's device samples (the function itself never runs)."""
+
+
+def _bench_item():
+    """A benchmark item's test function without pytest-benchmark (not installed, or -p no:benchmark)."""
+
+
+class BenchItem(PlanItem, pytest.Function):
+    """One benchmark shape: a pytest.Function, so that pytest-benchmark's public `benchmark` fixture is filled in for
+    it (and its --benchmark-skip / --benchmark-only select it), though the item runs in a worker, not the function."""
+
+    def __init__(self, *, spec: BenchSpec, skip: str, **kwargs):
+        super().__init__(**kwargs)
+        self.spec, self.skip = spec, skip
+        self.clock = DeviceClock()
+
+    @classmethod
+    def create(cls, parent, spec: BenchSpec, skip: str) -> BenchItem:
+        timed = parent.config.pluginmanager.hasplugin("benchmark")  # pytest-benchmark's entry point's name
+        item = cls.from_parent(parent, name=f"bench[{spec.id}]", callobj=_timed_bench_item if timed else _bench_item,
+                               spec=spec, skip=skip)
+        if timed:  # pytest-benchmark's documented per-test options: the timer its rounds read, the group it lists
+            item.add_marker(pytest.mark.benchmark(timer=item.clock, group=f"{spec.phase}-{spec.dtype}-"
+                                                                          f"{spec.graph_mode}-{spec.sm}"))
+        return item
+
+    def setup(self):
+        if self.skip:
+            self._record(not_run_record(self.spec, self.skip))
+            pytest.skip(self.skip)
+        super().setup()  # pytest.Function's: the fixtures, pytest-benchmark's among them
+
+    def runtest(self):
+        s = session_of(self.config)
+        take_gpu_turn(s)
+        if not s.precompiled:  # once, before the first item is timed: every shape compiled side by side
+            if xdist_worker(self.config):  # each worker would compile every shape; they share the compiles anyway
+                s.precompiled = "not under xdist"
+            elif detect().device != "cuda":
+                s.precompiled = "not on a CPU"
+            else:
+                specs = [i.spec for i in self.session.items if isinstance(i, BenchItem) and not i.skip]
+                s.precompiled = precompile(s.plan, specs)
+        # The last item's record is written while the worker times this one (11 ms a write on an H200 machine).
+        value = s.worker("kernels").call(run_benchmark, BenchTask(s.plan, self.spec), s.plan.numerics.timeout_s,
+                                         meanwhile=s.recorder.flush)
+        if isinstance(value, Fault):
+            rec = not_run_record(self.spec, value.reason)
+            rec.impls = {name: type(impl)(error=value.reason) for name, impl in rec.impls.items()}
+            value = BenchOutcome(rec, failures={"benchmark": value.reason})
+        benchmark = self.funcargs.get("benchmark")
+        if benchmark is not None and "kernel" in value.timings:
+            store_in_pytest_benchmark(benchmark, self.clock, value.timings["kernel"], value.record)
+        self._record(value.record)
+        if value.failures:
+            raise ItemFailed(f"benchmark {self.spec.id} failed: "
+                             + "; ".join(f"{name}: {msg}" for name, msg in value.failures.items()))
+        kernel = value.record.impls["kernel"]
+        if kernel.not_run:
+            pytest.skip(f"kernel {kernel.not_run}; native vs compiled recorded ({value.record.timer} timer)")
+
+    def _record(self, rec: BenchRecord) -> None:  # written by the next item's call, or at the session's end
+        session_of(self.config).record("benchmarks", self.spec.id, rec, defer=True)
+
+
+class DeviceClock:
+    """A benchmark item's pytest-benchmark timer (the `timer` option of its `benchmark` marker): it replays the samples
+    measured on the device, each round of `benchmark.pedantic(clock.advance, ...)` advancing it by one."""
+
+    def __init__(self):
+        self.__name__ = "device"  # what pytest-benchmark stores as the timer's name: the harness's timer, once loaded
+        self.now = 0.0
+        self._samples = iter(())
+
+    def load(self, timing: Timing) -> int:
+        """The samples the next rounds replay; returns how many."""
+        self.__name__, self._samples = timing.timer, iter(timing.samples_us)
+        return len(timing.samples_us)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self) -> None:
+        self.now += next(self._samples) * 1e-6
+
+
+def store_in_pytest_benchmark(benchmark, clock: DeviceClock, timing: Timing, rec: BenchRecord) -> None:
+    """Hand the kernel's device samples to pytest-benchmark (storage, --benchmark-compare[-fail]) through its public
+    API: the item's `benchmark` fixture, its marker's `timer`, `benchmark.pedantic` and `benchmark.extra_info`.
+
+    One series per item, the kernel's, since a pytest-benchmark fixture times one function per test; the baselines'
+    timings are in the results file, and their speedups in the series' extra_info."""
+    figs = rec.impls["kernel"]
+    benchmark.extra_info.update({
+        "impl": "kernel", "timer": timing.timer, "calls_per_sample": timing.calls_per_sample, "gbps": figs.gbps,
+        "pct_copy_bw": figs.pct_copy_bw, "pct_of_bound": figs.pct_of_bound, "bound_us": rec.bound_us,
+        "launches": figs.launches, "rotated_sets": rec.rotated_sets,
+        "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
+    benchmark.pedantic(clock.advance, rounds=clock.load(timing), iterations=1)
