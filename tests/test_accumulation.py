@@ -65,12 +65,12 @@ def test_too_few_rows_or_elements_are_left_to_the_tolerance():
 
 
 def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_path):
-    def run(kernel, accumulation_line=""):
-        path = rms_norm_plan(tmp_path, f"tests.broken.rms_norm_bugs:{kernel}", phase="[prefill]", dtype="[bf16]",
-                             hidden="[1024]", numerics="{examples: 3, prefill_tokens: [64, 128]}",
-                             name=f"{kernel}{bool(accumulation_line)}.yaml")
-        path.write_text(path.read_text().replace("  sizes:",
-                                                 f"  reduction: row_scale\n  {accumulation_line}\n  sizes:"))
+    def run(kernel, accumulation=None):
+        path = rms_norm_plan(tmp_path, f"tests.broken.rms_norm_bugs:{kernel}",
+                             op={"reduction": "row_scale", "accumulation": accumulation},
+                             matrix={"phase": ["prefill"], "dtype": ["bf16"]}, hidden=[1024],
+                             numerics={"examples": 3, "prefill_tokens": [64, 128]},
+                             name=f"{kernel}{bool(accumulation)}.yaml")
         return run_cell(CellTask.load(path, "prefill-bf16-tp1-eager-cpu",
                                       RunSettings(examples=3, profile="ci", database=None))).record
 
@@ -80,15 +80,15 @@ def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_pat
     assert rec.status == Status.PASSED and rec.facts["accumulation"].startswith("fp32: consistent"), rec
     assert rec.readings["row_shift"] <= accumulation.LIMITS["row_scale"]["row_shift"].limit, rec
     assert run("correct").status == Status.PASSED  # the bundled Triton kernel, in the faithful interpreter
-    assert run("bf16_accumulator", "accumulation: input").status == Status.PASSED  # declared: not checked
+    assert run("bf16_accumulator", accumulation="input").status == Status.PASSED  # declared: not checked
 
 
 def test_on_a_cpu_machine_a_dot_product_op_records_that_its_accumulation_was_not_checked(tmp_path):
     """The interpreter's capped sizes reduce over tens of elements: a GEMM's 16-bit accumulator cannot show, and the
     cell says so instead of passing as if it had been checked."""
-    path = rms_norm_plan(tmp_path, "tests.broken.rms_norm_bugs:bf16_accumulator", phase="[prefill]", dtype="[bf16]",
-                         hidden="[1024]", numerics="{examples: 2, prefill_tokens: [64, 64]}")
-    path.write_text(path.read_text().replace("  sizes:", "  reduction: dot\n  sizes:"))
+    path = rms_norm_plan(tmp_path, "tests.broken.rms_norm_bugs:bf16_accumulator", op={"reduction": "dot"},
+                         matrix={"phase": ["prefill"], "dtype": ["bf16"]}, hidden=[1024],
+                         numerics={"examples": 2, "prefill_tokens": [64, 64]})
     rec = run_cell(CellTask.load(path, "prefill-bf16-tp1-eager-cpu",
                                  RunSettings(examples=2, profile="ci", database=None))).record
     assert rec.status == Status.PASSED and rec.facts["accumulation"] == accumulation.NOT_ON_CPU, rec

@@ -4,7 +4,6 @@ baseline", "far from the hardware limit" and results from before either existed.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -18,20 +17,15 @@ from harness.runtime.resolve import resolve
 from harness.runtime.tasks import BenchTask
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
-from tests.plans import cpu_machine_only, rms_norm_plan
-from tests.test_report import bench as bench_record, decision_rows, passed_sm90, render, section, small_plan
+from tests.plans import cpu_machine_only, rms_norm_plan, small_plan, write_plan
+from tests.test_report import bench as bench_record, decision_rows, passed_sm90, render, section
 
 ROOT = Path(__file__).resolve().parents[1]
 INT8 = ROOT / "kernels" / "plans" / "int8_linear_column.yaml"
-NATIVE_LINE = "  native: kernels.int8_linear:int8_weight_only_linear_native"
 
 
 def int8_plan_without_native(tmp_path: Path) -> Path:
-    text = INT8.read_text()
-    line = next(s for s in text.splitlines() if s.startswith(NATIVE_LINE))
-    path = tmp_path / "int8.yaml"
-    path.write_text(text.replace(line + "\n", "", 1))
-    return path
+    return write_plan(tmp_path / "int8.yaml", INT8, op={"native": None})
 
 
 # ---------------------------------------------------------------- op.native and the upcast warning
@@ -54,7 +48,7 @@ def test_every_bundled_plans_native_computes_in_the_activation_dtype(plan):
 
 def test_an_fp32_variance_is_what_vllm_does_and_is_not_warned(tmp_path):
     """RMSNorm's reference reduces in fp32 as vLLM's forward_native does: only fp32 matrix products count."""
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16, fp16]"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["bf16", "fp16"]}))
     assert plan_code_warnings(plan) == []
 
 
@@ -63,33 +57,33 @@ def test_native_is_resolved_and_checked_like_the_reference(tmp_path):
     assert plan.native == "kernels.int8_linear:int8_weight_only_linear_native"
     assert resolve(plan).native.__name__ == "int8_weight_only_linear_native"
     assert load_plan(rms_norm_plan(tmp_path)).native_path == "kernels.rms_norm:rms_norm_ref"  # none: the reference
-    text = INT8.read_text()
-    for new, field, words in ((NATIVE_LINE.replace("_native", "_natve"), "op.native", "an importable object"),
-                              (NATIVE_LINE.replace("int8_weight_only_linear_native", "int8_weight_only_linear"),
-                               "op.native", "taking the plan's arguments by name"),
-                              ("  native: not a path", "op.native", "an import path")):
-        path = tmp_path / "bad.yaml"
-        path.write_text(text.replace(NATIVE_LINE, new, 1))
+    for new, field, words in (("kernels.int8_linear:int8_weight_only_linear_natve", "op.native",
+                               "an importable object"),
+                              ("kernels.int8_linear:int8_weight_only_linear", "op.native",
+                               "taking the plan's arguments by name"),
+                              ("not a path", "op.native", "an import path")):
+        path = write_plan(tmp_path / "bad.yaml", INT8, op={"native": new})
         with pytest.raises(PlanError) as info:
             resolve(load_plan(path))
         assert info.value.field == field and words in str(info.value), str(info.value)
 
 
 def test_a_named_baselines_prepare_is_validated(tmp_path):
-    extra = ("benchmark: {decode: [4], baselines: [native, {into: {path: tests.baselines:rms_norm_into, "
-             "prepare: tests.baselines:no_such_prepare}}]}\n")
+    def benchmark(prepare: str) -> dict:
+        return {"decode": [4], "baselines": ["native", {"into": {"path": "tests.baselines:rms_norm_into",
+                                                                 "prepare": prepare}}]}
+
     with pytest.raises(PlanError) as info:
-        resolve(load_plan(rms_norm_plan(tmp_path, extra=extra)))
+        resolve(load_plan(rms_norm_plan(tmp_path, benchmark=benchmark("tests.baselines:no_such_prepare"))))
     assert info.value.field == "benchmark.baselines[1].into.prepare" and "a callable prepare" in str(info.value)
-    plan = load_plan(rms_norm_plan(tmp_path, extra=extra.replace("no_such_prepare", "slow_prepare")))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark=benchmark("tests.baselines:slow_prepare")))
     assert plan.benchmark.prepare("into") == "tests.baselines:slow_prepare" and plan.benchmark.prepare("x") is None
 
 
 def test_prepare_runs_once_per_input_set_outside_the_timed_region(tmp_path):
     """slow_prepare sleeps 50 ms: a timing that included it would be at least that long."""
-    extra = ("benchmark: {decode: [4], baselines: [native, {into: {path: tests.baselines:rms_norm_into, "
-             "prepare: tests.baselines:slow_prepare}}]}\n")
-    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra=extra))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4], "baselines": [
+        "native", {"into": {"path": "tests.baselines:rms_norm_into", "prepare": "tests.baselines:slow_prepare"}}]}))
     rec = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record
     into = rec.impls["into"]
     assert into.timed and into.differs is None and into.median_us < 20_000, into  # checked against the reference
@@ -98,12 +92,11 @@ def test_prepare_runs_once_per_input_set_outside_the_timed_region(tmp_path):
 
 
 def test_the_int8_plans_time_native_and_cublas_in_the_activation_dtype_and_say_why_machete_is_absent(tmp_path):
-    text = INT8.read_text().replace("values: [4096, 14336]", "values: [64]").replace("decode: [1, 64, 256]",
-                                                                                    "decode: [2]")
-    text = re.sub(r"\n  sizes:\n(    - .*\n)+  models: \{.*\n.*\n", "\n", text)  # the timed sizes are 64 here
-    path = tmp_path / "int8.yaml"
-    path.write_text(text.replace("prefill: [2048]", "prefill: []"))
-    plan = load_plan(path)
+    sixty_four = {"values": [64], "multiple_of": 8}
+    plan = load_plan(write_plan(tmp_path / "int8.yaml", INT8,
+                                op={"sizes": {"in_features": sixty_four, "out_features": sixty_four}},
+                                # the timed sizes are 64 here: no benchmark.sizes, nor their models
+                                benchmark={"decode": [2], "prefill": [], "sizes": None, "models": None}))
     spec = next(s for s in bench.bench_specs(plan, "cpu") if s.dtype == "bf16" and s.graph_mode == "eager")
     rec = bench.run_benchmark(BenchTask(plan, spec)).record
     for name in ("native", "cublas"):
@@ -195,8 +188,8 @@ def test_a_cpu_machine_measures_no_peak_and_no_launch_floor():
 
 def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_left_out(tmp_path, monkeypatch):
     """A bound of one second: every host-clock timing is faster. The kernel is the reference in kernel style."""
-    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra=(
-        "benchmark: {decode: [4], baselines: [native, {into: tests.baselines:rms_norm_into}]}\n")))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={
+        "decode": [4], "baselines": ["native", {"into": "tests.baselines:rms_norm_into"}]}))
     real = bench.implementations
 
     def with_a_kernel(plan, device, spec=None):
@@ -216,6 +209,9 @@ def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_l
     assert outcome.record.speedup["native"].not_run.startswith("native: broken timing")
 
 
+DECODE_64 = {"decode": [64], "baselines": ["native", "compiled"]}
+
+
 def _bounded(rec: dict, bound_us: float) -> dict:
     """A benchmark record with a bound recorded and each implementation's share of it."""
     rec.update(bound_us=bound_us, bound=bounds.COPY, bytes=int(bound_us * 4250e3), launch_floor_us=2.0)
@@ -226,7 +222,7 @@ def _bounded(rec: dict, bound_us: float) -> dict:
 
 
 def test_a_big_win_over_a_weak_baseline_is_questioned_and_a_slow_kernel_is_far_from_the_limit(tmp_path):
-    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}")
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64)
     op_dir = tmp_path / "reports" / "rms_norm"
     # bound 10 µs: kernel 40 µs (25%), native 400 µs, compiled 200 µs (5%): 5x over the best baseline
     passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 40.0, 400.0, 200.0), 10.0)})
@@ -248,7 +244,7 @@ def test_a_big_win_over_a_weak_baseline_is_questioned_and_a_slow_kernel_is_far_f
 
 
 def test_a_synthetic_timing_faster_than_its_bound_decides_nothing(tmp_path):
-    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}")
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64)
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 5.0, 20.0, 15.0), 10.0)})
     text = render(plan, op_dir)
@@ -258,7 +254,7 @@ def test_a_synthetic_timing_faster_than_its_bound_decides_nothing(tmp_path):
 
 
 def test_results_without_bounds_or_timed_functions_still_read(tmp_path):
-    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}")
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64)
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench_record("decode", 64, 5.0, 9.0, 8.0)})
     text = render(plan, op_dir)
@@ -268,12 +264,8 @@ def test_results_without_bounds_or_timed_functions_still_read(tmp_path):
 
 
 def test_a_baseline_timed_on_the_reference_before_the_plan_named_its_native_is_left_out(tmp_path):
-    plan = small_plan(tmp_path, phase="[decode]", benchmark="{decode: [64], baselines: [native, compiled]}",
-                      extra="")
-    text = plan.raw_text.replace("  reference: kernels.rms_norm:rms_norm_ref\n", "  reference: kernels.rms_norm:"
-                                 "rms_norm_ref\n  native: tests.baselines:rms_norm_native\n")
-    Path(plan.path).write_text(text)
-    plan = load_plan(plan.path)
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64,
+                      op={"native": "tests.baselines:rms_norm_native"})
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench_record("decode", 64, 5.0, 9.0, 8.0)})
     text = render(plan, op_dir)

@@ -26,7 +26,7 @@ from harness.results.store import ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing
 
-from tests.plans import cpu_machine_only, rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_args, rms_norm_plan, write_plan
 from tests.test_report import bench as bench_record, passed_sm90
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +79,8 @@ def test_structured_plans_count_the_tensors_their_batch_built():
 
 
 def test_plan_expressions_for_bytes_and_flops(tmp_path):
-    extra = ('benchmark: {decode: [4], bytes: "(2 * num_tokens + 1) * hidden * act_bytes",\n'
-             '            flops: "4 * num_tokens * hidden"}\n')
-    plan = load_plan(rms_norm_plan(tmp_path, extra=extra))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={
+        "decode": [4], "bytes": "(2 * num_tokens + 1) * hidden * act_bytes", "flops": "4 * num_tokens * hidden"}))
     assert bench.bytes_moved(plan, "fp16", 4, {"hidden": 64}) == 9 * 64 * 2
     assert bench.flops_done(plan, "fp16", 4, {"hidden": 64}) == 4 * 4 * 64
     assert bench.flops_done(load_plan(ROOT / "plan.yaml"), "bf16", 4, {"hidden": 64}) is None
@@ -102,12 +101,12 @@ def test_unsafe_or_wrong_expressions_are_rejected(expr, words):
 
 
 def test_a_bad_byte_model_is_a_plan_error_naming_the_field_and_line(tmp_path):
-    path = rms_norm_plan(tmp_path, extra='benchmark: {decode: [4], bytes: "hidden * heads"}\n')
+    path = rms_norm_plan(tmp_path, benchmark={"decode": [4], "bytes": "hidden * heads"})
     with pytest.raises(PlanError) as exc:  # found when the plan loads, not when --bench collects
         load_plan(path)
     err = exc.value
     assert err.field == "benchmark.bytes" and err.line == path.read_text().splitlines().index(
-        'benchmark: {decode: [4], bytes: "hidden * heads"}') + 1
+        "  bytes: hidden * heads") + 1
     assert "unknown name 'heads'" in str(err) and "num_tokens" in str(err)
 
 
@@ -148,14 +147,15 @@ def test_specs_cover_every_shape_dtype_and_graph_mode_on_this_sm():
 
 
 def test_graph_modes_follow_the_plan(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, graph_mode="[eager, torch_compile]", extra="benchmark: {decode: [4]}\n"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"graph_mode": ["eager", "torch_compile"]},
+                                   benchmark={"decode": [4]}))
     assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden64",
                                                                "decode-fp32-eager-cpu-t4-hidden128"]
 
 
 def test_benchmark_sizes_list_the_sizes_timed_and_stored_records_of_others_are_not_shown(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64, 128, 4096]", sm="[cpu, sm90]",
-                                   extra="benchmark: {decode: [4], sizes: [{hidden: 128}, {hidden: 4096}]}\n"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"sm": ["cpu", "sm90"]}, hidden=[64, 128, 4096],
+                                   benchmark={"decode": [4], "sizes": [{"hidden": 128}, {"hidden": 4096}]}))
     assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden128",
                                                               "decode-fp32-eager-cpu-t4-hidden4096"]
     stale = {**bench_record("decode", 4, 1.0, 2.0, 1.5), "sizes": {"hidden": 64}}
@@ -166,10 +166,9 @@ def test_benchmark_sizes_list_the_sizes_timed_and_stored_records_of_others_are_n
 
 
 def test_skip_reasons(tmp_path):
-    extra = ("benchmark: {decode: [4]}\n"
-             "exclude: [{dtype: fp16, why: 'no fp16 here'}]\n")
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[fp32, fp16]", graph_mode="[eager, cuda_graph]",
-                                   sm="[cpu, sm90]", extra=extra))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["fp32", "fp16"], "graph_mode": ["eager", "cuda_graph"],
+                                                     "sm": ["cpu", "sm90"]},
+                                   benchmark={"decode": [4]}, exclude=[{"dtype": "fp16", "why": "no fp16 here"}]))
     spec = {s.id: s for s in bench.bench_specs(plan, "cpu")}
     assert bench.skip_reason(plan, spec["decode-fp32-eager-cpu-t4-hidden64"], CPU) == ""
     assert "cuda_graph needs a CUDA device" in bench.skip_reason(plan, spec["decode-fp32-cuda_graph-cpu-t4-hidden64"],
@@ -181,7 +180,7 @@ def test_skip_reasons(tmp_path):
 
 @cpu_machine_only
 def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native, vllm]}\n"))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": ["native", "vllm"]}))
     impls = bench.implementations(plan, "cpu")
     assert impls["kernel"] == bench.CPU_KERNEL_REASON and "interpreter" in impls["kernel"]
     assert callable(impls["native"])
@@ -192,12 +191,12 @@ def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
         assert callable(impls["vllm"]) or isinstance(impls["vllm"], str) and impls["vllm"]
 
 
-NAMED = ("benchmark: {decode: [4], baselines: [native, compiled, {ref_into: tests.baselines:rms_norm_into},\n"
-         "                                {liger: liger_kernel_not_here.ops:rms_norm}]}\n")
+NAMED = {"decode": [4], "baselines": ["native", "compiled", {"ref_into": "tests.baselines:rms_norm_into"},
+                                      {"liger": "liger_kernel_not_here.ops:rms_norm"}]}
 
 
 def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, extra=NAMED))  # the missing package does not stop the plan loading
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark=NAMED))  # the missing package does not stop the plan loading
     assert plan.benchmark.baselines == ("native", "compiled")
     assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
                                     ("liger", "liger_kernel_not_here.ops:rms_norm"))
@@ -216,7 +215,7 @@ def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run
 def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
     """The reference wrapped in kernel style: timed with the host clock and checked against the reference, like
     native and compiled; the missing one is recorded as not run; the kernel itself is not timed on a CPU."""
-    path = rms_norm_plan(tmp_path, hidden="[64]", extra=NAMED)
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark=NAMED)
     plan = load_plan(path)
     rec = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record
     assert set(rec.impls) == {"kernel", "native", "compiled", "vllm", "ref_into", "liger"}
@@ -230,9 +229,8 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
 
 
 def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
-    path = rms_norm_plan(tmp_path, hidden="[64]",
-                         extra="benchmark: {decode: [4], baselines: [native, "
-                               "{wrong: tests.broken.rms_norm_bugs:raises}]}\n")
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
+        "decode": [4], "baselines": ["native", {"wrong": "tests.broken.rms_norm_bugs:raises"}]})
     plan = load_plan(path)
     outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
     rec = outcome.record
@@ -242,8 +240,8 @@ def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
 
 
 def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
-    path = rms_norm_plan(tmp_path, hidden="[64]", extra=(
-        "benchmark: {decode: [4], baselines: [native, {scaled: tests.baselines:rms_norm_off_by_a_tenth}]}\n"))
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
+        "decode": [4], "baselines": ["native", {"scaled": "tests.baselines:rms_norm_off_by_a_tenth"}]})
     plan = load_plan(path)
     outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
     off = outcome.record.impls["scaled"]
@@ -253,37 +251,37 @@ def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("entry, field, words", [
-    ("{liger: 'not a path'}", "benchmark.baselines[0].liger", "an import path 'package.module:attribute'"),
-    ("{Liger: 'a.b:c'}", "benchmark.baselines[0]", "a baseline name of lowercase letters"),
-    ("{off: 'a.b:c'}", "benchmark.baselines[0]", "YAML reads off/on/yes/no/true/false as a boolean"),
-    ("{native: 'a.b:c'}", "benchmark.baselines[0]", "other than native, compiled, vllm and kernel"),
+    ({"liger": "not a path"}, "benchmark.baselines[0].liger", "an import path 'package.module:attribute'"),
+    ({"Liger": "a.b:c"}, "benchmark.baselines[0]", "a baseline name of lowercase letters"),
+    ({False: "a.b:c"}, "benchmark.baselines[0]", "YAML reads off/on/yes/no/true/false as a boolean"),  # `off:`
+    ({"native": "a.b:c"}, "benchmark.baselines[0]", "other than native, compiled, vllm and kernel"),
     ("inductor", "benchmark.baselines[0]", "one of native, compiled, vllm or {name: 'package.module:attribute'}"),
 ])
 def test_bad_baselines_are_plan_errors(tmp_path, entry, field, words):
     with pytest.raises(PlanError) as exc:
-        load_plan(rms_norm_plan(tmp_path, extra=f"benchmark: {{decode: [4], baselines: [{entry}]}}\n"))
+        load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": [entry]}))
     assert exc.value.field == field and words in str(exc.value) and exc.value.line is not None
 
 
 def test_duplicate_named_baselines_are_plan_errors(tmp_path):
     with pytest.raises(PlanError, match="a baseline name not used before"):
-        load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [{a: 'x.y:z'}, {a: 'x.y:w'}]}\n"))
+        load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": [{"a": "x.y:z"}, {"a": "x.y:w"}]}))
 
 
 def test_benchmark_models_name_the_model_of_each_size(tmp_path):
-    extra = 'benchmark:\n  decode: [4]\n  models: {"hidden=64": Tiny-1, "hidden=128": Tiny-2}\n'
-    plan = load_plan(rms_norm_plan(tmp_path, extra=extra))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4],
+                                                        "models": {"hidden=64": "Tiny-1", "hidden=128": "Tiny-2"}}))
     assert plan.benchmark.models == (("hidden=64", "Tiny-1"), ("hidden=128", "Tiny-2"))
     assert plan.benchmark.model({"hidden": 128}) == "Tiny-2" and plan.benchmark.model({"hidden": 96}) is None
-    for models, found in (('{"hidden=96": Tiny}', "hidden=96"), ('{"heads=2": Tiny}', "heads=2"),
-                          ('{"hidden": Tiny}', "hidden"), ('{"hidden=64": ""}', "")):
-        text = f"benchmark:\n  decode: [4]\n  models: {models}\n"
-        path = rms_norm_plan(tmp_path, extra=text)
+    for key, model, found in (("hidden=96", "Tiny", "hidden=96"), ("heads=2", "Tiny", "heads=2"),
+                              ("hidden", "Tiny", "hidden"), ("hidden=64", "", "")):
+        path = rms_norm_plan(tmp_path, benchmark={"decode": [4], "models": {key: model}})
         with pytest.raises(PlanError) as exc:
             load_plan(path)
         err = exc.value
         assert err.field.startswith("benchmark.models.") and err.found == found
-        assert err.line == path.read_text().splitlines().index(f"  models: {models}") + 1
+        written = model or "''"  # an empty name, quoted
+        assert err.line == path.read_text().splitlines().index(f"  models: {{{key}: {written}}}") + 1
 
 
 def test_not_run_record_keeps_the_schema():
@@ -323,7 +321,7 @@ MEMSET
 
 
 def test_rotated_input_sets_are_distinct_aligned_and_exceed_twice_l2(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [3]}\n"))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [3]}))
     spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 3, (("hidden", 50),))
     one = timers.working_set_bytes(bench.input_sets(plan, spec, "cpu")[0])
     assert one == (3 * 50 * 2 + 50) * 4
@@ -381,8 +379,8 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)  # the run below is not an xdist worker, whatever runs this test
-    plan = rms_norm_plan(pytester.path, hidden="[64]", graph_mode="[eager, cuda_graph]",
-                         extra="benchmark: {decode: [4], baselines: [native, compiled, vllm]}\n")
+    plan = rms_norm_plan(pytester.path, matrix={"graph_mode": ["eager", "cuda_graph"]}, hidden=[64],
+                         benchmark={"decode": [4], "baselines": ["native", "compiled", "vllm"]})
     reports = pytester.path / "reports"
     # Another plan's run holds the GPU turn (scripts/gpu_run.sh bench): this run times nothing until it is given up.
     turn = pytester.path / "gpu-turn"
@@ -435,7 +433,7 @@ def test_the_kernels_device_samples_reach_pytest_benchmark_through_its_fixture(p
         monkeypatch.delenv(name, raising=False)  # pytest-benchmark turns itself off in an xdist worker
     pytester.makepyfile(test_item="""
         import pytest
-        from harness.plugin.session import DeviceClock, store_in_pytest_benchmark
+        from harness.plugin.items import DeviceClock, store_in_pytest_benchmark
         from harness.results.store import BenchRecord, ImplFigures, Speedup
         from harness.runtime.timing import Timing
 
@@ -467,7 +465,7 @@ def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pyte
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)
-    plan = rms_norm_plan(pytester.path, hidden="[64]", extra="benchmark: {decode: [4], baselines: [native]}\n")
+    plan = rms_norm_plan(pytester.path, hidden=[64], benchmark={"decode": [4], "baselines": ["native"]})
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
                                           "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
@@ -481,8 +479,8 @@ def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pyte
 @cpu_machine_only
 def test_bench_items_are_selected_with_k_and_m(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", graph_mode="[eager, cuda_graph]",
-                         extra="benchmark: {decode: [4], prefill: [512]}\n")
+    plan = rms_norm_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "graph_mode": ["eager", "cuda_graph"]},
+                         benchmark={"decode": [4], "prefill": [512]})
     common = ("-p", "harness.plugin", "--plan", str(plan), "--bench", "--collect-only", "-q", "--no-report",
               "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider")
     by_marker = pytester.runpytest_inprocess(*common, "-m", "bench and decode and eager")
@@ -529,7 +527,7 @@ def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made
         path.write_text("{}")
         os.utime(path, (when, when))
     # Without the compiled baseline: Inductor's C++ compile on a CPU machine would cost the suite 15 s.
-    plan = load_plan(rms_norm_plan(tmp_path, extra="benchmark: {decode: [4], baselines: [native]}\n"))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": ["native"]}))
     spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
     line = bench.precompile(plan, [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
     assert line.startswith("precompiled 1 of 1 shapes"), line  # one shape: its two graph modes share the compile
@@ -546,12 +544,13 @@ def test_one_precompile_pool_serves_several_plans_and_stamps_only_those_that_com
     skipped, a plan all of whose shapes compiled is stamped, and one whose reference raises is left to its items."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "raising_ref.py").write_text("def rms_norm_ref(x, weight, eps):\n    raise ValueError('boom')\n")
-    extra = "benchmark: {decode: [4], baselines: [native]}\n"
-    plans = [rms_norm_plan(tmp_path, extra=extra, name=name) for name in ("done.yaml", "fresh.yaml", "raises.yaml")]
-    plans[1].write_text(plans[1].read_text().replace("hidden: [64, 128]", "hidden: [32]"))
-    # Its compiled baseline is traced in the pool, and raises there (the others' C++ compiles would cost the suite).
-    plans[2].write_text(plans[2].read_text().replace("kernels.rms_norm:rms_norm_ref", "raising_ref:rms_norm_ref")
-                        .replace("baselines: [native]", "baselines: [native, compiled]"))
+    native = {"decode": [4], "baselines": ["native"]}
+    # The third's compiled baseline is traced in the pool, and raises there (the others' C++ compiles would cost the
+    # suite).
+    plans = [rms_norm_plan(tmp_path, name="done.yaml", benchmark=native),
+             rms_norm_plan(tmp_path, name="fresh.yaml", hidden=[32], benchmark=native),
+             rms_norm_plan(tmp_path, name="raises.yaml", op={"reference": "raising_ref:rms_norm_ref"},
+                           benchmark={"decode": [4], "baselines": ["native", "compiled"]})]
     loaded = [load_plan(path) for path in plans]
     spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
     work = [(loaded[0], [spec]), (loaded[1], [dataclasses.replace(spec, sizes=(("hidden", 32),))]),
@@ -638,8 +637,7 @@ def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tm
     import subprocess
     import sys
 
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("op:\n  name: [not, a, name]\n")
+    bad = write_plan(tmp_path / "bad.yaml", op={"name": ["not", "a", "name"]})
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "precompile.py"), str(bad), str(ROOT / "plan.yaml")],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -658,14 +656,14 @@ def test_a_later_plan_takes_the_timing_an_earlier_plan_made_of_the_same_call_on_
     """As the nightly runs them (HARNESS_SHARED_TIMINGS): a second plan with the first one's reference and arguments,
     as vLLM's own plans have, takes the first plan's native and compiled samples and says where they came from;
     a plan whose inputs differ (eps) times its own, and so does every plan of a run without the folder."""
-    def plan(name: str, eps: str = "1.0e-6"):
-        path = rms_norm_plan(tmp_path, hidden="[64]", name=f"{name}.yaml", extra="benchmark: {decode: [4]}\n")
-        path.write_text(path.read_text().replace("name: rms_norm", f"name: {name}").replace("1.0e-6", eps))
+    def plan(name: str, eps: float = 1.0e-6):
+        path = rms_norm_plan(tmp_path, hidden=[64], name=f"{name}.yaml", benchmark={"decode": [4]},
+                             op={"name": name, "args": {**rms_norm_args(), "eps": eps}})
         loaded = load_plan(path)
         return bench.run_benchmark(BenchTask(loaded, bench.bench_specs(loaded, "cpu")[0])).record
 
     monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
-    first, second, other_eps = plan("first"), plan("second"), plan("other_eps", "1.0e-5")
+    first, second, other_eps = plan("first"), plan("second"), plan("other_eps", 1.0e-5)
     for name in ("native", "compiled"):
         assert first.impls[name].timed and first.impls[name].timed_in is None
         assert second.impls[name].timed_in == f"first decode-fp32-eager-cpu-t4-hidden64 {name}"
@@ -683,7 +681,7 @@ def test_a_shared_timing_is_keyed_by_what_is_called_and_on_what(tmp_path, monkey
     """The key: the function and the source file it is in, the arguments (dtype, shape, strides, values) of the first
     and last rotated set as built and how many sets there are, the graph mode."""
     monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path))
-    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]", extra="benchmark: {decode: [4]}\n"))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}))
     spec = bench.bench_specs(plan, "cpu")[0]
     sets = bench.input_sets(plan, spec, "cpu", 3)
 
@@ -710,13 +708,11 @@ def test_an_implementation_after_an_in_place_one_shares_by_the_inputs_as_built(t
     vLLM's in-place fused add + RMSNorm after the bundled kernel had written its inputs)."""
     monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
     records = []
-    for name, named in (("writes_first", "[{scaled: tests.baselines:rms_norm_off_by_a_tenth}, "
-                                         "{into: tests.baselines:rms_norm_into}]"),
-                        ("into_only", "[{into: tests.baselines:rms_norm_into}]")):
-        path = rms_norm_plan(tmp_path, hidden="[64]", name=f"{name}.yaml",
-                             extra=f"benchmark: {{decode: [4], baselines: {named}}}\n")
-        path.write_text(path.read_text().replace("name: rms_norm", f"name: {name}"))
-        plan = load_plan(path)
+    for name, named in (("writes_first", [{"scaled": "tests.baselines:rms_norm_off_by_a_tenth"},
+                                          {"into": "tests.baselines:rms_norm_into"}]),
+                        ("into_only", [{"into": "tests.baselines:rms_norm_into"}])):
+        plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], name=f"{name}.yaml", op={"name": name},
+                                       benchmark={"decode": [4], "baselines": named}))
         records.append(bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record)
     assert records[0].impls["into"].timed and records[0].impls["into"].timed_in is None
     assert records[1].impls["into"].timed_in == "writes_first decode-fp32-eager-cpu-t4-hidden64 into"

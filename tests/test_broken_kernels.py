@@ -45,8 +45,8 @@ WRONG_RESULTS = [
 
 def _run(tmp_path, kernel: str, cell_id: str, functional: bool, examples: int = 25, **plan_kw) -> dict:
     phase, dtype, _, mode, _ = cell_id.split("-")
-    plan = rms_norm_plan(tmp_path, kernel, functional=functional, phase=f"[{phase}]", dtype=f"[{dtype}]",
-                         graph_mode=f"[{mode}]", **plan_kw)
+    plan = rms_norm_plan(tmp_path, kernel, functional=functional,
+                         matrix={"phase": [phase], "dtype": [dtype], "graph_mode": [mode]}, **plan_kw)
     return to_json(run_cell(CellTask.load(plan, cell_id, RunSettings(examples, "ci", None))).record)
 
 
@@ -63,9 +63,8 @@ def test_broken_kernel_fails_for_its_reason(tmp_path, kernel, cell_id, functiona
 def test_wrong_fake_implementation_fails_opcheck(tmp_path, fake):
     outcome = _run(tmp_path, f"{BUGS}:functional", "decode-bf16-tp1-torch_compile-cpu", True, examples=5)
     assert outcome["status"] == "passed", outcome  # the same kernel with a derived fake is fine
-    plan = rms_norm_plan(tmp_path, f"{BUGS}:functional", functional=True, dtype="[bf16]",
-                         graph_mode="[torch_compile]")
-    plan.write_text(plan.read_text().replace("  outputs: [y]", f"  outputs: [y]\n  fake: {BUGS}:{fake}"))
+    plan = rms_norm_plan(tmp_path, f"{BUGS}:functional", functional=True, op={"fake": f"{BUGS}:{fake}"},
+                         matrix={"dtype": ["bf16"], "graph_mode": ["torch_compile"]})
     outcome = to_json(run_cell(CellTask.load(plan, "decode-bf16-tp1-torch_compile-cpu", CI)).record)
     assert outcome["status"] == "failed" and "opcheck failed" in outcome["reason"], outcome
 
@@ -76,7 +75,7 @@ def test_correct_kernel_passes(tmp_path, cell_id):
     # Batches of at most 512 tokens: the interpreter runs one program per row, and the default 8192 made the
     # chunked-prefill cell take 49 s on a 2-core machine; the kernel's rows do not depend on how many there are.
     outcome = _run(tmp_path, f"{BUGS}:correct", cell_id, False, examples=10,
-                   numerics="{max_num_batched_tokens: 512, prefill_tokens: [128, 512]}")
+                   numerics={"max_num_batched_tokens": 512, "prefill_tokens": [128, 512]})
     assert outcome["status"] == "passed", outcome["reason"]
     assert outcome["examples"] >= 5
     assert outcome["error"]["max_abs"] <= outcome["tolerance"]["atol"] + 1.0  # recorded, finite

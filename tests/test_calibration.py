@@ -37,9 +37,9 @@ def test_a_mutant_with_an_edit_that_no_longer_applies_is_refused():
 
 
 def test_a_correct_mutant_passes_on_a_cpu_machine(tmp_path):
-    path = rms_norm_plan(tmp_path, "tests.calibration.kernels:rms_norm_two_pass", phase="[prefill]", dtype="[bf16]",
-                         hidden="[1024]", numerics="{examples: 3, prefill_tokens: [64, 128]}")
-    path.write_text(path.read_text().replace("  sizes:", "  reduction: row_scale\n  sizes:"))
+    path = rms_norm_plan(tmp_path, "tests.calibration.kernels:rms_norm_two_pass", op={"reduction": "row_scale"},
+                         matrix={"phase": ["prefill"], "dtype": ["bf16"]}, hidden=[1024],
+                         numerics={"examples": 3, "prefill_tokens": [64, 128]})
     rec = run_cell(CellTask.load(path, "prefill-bf16-tp1-eager-cpu", RunSettings(3, "ci", None))).record
     assert rec.status == Status.PASSED, rec
     assert rec.readings["row_shift"] <= 4, rec

@@ -25,59 +25,66 @@ from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.rendering.plugin_source import render_plugin
-from tests.plans import rms_norm_plan
+from tests.plans import rms_norm_args, rms_norm_plan, write_plan
 from tests.test_vllm_ops import _ruff
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = Hardware("cpu", "cpu", "test cpu", 0, 2)
 CI = RunSettings(examples=25, profile="ci", database=None)
 BUGS = "tests.broken.contract_bugs"
-CONTRACT_LINE = 12  # where contract_plan puts op.contract (after op.outputs)
 
 
-RMS_VLLM = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
+RMS_VLLM = {"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm", "ir_op": "rms_norm"}
 
 
-def contract_plan(tmp_path: Path, contract: str, **kw) -> Path:
-    """The small RMSNorm plan of tests.plans with `contract` (YAML, indented under op.contract) added."""
-    path = rms_norm_plan(tmp_path, **kw)
-    block = "\n".join("    " + line for line in contract.strip().splitlines())
-    path.write_text(path.read_text().replace("  outputs: [out]\n", f"  outputs: [out]\n  contract:\n{block}\n", 1))
-    return path
+def contract_plan(tmp_path: Path, contract: dict, op: dict | None = None, **kw) -> Path:
+    """The small RMSNorm plan of tests.plans with `contract` as its op.contract (a key a line, after op.sizes)."""
+    return rms_norm_plan(tmp_path, op={**(op or {}), "contract": contract}, **kw)
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def contract_line(path: Path) -> int:
+    """The line of op.contract in the plan file (its keys are on the lines after it)."""
+    return _line_of(path, "  contract:")
 
 
 # ---------------------------------------------------------------- validation
 
 
-# (contract, plan keywords, field, line, words the message must contain)
+# (contract, plan keywords, field, its line counted from op.contract's (1: the contract's first key, on a line of its
+# own; 0: a contract of plain values, written on op.contract's line), words the message must contain)
 MALFORMED = [
-    ("contigous: [x]", {}, "op.contract.contigous", 13, "one of the keys contiguous, row_stride_multiple_of"),
-    ("contiguous: [y]", {}, "op.contract.contiguous[0]", 13, "one of out, x, weight"),
-    ("contiguous: [eps]", {}, "op.contract.contiguous[0]", 13, "one of out, x, weight"),
-    ("multiple_of: {hiden: 8}", {}, "op.contract.multiple_of.hiden", 13, "one of the keys hidden"),
-    ("at_most: {hidden: 0}", {}, "op.contract.at_most.hidden", 13, "a positive integer"),
-    ("row_stride_multiple_of: {x: true}", {}, "op.contract.row_stride_multiple_of.x", 13, "a positive integer"),
-    ("row_stride_multiple_of: {weight: 8}", {}, "op.contract.row_stride_multiple_of.weight", 13,
+    ({"contigous": ["x"]}, {}, "op.contract.contigous", 1, "one of the keys contiguous, row_stride_multiple_of"),
+    ({"contiguous": ["y"]}, {}, "op.contract.contiguous[0]", 1, "one of out, x, weight"),
+    ({"contiguous": ["eps"]}, {}, "op.contract.contiguous[0]", 1, "one of out, x, weight"),
+    ({"multiple_of": {"hiden": 8}}, {}, "op.contract.multiple_of.hiden", 1, "one of the keys hidden"),
+    ({"at_most": {"hidden": 0}}, {}, "op.contract.at_most.hidden", 1, "a positive integer"),
+    ({"row_stride_multiple_of": {"x": True}}, {}, "op.contract.row_stride_multiple_of.x", 1, "a positive integer"),
+    ({"row_stride_multiple_of": {"weight": 8}}, {}, "op.contract.row_stride_multiple_of.weight", 1,
      "a tensor of 2 or more dimensions"),
-    ("dtypes: [fp16]", {}, "op.contract.dtypes[0]", 13, "one of fp32"),
-    ("dtypes: []", {}, "op.contract.dtypes", 13, "at least one dtype of matrix.dtype"),
-    ("why: 3", {}, "op.contract.why", 13, "text"),
-    ("at_least: {hidden: 256}\nat_most: {hidden: 128}", {}, "op.contract.at_most.hidden", 14,
+    ({"dtypes": ["fp16"]}, {}, "op.contract.dtypes[0]", 1, "one of fp32"),
+    ({"dtypes": []}, {}, "op.contract.dtypes", 1, "at least one dtype of matrix.dtype"),
+    ({"why": 3}, {}, "op.contract.why", 0, "text"),
+    ({"at_least": {"hidden": 256}, "at_most": {"hidden": 128}}, {}, "op.contract.at_most.hidden", 2,
      "at least op.contract.at_least.hidden (256)"),
     # contradictions: nothing of the plan's is left to draw
-    ("multiple_of: {hidden: 8}", {"hidden": "[63, 127]"}, "op.contract.multiple_of.hidden", 13,
+    ({"multiple_of": {"hidden": 8}}, {"hidden": [63, 127]}, "op.contract.multiple_of.hidden", 1,
      "a constraint that a size of op.sizes.hidden (63, 127) meets"),
-    ("at_least: {hidden: 256}", {}, "op.contract.at_least.hidden", 13, "a size of op.sizes.hidden (64, 128)"),
-    ("multiple_of: {hidden: 8}", {"numerics": "{examples: 20, cpu_sizes: {hidden: [63]}}"},
-     "op.contract.multiple_of.hidden", 13, "a size of numerics.cpu_sizes.hidden (63)"),
-    ("contiguous: [x]\nrow_stride_multiple_of: {x: 8}", {"hidden": "[63, 127]"},
-     "op.contract.row_stride_multiple_of.x", 14, "a multiple that x's rows (hidden wide, drawn contiguous only)"),
+    ({"at_least": {"hidden": 256}}, {}, "op.contract.at_least.hidden", 1, "a size of op.sizes.hidden (64, 128)"),
+    ({"multiple_of": {"hidden": 8}}, {"numerics": {"examples": 20, "cpu_sizes": {"hidden": [63]}}},
+     "op.contract.multiple_of.hidden", 1, "a size of numerics.cpu_sizes.hidden (63)"),
+    ({"contiguous": ["x"], "row_stride_multiple_of": {"x": 8}}, {"hidden": [63, 127]},
+     "op.contract.row_stride_multiple_of.x", 2, "a multiple that x's rows (hidden wide, drawn contiguous only)"),
 ]
 
 
-@pytest.mark.parametrize("contract, plan_kw, field, line, words", MALFORMED, ids=[m[2] for m in MALFORMED])
-def test_a_bad_contract_is_a_plan_error_at_its_line(tmp_path, contract, plan_kw, field, line, words):
+@pytest.mark.parametrize("contract, plan_kw, field, key, words", MALFORMED, ids=[m[2] for m in MALFORMED])
+def test_a_bad_contract_is_a_plan_error_at_its_line(tmp_path, contract, plan_kw, field, key, words):
     path = contract_plan(tmp_path, contract, **plan_kw)
+    line = contract_line(path) + key
     with pytest.raises(PlanError) as exc:
         load_plan(path)
     assert (exc.value.field, exc.value.line) == (field, line), str(exc.value)
@@ -85,47 +92,42 @@ def test_a_bad_contract_is_a_plan_error_at_its_line(tmp_path, contract, plan_kw,
 
 
 def test_contiguous_for_a_tensor_the_plan_draws_only_strided_is_an_error(tmp_path):
-    path = contract_plan(tmp_path, "contiguous: [x]")
-    path.write_text(path.read_text().replace("layout: [contiguous, strided]", "layout: [strided]"))
-    with pytest.raises(PlanError, match=r":13: op.contract.contiguous\[0\]: expected a tensor the plan draws "
-                                        r"contiguous \(op.args.x.layout lists contiguous\); found 'x'"):
+    args = rms_norm_args()
+    args["x"]["layout"] = ["strided"]
+    path = contract_plan(tmp_path, {"contiguous": ["x"]}, op={"args": args})
+    with pytest.raises(PlanError, match=rf":{contract_line(path) + 1}: op.contract.contiguous\[0\]: expected a tensor "
+                                        r"the plan draws contiguous \(op.args.x.layout lists contiguous\); found 'x'"):
         load_plan(path)
 
 
-@pytest.mark.parametrize("entry, field, words", [
-    ("{picky: {path: tests.baselines:rms_norm_into, contract: {multiple_of: {hiddn: 8}}}}",
-     "benchmark.baselines[0].picky.contract.multiple_of.hiddn", "one of the keys hidden"),
-    ("{picky: {contract: {}}}", "benchmark.baselines[0].picky.path", "this key to be present"),
-    ("{picky: {path: 'not a path'}}", "benchmark.baselines[0].picky.path", "an import path"),
-    ("{picky: {path: tests.baselines:rms_norm_into, contract: {dtypes: [bf16]}}}",
-     "benchmark.baselines[0].picky.contract.dtypes[0]", "one of fp32"),
+@pytest.mark.parametrize("entry, field, at, words", [
+    ({"picky": {"path": "tests.baselines:rms_norm_into", "contract": {"multiple_of": {"hiddn": 8}}}},
+     "benchmark.baselines[0].picky.contract.multiple_of.hiddn", "multiple_of: {hiddn: 8}", "one of the keys hidden"),
+    ({"picky": {"contract": {}}}, "benchmark.baselines[0].picky.path", "- picky:", "this key to be present"),
+    ({"picky": {"path": "not a path"}}, "benchmark.baselines[0].picky.path", "- picky: {path: not a path}",
+     "an import path"),
+    ({"picky": {"path": "tests.baselines:rms_norm_into", "contract": {"dtypes": ["bf16"]}}},
+     "benchmark.baselines[0].picky.contract.dtypes[0]", "dtypes: [bf16]", "one of fp32"),
 ])
-def test_a_bad_baseline_contract_is_a_plan_error(tmp_path, entry, field, words):
-    path = rms_norm_plan(tmp_path, extra=f"benchmark: {{decode: [4], baselines: [{entry}]}}\n")
+def test_a_bad_baseline_contract_is_a_plan_error(tmp_path, entry, field, at, words):
+    """`at`: the text of the line the error names."""
+    path = rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": [entry]})
     with pytest.raises(PlanError) as exc:
         load_plan(path)
-    assert exc.value.field == field and exc.value.line == _line_of(path, "benchmark:"), str(exc.value)
+    assert exc.value.field == field and exc.value.line == _line_of(path, at), (str(exc.value), path.read_text())
     assert words in str(exc.value), str(exc.value)
 
 
-def _line_of(path: Path, text: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
-
-
 def test_a_contract_loads_as_written(tmp_path):
-    plan = load_plan(contract_plan(tmp_path, """\
-contiguous: [weight]
-row_stride_multiple_of: {x: 8}
-multiple_of: {hidden: 8}
-at_least: {hidden: 16}
-at_most: {hidden: 16384}
-dtypes: [bf16, fp16]
-why: "vectorised 16-byte loads"
-""", dtype="[fp32, bf16, fp16]"))
-    c = plan.contract
+    path = contract_plan(tmp_path, {"contiguous": ["weight"], "row_stride_multiple_of": {"x": 8},
+                                    "multiple_of": {"hidden": 8}, "at_least": {"hidden": 16},
+                                    "at_most": {"hidden": 16384}, "dtypes": ["bf16", "fp16"],
+                                    "why": "vectorised 16-byte loads"},
+                         matrix={"dtype": ["fp32", "bf16", "fp16"]})
+    c = load_plan(path).contract
     assert (c.contiguous, c.row_stride_multiple_of, c.multiple_of) == (("weight",), (("x", 8),), (("hidden", 8),))
     assert (c.at_least, c.at_most, c.dtypes, c.line) == ((("hidden", 16),), (("hidden", 16384),), ("bf16", "fp16"),
-                                                        CONTRACT_LINE)
+                                                        contract_line(path))
     assert c.describe() == ("weight contiguous; x's row stride a multiple of 8 elements; hidden a multiple of 8; "
                             "hidden at least 16; hidden at most 16384; dtypes bf16, fp16")
     assert load_plan(ROOT / "plan.yaml").contract.empty
@@ -151,13 +153,10 @@ DECODE_BF16 = Cell("decode", "bf16", 1, "eager", "cpu")
 
 
 def test_drawn_inputs_keep_to_sizes_strides_and_contiguity(tmp_path):
-    plan = load_plan(contract_plan(tmp_path, """\
-contiguous: [weight]
-row_stride_multiple_of: {x: 8}
-multiple_of: {hidden: 8}
-at_least: {hidden: 16}
-at_most: {hidden: 96}
-""", dtype="[bf16]", hidden="[64, 128]"))
+    plan = load_plan(contract_plan(tmp_path, {"contiguous": ["weight"], "row_stride_multiple_of": {"x": 8},
+                                              "multiple_of": {"hidden": 8}, "at_least": {"hidden": 16},
+                                              "at_most": {"hidden": 96}},
+                                   matrix={"dtype": ["bf16"]}, hidden=[64, 128]))
     drawn = _draw_all(plan, DECODE_BF16)
     hiddens, strided = set(), 0
     for ex, values in drawn:
@@ -174,20 +173,21 @@ at_most: {hidden: 96}
 
 
 def test_rows_are_padded_to_the_row_stride_and_contiguous_tensors_stay_contiguous(tmp_path):
-    plan = load_plan(contract_plan(tmp_path, "row_stride_multiple_of: {x: 8}", dtype="[bf16]"))
+    plan = load_plan(contract_plan(tmp_path, {"row_stride_multiple_of": {"x": 8}}, matrix={"dtype": ["bf16"]}))
     odd = 0
     for ex, values in _draw_all(plan, DECODE_BF16):
         assert values["x"].stride(-2) % 8 == 0, ex.describe()
         odd += values["x"].shape[-1] % 2  # awkward widths are still drawn: padded to the multiple
     assert odd
-    plan = load_plan(contract_plan(tmp_path, "contiguous: [x]\nrow_stride_multiple_of: {x: 8}", dtype="[bf16]"))
+    plan = load_plan(contract_plan(tmp_path, {"contiguous": ["x"], "row_stride_multiple_of": {"x": 8}},
+                                   matrix={"dtype": ["bf16"]}))
     for ex, values in _draw_all(plan, DECODE_BF16):  # contiguous only: its width is drawn a multiple of 8
         assert values["x"].is_contiguous() and values["x"].shape[-1] % 8 == 0, ex.describe()
 
 
 def test_without_a_contract_the_same_plan_draws_what_a_contract_rules_out(tmp_path):
     """The checks above can fail: the same plan with no contract draws odd widths and odd row strides."""
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16]"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["bf16"]}))
     drawn = _draw_all(plan, DECODE_BF16)
     assert any(v["x"].shape[-1] % 8 for _, v in drawn)
     assert any(v["x"].stride(-2) % 8 for _, v in drawn)
@@ -196,7 +196,7 @@ def test_without_a_contract_the_same_plan_draws_what_a_contract_rules_out(tmp_pa
 
 def test_a_shrink_after_a_fault_tries_only_examples_inside_the_contract(tmp_path):
     """A fault on strided x only: shrinking its row padding passes paddings the contract rules out, untried."""
-    plan = load_plan(contract_plan(tmp_path, "row_stride_multiple_of: {x: 8}\nmultiple_of: {hidden: 8}"))
+    plan = load_plan(contract_plan(tmp_path, {"row_stride_multiple_of": {"x": 8}, "multiple_of": {"hidden": 8}}))
     cell = Cell("decode", "fp32", 1, "eager", "cpu")
     start = next(ex for ex, _ in _draw_all(plan, cell, 100) if ex.layouts["x"][0] == "strided"
                  and ex.layouts["x"][1] > 8)
@@ -216,24 +216,25 @@ def test_a_shrink_after_a_fault_tries_only_examples_inside_the_contract(tmp_path
 
 
 CASES = [  # (kernel, its contract, contracts that leave out what it needs)
-    ("packed_rows", "contiguous: [x]\nmultiple_of: {hidden: 8}", ["multiple_of: {hidden: 8}", "contiguous: [x]", None]),
-    ("stride_in_vectors", "row_stride_multiple_of: {x: 8}", [None]),
+    ("packed_rows", {"contiguous": ["x"], "multiple_of": {"hidden": 8}},
+     [{"multiple_of": {"hidden": 8}}, {"contiguous": ["x"]}, None]),
+    ("stride_in_vectors", {"row_stride_multiple_of": {"x": 8}}, [None]),
 ]
 
 
 @pytest.mark.parametrize("kernel, contract, weaker", CASES, ids=[c[0] for c in CASES])
 def test_a_kernel_passes_inside_its_contract_and_fails_without_it(tmp_path, kernel, contract, weaker):
-    def run(text):
-        path = contract_plan(tmp_path, text, kernel=f"{BUGS}:{kernel}") if text else \
+    def run(contract):
+        path = contract_plan(tmp_path, contract, kernel=f"{BUGS}:{kernel}") if contract else \
             rms_norm_plan(tmp_path, kernel=f"{BUGS}:{kernel}")
         return to_json(run_cell(CellTask.load(path, "decode-fp32-tp1-eager-cpu", CI)).record)
 
     inside = run(contract)
     assert inside["status"] == "passed", inside["reason"]
     assert inside["facts"]["contract"] == load_plan(contract_plan(tmp_path, contract)).contract.describe()
-    for text in weaker:
-        outside = run(text)
-        assert outside["status"] == "failed", (text, outside)
+    for contract in weaker:
+        outside = run(contract)
+        assert outside["status"] == "failed", (contract, outside)
         assert outside["minimal_example"].startswith("num_tokens="), outside
 
 
@@ -241,37 +242,39 @@ def test_a_kernel_passes_inside_its_contract_and_fails_without_it(tmp_path, kern
 
 
 def test_cells_of_a_dtype_outside_the_contract_are_excluded(tmp_path):
-    path = contract_plan(tmp_path, 'dtypes: [bf16]\nwhy: "bf16 loads only"', dtype="[fp32, bf16]",
-                         extra="benchmark: {decode: [4], baselines: [native]}\n")
+    path = contract_plan(tmp_path, {"dtypes": ["bf16"], "why": "bf16 loads only"}, matrix={"dtype": ["fp32", "bf16"]},
+                         benchmark={"decode": [4], "baselines": ["native"]})
     plan = load_plan(path)
     fp32 = decide(plan, Cell("decode", "fp32", 1, "eager", "cpu"), CPU, 4)
     assert fp32.status == Status.EXCLUDED
-    assert fp32.reason == f"outside the kernel's contract (line {CONTRACT_LINE}): dtypes bf16 (bf16 loads only)"
+    assert fp32.reason == f"outside the kernel's contract (line {contract_line(path)}): dtypes bf16 (bf16 loads only)"
     assert decide(plan, Cell("decode", "bf16", 1, "eager", "cpu"), CPU, 4).status is None
     specs = {s.dtype: s for s in bench.bench_specs(plan, "cpu")}
     assert bench.skip_reason(plan, specs["fp32"], CPU) == fp32.reason
     assert bench.skip_reason(plan, specs["bf16"], CPU) == ""
     # an exclude rule still wins over the contract
-    path.write_text(path.read_text() + "exclude: [{dtype: fp32, why: not wanted}]\n")
+    write_plan(path, path, exclude=[{"dtype": "fp32", "why": "not wanted"}])
     assert "excluded by the plan" in decide(load_plan(path), Cell("decode", "fp32", 1, "eager", "cpu"), CPU, 4).reason
 
 
 def test_an_expect_rule_only_on_dtypes_outside_the_contract_is_a_warning(tmp_path):
-    path = contract_plan(tmp_path, "dtypes: [bf16]", dtype="[fp32, bf16]",
-                         extra="expect: [{dtype: fp32, why: tracked}]\n")
+    path = contract_plan(tmp_path, {"dtypes": ["bf16"]}, matrix={"dtype": ["fp32", "bf16"]},
+                         expect=[{"dtype": "fp32", "why": "tracked"}])
     assert any("expect[0]" in w for w in load_plan(path).warnings)
 
 
 # ---------------------------------------------------------------- benchmarks
 
 
-BASELINES = ("benchmark: {decode: [4], baselines: [native, {ref_into: tests.baselines:rms_norm_into},\n"
-             "  {picky: {path: tests.baselines:rms_norm_into,\n"
-             "           contract: {multiple_of: {hidden: 128}, dtypes: [fp32]}}}]}\n")
+def baselines(picky_dtypes=("fp32",)) -> dict:
+    """A benchmark section with two named baselines, one of them (picky) with a contract."""
+    picky = {"path": "tests.baselines:rms_norm_into",
+             "contract": {"multiple_of": {"hidden": 128}, "dtypes": list(picky_dtypes)}}
+    return {"decode": [4], "baselines": ["native", {"ref_into": "tests.baselines:rms_norm_into"}, {"picky": picky}]}
 
 
 def test_shapes_outside_a_baselines_contract_are_not_timed_for_it_on_cpu(tmp_path):
-    path = rms_norm_plan(tmp_path, hidden="[64, 128]", extra=BASELINES)
+    path = rms_norm_plan(tmp_path, hidden=[64, 128], benchmark=baselines())
     plan = load_plan(path)
     assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
                                     ("picky", "tests.baselines:rms_norm_into"))
@@ -289,8 +292,8 @@ def test_shapes_outside_a_baselines_contract_are_not_timed_for_it_on_cpu(tmp_pat
 
 
 def test_shapes_outside_the_kernels_contract_are_not_benchmarked(tmp_path):
-    plan = load_plan(contract_plan(tmp_path, "at_most: {hidden: 64}\nrow_stride_multiple_of: {x: 128}",
-                                   hidden="[64, 128]", extra="benchmark: {decode: [4], baselines: [native]}\n"))
+    plan = load_plan(contract_plan(tmp_path, {"at_most": {"hidden": 64}, "row_stride_multiple_of": {"x": 128}},
+                                   hidden=[64, 128], benchmark={"decode": [4], "baselines": ["native"]}))
     specs = {s.sizes_dict["hidden"]: s for s in bench.bench_specs(plan, "cpu")}
     assert bench.skip_reason(plan, specs[128], CPU) == "outside the kernel's contract: hidden 128 is above 64"
     assert bench.skip_reason(plan, specs[64], CPU) == \
@@ -302,33 +305,30 @@ def test_shapes_outside_the_kernels_contract_are_not_benchmarked(tmp_path):
 
 
 def test_the_report_lists_the_contracts_among_the_constraints(tmp_path):
-    path = contract_plan(tmp_path, 'contiguous: [x]\nmultiple_of: {hidden: 8}\ndtypes: [bf16]\nwhy: "16-byte loads"',
-                         dtype="[fp32, bf16]", extra=BASELINES.replace("dtypes: [fp32]", "dtypes: [bf16]"))
+    path = contract_plan(tmp_path, {"contiguous": ["x"], "multiple_of": {"hidden": 8}, "dtypes": ["bf16"],
+                                    "why": "16-byte loads"},
+                         matrix={"dtype": ["fp32", "bf16"]}, benchmark=baselines(picky_dtypes=["bf16"]))
     text, _ = report.render(load_plan(path), tmp_path / "reports" / "rms_norm")
     constraints = text[text.index("## Constraints and assumptions"):text.index("## High-level design")]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in constraints.splitlines()
             if line.startswith("| ")}
     assert rows["Kernel contract"] == f"x contiguous; hidden a multiple of 8; dtypes bf16: 16-byte loads " \
-                                      f"(plan line {CONTRACT_LINE})"
+                                      f"(plan line {contract_line(path)})"
     assert rows["Contract of the baseline picky"] == \
-        f"hidden a multiple of 128; dtypes bf16 (plan line {_line_of(path, 'contract: {multiple_of')})"
-    assert f"outside the kernel's contract (line {CONTRACT_LINE}): dtypes bf16 (16-byte loads)" in text  # fp32 cells
+        f"hidden a multiple of 128; dtypes bf16 (plan line {_line_of(path, '      contract:')})"
+    assert f"outside the kernel's contract (line {contract_line(path)}): dtypes bf16 (16-byte loads)" in text  # fp32
 
 
 # ---------------------------------------------------------------- the vLLM plugin
 
 
 def test_the_plugin_checks_the_contract_after_its_own_checks(tmp_path):
-    plan = load_plan(contract_plan(tmp_path, """\
-contiguous: [x, out]
-row_stride_multiple_of: {x: 8}
-multiple_of: {hidden: 8}
-at_most: {hidden: 16384}
-dtypes: [bf16, fp16]
-why: vectorised 16-byte loads
-""", dtype="[bf16, fp16]", extra=RMS_VLLM))
-    text = render_plugin(plan)
-    assert (f"    # op.contract (plan.yaml line {CONTRACT_LINE}): vectorised 16-byte loads\n"
+    path = contract_plan(tmp_path, {"contiguous": ["x", "out"], "row_stride_multiple_of": {"x": 8},
+                                    "multiple_of": {"hidden": 8}, "at_most": {"hidden": 16384},
+                                    "dtypes": ["bf16", "fp16"], "why": "vectorised 16-byte loads"},
+                         matrix={"dtype": ["bf16", "fp16"]}, vllm=RMS_VLLM)
+    text = render_plugin(load_plan(path))
+    assert (f"    # op.contract (plan.yaml line {contract_line(path)}): vectorised 16-byte loads\n"
             "    # out: allocated contiguous by run_kernel\n"
             "    return (x.dim() == 2 and x.stride(-1) == 1\n"
             "            and weight.dim() == 1 and weight.stride(-1) == 1 and weight.dtype == x.dtype\n"
@@ -344,10 +344,8 @@ why: vectorised 16-byte loads
 
 
 def test_a_symbol_with_a_coefficient_is_read_off_the_shape(tmp_path):
-    path = tmp_path / "silu.yaml"
-    text = (ROOT / "kernels" / "plans" / "silu_and_mul.yaml").read_text()
-    contract = "  contract: {multiple_of: {intermediate: 64}, row_stride_multiple_of: {out: 8}}\n"
-    path.write_text(text.replace("  outputs: [out]\n", "  outputs: [out]\n" + contract, 1))
+    path = write_plan(tmp_path / "silu.yaml", ROOT / "kernels" / "plans" / "silu_and_mul.yaml",
+                      op={"contract": {"multiple_of": {"intermediate": 64}, "row_stride_multiple_of": {"out": 8}}})
     rendered = render_plugin(load_plan(path))
     assert ("return (x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] % 2 == 0\n"
             "            and (x.shape[-1] // 2) % 8 == 0\n            and (x.shape[-1] // 2) % 64 == 0)") in rendered
@@ -376,8 +374,9 @@ print(json.dumps({k: m.supports(x, weight, 1e-6) for k, (x, weight) in calls.ite
 @pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
 def test_the_rendered_plugin_rejects_calls_outside_the_contract(tmp_path):
     """In a fresh process (the plugin registers its op with torch.library, as vLLM would load it)."""
-    plan = load_plan(contract_plan(tmp_path, "contiguous: [x]\nmultiple_of: {hidden: 8}\nat_most: {hidden: 16384}\n"
-                                   "dtypes: [bf16]", dtype="[fp32, bf16]", extra=RMS_VLLM))
+    plan = load_plan(contract_plan(tmp_path, {"contiguous": ["x"], "multiple_of": {"hidden": 8},
+                                              "at_most": {"hidden": 16384}, "dtypes": ["bf16"]},
+                                   matrix={"dtype": ["fp32", "bf16"]}, vllm=RMS_VLLM))
     (tmp_path / "plugin.py").write_text(render_plugin(plan))
     proc = subprocess.run([sys.executable, "-c", _SUPPORTS, str(tmp_path / "plugin.py")], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

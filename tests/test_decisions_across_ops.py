@@ -18,38 +18,16 @@ from harness.spec.load import load_plan
 from harness.spec.vllm_defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, SWITCHES, vllm_default
 from harness.spec.vllm_ops import profile_setting
 from harness.spec.vllm_schemas import VLLM_KERNELS
+from tests.plans import small_plan
 from tests.test_report import bench, cell, machine, render, write_results
 
 FAST = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0),
         "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
 
 
-def tp_plan(tmp_path: Path, tp="[1, 2]"):
+def tp_plan(tmp_path: Path, tp=(1, 2)):
     """rms_norm on decode and prefill, bf16, eager, sm90, at the TP sizes given."""
-    path = tmp_path / "tp.yaml"
-    path.write_text(f"""\
-op:
-  name: rms_norm
-  intent: drop-in
-  kernel: kernels.rms_norm:rms_norm
-  reference: kernels.rms_norm:rms_norm_ref
-  args:
-    out: {{shape: [num_tokens, hidden], dtype: act, role: output}}
-    x: {{shape: [num_tokens, hidden], dtype: act}}
-    weight: {{shape: [hidden], dtype: act, init: around_one}}
-    eps: 1.0e-6
-  outputs: [out]
-  sizes: {{hidden: [4096]}}
-matrix:
-  phase: [decode, prefill]
-  dtype: [bf16]
-  tp: {tp}
-  graph_mode: [eager]
-  sm: [sm90]
-vllm: {{route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm, in_tree_provider: vllm_c}}
-benchmark: {{decode: [64], prefill: [2048], baselines: [native, compiled, vllm]}}
-""")
-    return load_plan(path)
+    return small_plan(tmp_path, name="tp.yaml", op={"replaces": None}, matrix={"tp": list(tp)})
 
 
 def one_gpu_results(op_dir: Path, tp2: str = "not_run", benchmarks=FAST) -> None:
@@ -104,7 +82,7 @@ def test_tp_sizes_that_agree_give_one_verdict_and_a_failure_blocks_its_tp_size_o
 
 
 def test_several_tp_sizes_not_run_here_are_named_once_per_sm(tmp_path):
-    plan = tp_plan(tmp_path, tp="[1, 2, 4]")
+    plan = tp_plan(tmp_path, tp=(1, 2, 4))
     op_dir = tmp_path / "a" / "rms_norm"
     cells = {}
     for phase in ("decode", "prefill"):

@@ -62,9 +62,9 @@ def served(tmp_path_factory):
     plans = [load_plan(p) for p in PLANS]
     (tmp / "weightless.py").write_text(WEIGHTLESS)
     # plan.yaml's route; the adapter (the op's vLLM side) stays the bundled kernel's module: only the kernel is broken
-    route = ('vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm, '
-             'custom_op: rms_norm, in_tree_provider: vllm_c, adapter: kernels.rms_norm}\n')
-    broken = load_plan(rms_norm_plan(tmp, kernel="weightless:weight_ignored", extra=route))
+    route = {"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm", "ir_op": "rms_norm",
+             "custom_op": "rms_norm", "in_tree_provider": "vllm_c", "adapter": "kernels.rms_norm"}
+    broken = load_plan(rms_norm_plan(tmp, kernel="weightless:weight_ignored", vllm=route))
     with ThreadPoolExecutor(max_workers=2) as pool:
         pair = pool.submit(serve_with_and_without, plans, tmp / "good", False)
         bad = pool.submit(engine.run_engine, [broken], tmp / "broken", False, one_process=True)  # its tokens matter

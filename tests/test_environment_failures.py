@@ -251,7 +251,7 @@ def test_a_misspelt_import_is_still_an_invalid_plan_at_its_line(tmp_path, monkey
 def test_a_cuda_only_plan_runs_on_a_cpu_machine_instead_of_being_invalid(tmp_path):
     """The run goes on (no "invalid plan", exit 4): the cells say why, and the report is written."""
     _module(tmp_path, "gpu_side", "import torch\n\ntorch.zeros(1, device='cuda')  # as a module that sets up at import")
-    plan = rms_norm_plan(tmp_path, "gpu_side:rms_norm", sm="[cpu, sm90]")
+    plan = rms_norm_plan(tmp_path, "gpu_side:rms_norm", matrix={"sm": ["cpu", "sm90"]})
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan),
                            "--plan-profile", "ci", "--reports-dir", str(reports), "-p", "no:cacheprovider", "-q",

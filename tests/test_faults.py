@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.plans import cpu_machine_only
+from tests.plans import cpu_machine_only, write_plan
 from tests.plans import read_results as load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,9 +27,9 @@ def _env() -> dict:
 
 @cpu_machine_only
 def test_crash_and_hang_fail_their_cells_and_the_rest_still_runs(tmp_path):
-    plan = tmp_path / "faulty_plan.yaml"
-    plan.write_text(FAULTY_PLAN.read_text().replace("phase: [decode, prefill]", "phase: [decode]")
-                    .replace("timeout_s: 40", "timeout_s: 8"))  # the hung cell spins a core for all of it
+    # timeout_s 8, not 40: the hung cell spins a core for all of it
+    plan = write_plan(tmp_path / "faulty_plan.yaml", FAULTY_PLAN, matrix={"phase": ["decode"]},
+                      numerics={"timeout_s": 8})
     reports = tmp_path / "reports"
     proc = subprocess.run(_pytest(plan, reports, "-q"), cwd=tmp_path, env=_env(), capture_output=True, text=True,
                           timeout=600)
@@ -74,8 +74,8 @@ def _running(pid: int) -> bool:
 def _slow_plan(tmp_path: Path) -> Path:
     from tests.plans import rms_norm_plan
 
-    return rms_norm_plan(tmp_path, phase="[decode, prefill, chunked_prefill]", dtype="[fp32, fp16, bf16]",
-                         numerics="{examples: 6}")
+    return rms_norm_plan(tmp_path, matrix={"phase": ["decode", "prefill", "chunked_prefill"],
+                                           "dtype": ["fp32", "fp16", "bf16"]}, numerics={"examples": 6})
 
 
 def _wait_for_cells(results: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> dict:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from harness.runtime.memcheck import sanitizer
+from tests.plans import read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu_checks_plan.yaml"
@@ -22,8 +23,9 @@ on_gpu = pytest.mark.skipif(not torch.cuda.is_available() or sanitizer() is None
 
 
 def run_plan(tmp_path: Path, kernel: str, layouts: str = "contiguous", *args: str) -> dict:
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(FIXTURE.read_text().replace("KERNEL", kernel).replace("LAYOUTS", layouts))
+    op_args = read_plan(FIXTURE)["op"]["args"]
+    op_args["x"]["layout"] = [layout.strip() for layout in layouts.split(",")]
+    plan = write_plan(tmp_path / "plan.yaml", FIXTURE, op={"kernel": kernel, "args": op_args})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "--plan", str(plan), "--plan-profile",
                     "ci", "--reports-dir", str(tmp_path / "reports"), "-p", "no:cacheprovider", "-q", *args],

@@ -18,54 +18,49 @@ from harness.spec.plan import PlanError
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from tests.plans import cpu_machine_only
+from tests.plans import cpu_machine_only, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
 CI = RunSettings(examples=6, profile="ci", database=None)
 
 
-def narrowed(tmp_path: Path, plan: str, kernel: str | None = None, matrix: str = "") -> Path:
-    """A bundled plan with another kernel and a CPU-only slice of its matrix."""
-    text = (PLANS / f"{plan}.yaml").read_text()
-    if kernel:
-        text = re.sub(r"(?m)^  kernel: .*$", f"  kernel: {kernel}", text)
-    text = re.sub(r"(?m)^matrix:\n(?:  .*\n)+", "matrix:\n" + (matrix or "  phase: [decode, chunked_prefill]\n"
-                  "  dtype: [fp32]\n  tp: [1]\n  graph_mode: [eager]\n  sm: [cpu]\n"), text)
-    text = re.sub(r"(?m)^exclude:\n(?:  .*\n)+", "", text)
-    path = tmp_path / f"{plan}.yaml"
-    path.write_text(text)
-    return path
+CPU_SLICE = {"phase": ["decode", "chunked_prefill"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["eager"],
+             "sm": ["cpu"]}
+
+
+def narrowed(tmp_path: Path, plan: str, kernel: str | None = None, matrix: dict = CPU_SLICE, **sections) -> Path:
+    """A bundled plan with another kernel and a CPU-only slice of its matrix, without its exclude rules."""
+    return write_plan(tmp_path / f"{plan}.yaml", PLANS / f"{plan}.yaml", op={"kernel": kernel} if kernel else {},
+                      matrix=matrix, exclude=None, **sections)
 
 
 # ---------------------------------------------------------------- spec elements and their errors
 
 
-def _plan_with(tmp_path: Path, args: str, sizes: str = "{hidden: [64]}", extra: str = "") -> Path:
-    path = tmp_path / "p.yaml"
-    path.write_text(f"""\
-op:
-  name: probe
-  intent: drop-in
-  kernel: tests.plans:any_call
-  reference: tests.plans:any_call
-  args:
-{args}
-  outputs: [out]
-  sizes: {sizes}
-matrix: {{phase: [decode], dtype: [fp32], tp: [1], graph_mode: [eager], sm: [cpu]}}
-{extra}""")
-    return path
+def _plan_with(tmp_path: Path, args: dict, sizes: dict | None = None, **sections) -> Path:
+    """An op `probe` of the given arguments and sizes (default hidden 64) on one CPU cell; `sections` added."""
+    return write_plan(
+        tmp_path / "p.yaml",
+        op={"name": "probe", "intent": "drop-in", "kernel": "tests.plans:any_call", "reference": "tests.plans:any_call",
+            "args": args, "outputs": ["out"], "sizes": sizes or {"hidden": [64]}},
+        matrix={"phase": ["decode"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["eager"], "sm": ["cpu"]},
+        **sections)
+
+
+def _out(**changes) -> dict:
+    """The probe's one argument, `out` [num_tokens, 4], with `changes` to it."""
+    return {"out": {"shape": ["num_tokens", 4], "dtype": "act", "role": "output", **changes}}
 
 
 def test_shapes_are_expressions_over_symbols_and_scalars_can_be_sizes(tmp_path):
-    plan = load_plan(_plan_with(tmp_path, """\
-    out: {shape: [num_tokens, heads*head], dtype: act, role: output}
-    x: {shape: [num_tokens, heads * head + 2], dtype: act}
-    lens: {shape: [num_seqs + 1], dtype: int32, init: query_start_loc}
-    zero_d: {shape: [], dtype: float32}
-    width: {value: heads*head}
-    maybe: null""", sizes="{heads: {values: [4], awkward: false}, head: {values: [8], awkward: false}}"))
+    plan = load_plan(_plan_with(tmp_path, {
+        "out": {"shape": ["num_tokens", "heads*head"], "dtype": "act", "role": "output"},
+        "x": {"shape": ["num_tokens", "heads * head + 2"], "dtype": "act"},
+        "lens": {"shape": ["num_seqs + 1"], "dtype": "int32", "init": "query_start_loc"},
+        "zero_d": {"shape": [], "dtype": "float32"},
+        "width": {"value": "heads*head"},
+        "maybe": None}, sizes={"heads": {"values": [4], "awkward": False}, "head": {"values": [8], "awkward": False}}))
     assert [str(d) for d in plan.arg("x").shape] == ["num_tokens", "heads * head + 2"]
     assert plan.arg("zero_d").shape == ()
     assert "int width" in plan.schema() and "Tensor? maybe" in plan.schema()
@@ -77,18 +72,12 @@ def test_shapes_are_expressions_over_symbols_and_scalars_can_be_sizes(tmp_path):
 
 
 @pytest.mark.parametrize("args, sizes, field, words", [
-    ("    out: {shape: [num_tokens, heads*nope], dtype: act, role: output}", "{heads: [4]}",
-     "op.args.out.shape[1]", "found 'nope'"),
-    ("    out: {shape: [num_tokens, 4], dtype: fp9, role: output}", "{heads: [4]}",
-     "op.args.out.dtype", "float8_e4m3fn"),
-    ("    out: {shape: [num_tokens, 4], dtype: act, role: output, init: {integers: [0]}}", "{heads: [4]}",
-     "op.args.out.init.integers", "[low, high]"),
-    ("    out: {shape: [num_tokens, 4], dtype: act, role: output, init: sparkly}", "{heads: [4]}",
-     "op.args.out.init", "positions"),
-    ("    out: {shape: [num_tokens, 4], dtype: act, role: output}", "{heads: {values: [4], divides: kv}}",
-     "op.sizes.heads.divides", "another symbol"),
-    ("    out: {shape: [num_tokens, 4], dtype: act, role: output}", "{heads: {values: [3], even: true}}",
-     "op.sizes.heads", "own constraints"),
+    (_out(shape=["num_tokens", "heads*nope"]), {"heads": [4]}, "op.args.out.shape[1]", "found 'nope'"),
+    (_out(dtype="fp9"), {"heads": [4]}, "op.args.out.dtype", "float8_e4m3fn"),
+    (_out(init={"integers": [0]}), {"heads": [4]}, "op.args.out.init.integers", "[low, high]"),
+    (_out(init="sparkly"), {"heads": [4]}, "op.args.out.init", "positions"),
+    (_out(), {"heads": {"values": [4], "divides": "kv"}}, "op.sizes.heads.divides", "another symbol"),
+    (_out(), {"heads": {"values": [3], "even": True}}, "op.sizes.heads", "own constraints"),
 ])
 def test_spec_errors_name_the_field(tmp_path, args, sizes, field, words):
     with pytest.raises(PlanError) as err:
@@ -96,17 +85,18 @@ def test_spec_errors_name_the_field(tmp_path, args, sizes, field, words):
     assert err.value.field == field and words in str(err.value), str(err.value)
 
 
-@pytest.mark.parametrize("extra, field, words", [
-    ("quantization:\n  outputs:\n    out: {scale: nowhere, granularity: per_tensor}\n",
+@pytest.mark.parametrize("sections, field, words", [
+    ({"quantization": {"outputs": {"out": {"scale": "nowhere", "granularity": "per_tensor"}}}},
      "quantization.outputs.out.scale", "an argument or output"),
-    ("quantization:\n  outputs:\n    out: {scale: out, granularity: per_tensor}\n",
+    ({"quantization": {"outputs": {"out": {"scale": "out", "granularity": "per_tensor"}}}},
      "quantization.outputs.out", "quantized dtype"),
-    ("tolerance:\n  outputs:\n    elsewhere: {atol: 0, rtol: 0}\n", "tolerance.outputs.elsewhere", "one of the keys"),
-    ("numerics: {cpu_sizes: {nope: [1]}}\n", "numerics.cpu_sizes.nope", "one of the keys"),
+    ({"tolerance": {"outputs": {"elsewhere": {"atol": 0, "rtol": 0}}}}, "tolerance.outputs.elsewhere",
+     "one of the keys"),
+    ({"numerics": {"cpu_sizes": {"nope": [1]}}}, "numerics.cpu_sizes.nope", "one of the keys"),
 ])
-def test_quantization_tolerance_and_cpu_size_errors(tmp_path, extra, field, words):
+def test_quantization_tolerance_and_cpu_size_errors(tmp_path, sections, field, words):
     with pytest.raises(PlanError) as err:
-        load_plan(_plan_with(tmp_path, "    out: {shape: [num_tokens, hidden], dtype: act, role: output}", extra=extra))
+        load_plan(_plan_with(tmp_path, _out(shape=["num_tokens", "hidden"]), **sections))
     assert err.value.field == field and words in str(err.value), str(err.value)
 
 
@@ -215,7 +205,7 @@ def test_a_kernel_failing_every_input_is_shrunk_below_the_phase_sizes(tmp_path):
     """Hypothesis stops at the phase's fewest tokens (a prefill's 128 here); a kernel that fails every input is
     walked on to the smallest example that fails alike."""
     path = narrowed(tmp_path, "rotary_embedding", "tests.broken.rotary_bugs:key_unrotated",
-                    matrix="  phase: [prefill]\n  dtype: [fp32]\n  tp: [1]\n  graph_mode: [eager]\n  sm: [cpu]\n")
+                    matrix={**CPU_SLICE, "phase": ["prefill"]})
     rec = run_cell(CellTask.load(path, "prefill-fp32-tp1-eager-cpu", RunSettings(3, "ci", None))).record
     assert rec.status == Status.FAILED and "output 'key'" in rec.reason, rec.reason
     # position 0 rotates by nothing, so a key left unrotated fails only from the second token on
@@ -290,16 +280,14 @@ def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(pytester, tm
     cell: the full matrix runs in the nightly job and its results are committed. torch_compile at tp2 runs for
     the row-parallel linear only (a compiled op inside ranks that all-reduce): for the others it adds no code of
     their own to the two cells above, and cost 6-10 s a plan on a 2-core machine."""
-    path = narrowed(tmp_path, plan, matrix="  phase: [chunked_prefill]\n  dtype: [bf16]\n  tp: [1, 2]\n"
-                                          "  graph_mode: [eager, torch_compile]\n  sm: [cpu]\n")
-    if plan in ("paged_attention", "rotary_embedding"):
-        # Batches of at most 64 tokens (decode and prefill tokens still mix; paged contexts still span several
-        # blocks): the interpreter runs a program per few tokens, and the plans' limit of 8192 drew a 336-token
-        # paged-attention batch, 43 of an eager cell's 45 s. The modes and the TP split are what this test runs;
-        # tests/kernels/ and the nightly matrix check the numbers.
-        text = re.sub(r"max_num_batched_tokens: \d+, ", "", path.read_text())
-        small = "numerics: {max_num_batched_tokens: 64, prefill_tokens: [16, 64], "
-        path.write_text(text.replace("numerics: {", small, 1))
+    # Batches of at most 64 tokens for paged attention and RoPE (decode and prefill tokens still mix; paged contexts
+    # still span several blocks): the interpreter runs a program per few tokens, and the plans' limit of 8192 drew a
+    # 336-token paged-attention batch, 43 of an eager cell's 45 s. The modes and the TP split are what this test runs;
+    # tests/kernels/ and the nightly matrix check the numbers.
+    small = {"max_num_batched_tokens": 64, "prefill_tokens": [16, 64]}
+    path = narrowed(tmp_path, plan, matrix={"phase": ["chunked_prefill"], "dtype": ["bf16"], "tp": [1, 2],
+                                            "graph_mode": ["eager", "torch_compile"], "sm": ["cpu"]},
+                    numerics=small if plan in ("paged_attention", "rotary_embedding") else {})
     # In this process: the cells run in the run's own worker processes either way, and a fresh pytest process per
     # plan would import torch, Dynamo (the plan's upcast check) and the harness again, 8 s each on a 2-core machine.
     result = pytester.runpytest_inprocess(
@@ -313,10 +301,7 @@ def test_bundled_plan_passes_eager_and_torch_compile_at_tp1_and_tp2(pytester, tm
 
 
 def test_a_plans_own_generator_replaces_inputs_and_replays_from_the_seed(tmp_path):
-    text = (ROOT / "plan.yaml").read_text().replace("  outputs: [out]\n",
-                                                    "  outputs: [out]\n  generate: tests.plans:ones_for_x\n")
-    (tmp_path / "p.yaml").write_text(text)
-    plan = load_plan(tmp_path / "p.yaml")
+    plan = load_plan(write_plan(tmp_path / "p.yaml", ROOT / "plan.yaml", op={"generate": "tests.plans:ones_for_x"}))
     cell = Cell("decode", "fp32", 1, "eager", "cpu")
     ex = examples(plan, cell, "cpu").example()
     first, again = build_args(plan, cell, ex, "cpu")["x"], build_args(plan, cell, ex, "cpu")["x"]

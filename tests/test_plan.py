@@ -11,6 +11,7 @@ import pytest
 from harness.spec.load import load_plan
 from harness.runtime.resolve import resolve
 from harness.spec.plan import PlanError
+from tests.plans import read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -290,9 +291,7 @@ def test_a_setting_the_run_reads_otherwise_is_warned_at_its_line(tmp_path, what,
 def test_a_path_condition_of_any_comparison_some_cell_reaches_is_not_warned(tmp_path, expr):
     """A path taken at small sizes (a one-pass kernel for short rows, a decode-only branch) is reached too: the
     condition is tried across the sizes and token ranges, not at the largest only."""
-    text = (ROOT / "plan.yaml").read_text()
-    path = tmp_path / "plan.yaml"
-    path.write_text(text.replace('"num_tokens * hidden * act_bytes >= 192 * 2**20"', f'"{expr}"', 1))
+    path = write_plan(tmp_path / "plan.yaml", ROOT / "plan.yaml", op={"paths": {"two_pass": expr}})
     assert not [x for x in load_plan(path).warnings if "op.paths" in x], load_plan(path).warnings
 
 
@@ -311,9 +310,9 @@ def test_a_plan_that_would_mislead_is_an_error_at_its_line(tmp_path, what, plan,
 
 def test_a_named_baseline_whose_package_is_not_installed_here_still_validates(tmp_path):
     """Installed on the GPU machine only: timed there, reported "cannot be imported here" elsewhere."""
-    path = tmp_path / "plan.yaml"
-    path.write_text((ROOT / "plan.yaml").read_text().replace("baselines: [native,",
-                                                            "baselines: [{other: not_installed_pkg.ops:rms}, native,"))
+    baselines = read_plan(ROOT / "plan.yaml")["benchmark"]["baselines"]
+    path = write_plan(tmp_path / "plan.yaml", ROOT / "plan.yaml",
+                      benchmark={"baselines": [{"other": "not_installed_pkg.ops:rms"}, *baselines]})
     assert resolve(load_plan(path)).plan.benchmark.named == (("other", "not_installed_pkg.ops:rms"),)
 
 

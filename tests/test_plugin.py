@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.plans import read_results as load
-from tests.plans import SMALL_BATCHES, cpu_machine_only, rms_norm_plan
+from tests.plans import SMALL_BATCHES, cpu_machine_only, rms_norm_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,11 +37,12 @@ def cells(pytester, op="rms_norm") -> dict:
 
 @cpu_machine_only
 def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, bf16]", tp="[1, 16]",
-                         graph_mode="[eager, cuda_graph]", sm="[cpu, sm90]",
-                         numerics=f"{{examples: 4, {SMALL_BATCHES}}}",
-                         extra='exclude:\n  - {phase: prefill, dtype: bf16, why: "no bf16 prefill | yet"}\n'
-                               'expect:\n  - {phase: decode, dtype: bf16, graph_mode: eager, why: "tracked"}\n')
+    plan = rms_norm_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp32", "bf16"],
+                                                "tp": [1, 16], "graph_mode": ["eager", "cuda_graph"],
+                                                "sm": ["cpu", "sm90"]},
+                         numerics={"examples": 4, **SMALL_BATCHES},
+                         exclude=[{"phase": "prefill", "dtype": "bf16", "why": "no bf16 prefill | yet"}],
+                         expect=[{"phase": "decode", "dtype": "bf16", "graph_mode": "eager", "why": "tracked"}])
     result = run_plan(plan, "-rsxX")
     got = cells(pytester)
     assert len(got) == 2 * 2 * 2 * 2 * 2  # no cell silently disappears
@@ -66,8 +67,8 @@ def test_every_cell_ends_in_one_status_with_its_reason(pytester, run_plan):
 
 @cpu_machine_only
 def test_ids_markers_k_and_junit(pytester, run_plan):
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
-                         numerics=f"{{examples: 3, {SMALL_BATCHES}}}")
+    plan = rms_norm_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp32", "fp16"]},
+                         numerics={"examples": 3, **SMALL_BATCHES})
     collected = run_plan(plan, "--collect-only", "-q").stdout.str()
     assert "plan.yaml::numerics[decode-fp16-tp1-eager-cpu]" in collected
     result = run_plan(plan, "-m", "decode and fp16", "--junitxml", "junit.xml")
@@ -79,7 +80,7 @@ def test_ids_markers_k_and_junit(pytester, run_plan):
 
 @cpu_machine_only
 def test_failure_shows_minimal_example_and_repro_command(pytester, run_plan):
-    plan = rms_norm_plan(pytester.path, "tests.broken.rms_norm_bugs:tail_rows_dropped", numerics="{examples: 20}")
+    plan = rms_norm_plan(pytester.path, "tests.broken.rms_norm_bugs:tail_rows_dropped", numerics={"examples": 20})
     result = run_plan(plan)
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
@@ -92,17 +93,18 @@ def test_failure_shows_minimal_example_and_repro_command(pytester, run_plan):
 
 
 def test_invalid_plan_is_a_usage_error_without_traceback(pytester, run_plan):
-    plan = rms_norm_plan(pytester.path, dtype="[fp32, fp61]")
+    plan = rms_norm_plan(pytester.path, matrix={"dtype": ["fp32", "fp61"]})
     result = run_plan(plan)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
-    assert f"invalid plan: {plan}:15: matrix.dtype[1]: expected one of fp32" in err
+    line = plan.read_text().splitlines().index("  dtype: [fp32, fp61]") + 1
+    assert f"invalid plan: {plan}:{line}: matrix.dtype[1]: expected one of fp32" in err
     assert "Traceback" not in err
 
 
 @cpu_machine_only
 def test_report_command_rebuilds_from_stored_results(pytester, run_plan):
-    plan = rms_norm_plan(pytester.path, numerics="{examples: 3}")
+    plan = rms_norm_plan(pytester.path, numerics={"examples": 3})
     run_plan(plan).assert_outcomes(passed=1)
     report = pytester.path / "reports" / "rms_norm" / "PLAN.md"
     first = report.read_text()
@@ -132,10 +134,8 @@ def test_a_plan_outside_the_repository_imports_from_its_own_folder_and_its_repro
         "def rms_norm_ref(x, weight, eps):\n"
         "    xf = x.float()\n"
         "    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight\n")
-    text = (ROOT / "plan.yaml").read_text()
-    text = text.replace("kernels.rms_norm:rms_norm_ref", "my_kernels:rms_norm_ref").replace(
-        "kernels.rms_norm:rms_norm ", "my_kernels:rms_norm ", 1)
-    (user / "plan.yaml").write_text(text)
+    write_plan(user / "plan.yaml", ROOT / "plan.yaml",
+               op={"kernel": "my_kernels:rms_norm", "reference": "my_kernels:rms_norm_ref"})
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     cmd = [sys.executable, "-m", "pytest", "--plan", "../my_op/plan.yaml", "--plan-profile", "ci",

@@ -13,7 +13,7 @@ import torch
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from tests.plans import cpu_machine_only
+from tests.plans import cpu_machine_only, write_plan
 
 
 def bounded_scale(x, bound, eps, blocks):
@@ -32,26 +32,21 @@ def fake_by_token_count(x, bound, eps, blocks=None):
     return torch.empty_like(x)
 
 
-def _plan(tmp_path, args: str, extra: str = "", name: str = "bounded_scale"):
-    path = tmp_path / "plan.yaml"
-    path.write_text(f"""\
-op:
-  name: {name}
-  intent: drop-in
-  kernel: tests.test_recompiles:bounded_scale
-  reference: tests.test_recompiles:bounded_scale
-  args:
-    x: {{shape: [num_tokens, hidden], dtype: act}}
-    bound: {{shape: [1], dtype: float32, init: {{uniform: [0.5, 4.0]}}, optional: true}}
-    eps: 1.0e-6
-{args}
-  outputs: [y]
-  sizes: {{hidden: {{values: [64], awkward: false}}}}
-{extra}
-matrix: {{phase: [decode, prefill], dtype: [fp32], tp: [1], graph_mode: [torch_compile], sm: [cpu]}}
-numerics: {{examples: 8, max_num_seqs: 32, prefill_tokens: [2, 12]}}
-""")
-    return path
+def _plan(tmp_path, blocks, fake: str | None = None, name: str = "bounded_scale"):
+    """bounded_scale as an op of its own `name`, `blocks` its last argument (a scalar, or a size to take the value of)
+    and `fake` its fake, on decode and prefill torch_compile cells of one size."""
+    return write_plan(
+        tmp_path / "plan.yaml",
+        op={"name": name, "intent": "drop-in", "kernel": "tests.test_recompiles:bounded_scale",
+            "reference": "tests.test_recompiles:bounded_scale",
+            "args": {"x": {"shape": ["num_tokens", "hidden"], "dtype": "act"},
+                     "bound": {"shape": [1], "dtype": "float32", "init": {"uniform": [0.5, 4.0]}, "optional": True},
+                     "eps": 1.0e-6, "blocks": blocks},
+            "outputs": ["y"], "sizes": {"hidden": {"values": [64], "awkward": False}},
+            **({"fake": fake} if fake else {})},
+        matrix={"phase": ["decode", "prefill"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["torch_compile"],
+                "sm": ["cpu"]},
+        numerics={"examples": 8, "max_num_seqs": 32, "prefill_tokens": [2, 12]})
 
 
 def _run(plan, examples: int = 8, cell: str = "decode-fp32-tp1-torch_compile-cpu") -> dict:
@@ -61,7 +56,7 @@ def _run(plan, examples: int = 8, cell: str = "decode-fp32-tp1-torch_compile-cpu
 @cpu_machine_only
 def test_optional_none_and_tensor_and_a_scalar_per_batch_compile_once_each_not_a_recompile(tmp_path):
     # One size and one layout: every example differs only in num_tokens, whether `bound` is None and `blocks`.
-    outcome = _run(_plan(tmp_path, "    blocks: {value: max_blocks_per_seq}"))
+    outcome = _run(_plan(tmp_path, {"value": "max_blocks_per_seq"}))
     assert outcome["status"] == "passed", outcome["reason"]
     facts = outcome["facts"]
     assert facts["opcheck"] == "passed"
@@ -80,7 +75,7 @@ def test_a_fake_branching_on_the_token_count_still_fails_the_cell_with_the_recom
     # Prefill cells of 2 to 12 tokens: a size 1, which a dynamic dimension specialises on, would fail it first.
     # An op of its own name: the process keeps compiled graphs per op, and these are not the harness's.
     monkeypatch.setattr(torch._dynamo.decorators, "mark_unbacked", torch._dynamo.mark_dynamic)
-    plan = _plan(tmp_path, "    blocks: 3", "  fake: tests.test_recompiles:fake_by_token_count", "backed_scale")
+    plan = _plan(tmp_path, 3, "tests.test_recompiles:fake_by_token_count", "backed_scale")
     outcome = _run(plan, cell="prefill-fp32-tp1-torch_compile-cpu")
     assert outcome["status"] == "failed", outcome
     reason = outcome["reason"]
@@ -91,6 +86,6 @@ def test_a_fake_branching_on_the_token_count_still_fails_the_cell_with_the_recom
 
 @cpu_machine_only
 def test_the_same_fake_under_an_unbacked_token_dimension_fails_at_compile(tmp_path):
-    outcome = _run(_plan(tmp_path, "    blocks: 3", "  fake: tests.test_recompiles:fake_by_token_count"), 3)
+    outcome = _run(_plan(tmp_path, 3, "tests.test_recompiles:fake_by_token_count"), 3)
     assert outcome["status"] == "failed", outcome
     assert "data-dependent" in outcome["reason"], outcome["reason"]

@@ -24,6 +24,7 @@ from harness.rendering.report import write_report
 from harness.results.checks_version import checks_version
 from harness.results.store import FORMAT, VERSION
 from harness.spec.vllm_ops import enable_setting, profile_setting
+from tests.plans import read_plan, small_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS = load_plan(ROOT / "plan.yaml")
@@ -88,36 +89,6 @@ def write_results(op_dir: Path, name: str, op: str, run: str, prov: dict, cells:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, sort_keys=True))
     return path
-
-
-def small_plan(tmp_path: Path, sm="[sm90]", extra="", phase="[decode, prefill]",
-               benchmark="{decode: [64], prefill: [2048], baselines: [native, compiled, vllm]}") -> object:
-    """rms_norm on two cells per SM (decode and prefill, bf16, tp1, eager)."""
-    path = tmp_path / "small.yaml"
-    path.write_text(f"""\
-op:
-  name: rms_norm
-  intent: drop-in
-  kernel: kernels.rms_norm:rms_norm
-  reference: kernels.rms_norm:rms_norm_ref
-  replaces: vllm.model_executor.layers.layernorm:RMSNorm
-  args:
-    out: {{shape: [num_tokens, hidden], dtype: act, role: output}}
-    x: {{shape: [num_tokens, hidden], dtype: act}}
-    weight: {{shape: [hidden], dtype: act, init: around_one}}
-    eps: 1.0e-6
-  outputs: [out]
-  sizes: {{hidden: [4096]}}
-matrix:
-  phase: {phase}
-  dtype: [bf16]
-  tp: [1]
-  graph_mode: [eager]
-  sm: {sm}
-benchmark: {benchmark}
-vllm: {{route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm, in_tree_provider: vllm_c}}
-{extra}""")
-    return load_plan(path)
 
 
 def passed_sm90(op_dir: Path, benchmarks=None, **overrides) -> None:
@@ -252,24 +223,27 @@ def test_design_interfaces_and_critical_path_come_from_the_plan():
     assert "full CUDA graph replay" in path and "piecewise torch.compile" in path
 
 
+def silu_op(d: int) -> dict:
+    """The op section of the bundled silu_and_mul at one size d."""
+    return {"name": "silu_and_mul", "intent": "drop-in", "kernel": "kernels.silu_and_mul:silu_and_mul",
+            "reference": "kernels.silu_and_mul:silu_and_mul_ref",
+            "replaces": "vllm.model_executor.layers.activation:SiluAndMul",
+            "args": {"out": {"shape": ["num_tokens", "d"], "dtype": "act", "role": "output"},
+                     "x": {"shape": ["num_tokens", "2*d"], "dtype": "act"}},
+            "outputs": ["out"], "sizes": {"d": [d]}}
+
+
+SILU_CUSTOM_OP = {"target": "v1", "route": "custom_op", "layer": "vllm.model_executor.layers.activation:SiluAndMul",
+                  "custom_op": "silu_and_mul"}
+
+
 def test_custom_op_route_and_sharded_tp(tmp_path):
-    path = tmp_path / "silu.yaml"
-    path.write_text("""\
-op:
-  name: silu_and_mul
-  intent: drop-in
-  kernel: kernels.silu_and_mul:silu_and_mul
-  reference: kernels.silu_and_mul:silu_and_mul_ref
-  replaces: vllm.model_executor.layers.activation:SiluAndMul
-  args:
-    out: {shape: [num_tokens, d], dtype: act, role: output}
-    x: {shape: [num_tokens, 2*d], dtype: act}
-  outputs: [out]
-  sizes: {d: [8192]}
-matrix: {phase: [decode], dtype: [bf16], tp: [1, 2], graph_mode: [eager], sm: [sm90]}
-tp: {kind: sharded, inputs: {x: {shard: 1, merged: 2}}, outputs: {out: {gather: 1}}}
-vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activation:SiluAndMul", custom_op: silu_and_mul}
-""")
+    path = write_plan(tmp_path / "silu.yaml", op=silu_op(8192),
+                      matrix={"phase": ["decode"], "dtype": ["bf16"], "tp": [1, 2], "graph_mode": ["eager"],
+                              "sm": ["sm90"]},
+                      tp={"kind": "sharded", "inputs": {"x": {"shard": 1, "merged": 2}},
+                          "outputs": {"out": {"gather": 1}}},
+                      vllm=SILU_CUSTOM_OP)
     text, _ = report.render(load_plan(path), tmp_path / "reports" / "silu_and_mul")
     interfaces = section(text, "Key interfaces")
     assert 'CustomOp.register_oot(PluginSiluAndMul, name="SiluAndMul")' in interfaces
@@ -283,12 +257,11 @@ vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activati
 def test_generated_custom_op_registers_and_runs(tmp_path):
     """The custom-op blocks of the report are real code: they register, pass opcheck and match the reference,
     for an op that writes an output argument and for one that returns its output (fake from the reference)."""
-    functional = tmp_path / "functional.yaml"
-    functional.write_text((ROOT / "plan.yaml").read_text()
-                          .replace("name: rms_norm", "name: rms_norm_functional")
-                          .replace("kernels.rms_norm:rms_norm ", "kernels.rms_norm:rms_norm_ref ")
-                          .replace("    out:    {shape: [num_tokens, hidden], dtype: act, role: output}\n", "")
-                          .replace("outputs: [out]", "outputs: [y]"))
+    args = read_plan(ROOT / "plan.yaml")["op"]["args"]
+    del args["out"]  # the reference as the kernel: it returns y
+    functional = write_plan(tmp_path / "functional.yaml", ROOT / "plan.yaml",
+                            op={"name": "rms_norm_functional", "kernel": "kernels.rms_norm:rms_norm_ref", "args": args,
+                                "outputs": ["y"]})
     blocks = []
     for plan in (RMS, load_plan(functional)):
         text, _ = report.render(plan, tmp_path / "reports" / plan.name)
@@ -375,7 +348,7 @@ def test_support_matrix_marks_legend_and_details(tmp_path):
 
 
 def test_merge_two_machines_latest_wins_and_provenance_per_sm(tmp_path):
-    plan = small_plan(tmp_path, sm="[sm90]")
+    plan = small_plan(tmp_path, matrix={"sm": ["sm90"]})
     op_dir = tmp_path / "reports" / "rms_norm"
     write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-a",
                   machine("sm90", "gpu-a", "2026-11-28T01:00:00Z"), {
@@ -403,7 +376,7 @@ def test_merge_two_machines_latest_wins_and_provenance_per_sm(tmp_path):
 
 
 def test_a_machine_of_another_sm_does_not_replace_a_real_result(tmp_path):
-    plan = small_plan(tmp_path, sm="[cpu, sm90]")
+    plan = small_plan(tmp_path, matrix={"sm": ["cpu", "sm90"]})
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir)
     write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu", date="2026-11-30T00:00:00Z"), {
@@ -440,7 +413,7 @@ def test_corrupt_and_foreign_files_are_problems_and_the_rest_is_merged(tmp_path)
 
 
 def test_user_and_exception_text_is_escaped(tmp_path):
-    plan = small_plan(tmp_path, sm="[sm90]")
+    plan = small_plan(tmp_path, matrix={"sm": ["sm90"]})
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, **{
         "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "failed", reason=NASTY,
@@ -484,7 +457,7 @@ def test_same_results_give_byte_identical_report_and_plot(tmp_path, monkeypatch)
 
 
 def test_verdict_blocked_by_a_failed_or_unexpectedly_passing_cell(tmp_path):
-    plan = small_plan(tmp_path, sm="[sm90, sm100]")  # blocked wins over incomplete (sm100 has no results)
+    plan = small_plan(tmp_path, matrix={"sm": ["sm90", "sm100"]})  # blocked wins over incomplete (sm100 has no results)
     fast = {"decode-64": bench("decode", 64, 5.0, 9.0, 8.0, 7.0)}
     for status in ("failed", "xpass"):
         op_dir = tmp_path / status / "rms_norm"
@@ -511,7 +484,7 @@ def test_verdict_incomplete_while_cells_or_benchmarks_are_missing(tmp_path):
             "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
     op_dir = tmp_path / "a" / "rms_norm"
     passed_sm90(op_dir, benchmarks=fast)
-    text = render(small_plan(tmp_path, sm="[sm90, sm100]"), op_dir)
+    text = render(small_plan(tmp_path, matrix={"sm": ["sm90", "sm100"]}), op_dir)
     assert verdict_line(text) == "- **Verdict:** sm90: go · sm100: no results"  # sm100 does not hold sm90 back
     assert "no results from a machine of this SM yet (2 cells)" in sm_line(text, "sm100")
     op_dir = tmp_path / "b" / "rms_norm"
@@ -540,23 +513,25 @@ def test_cells_the_plan_excludes_are_not_required(tmp_path):
             "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0, 45.0)}
     op_dir = tmp_path / "a" / "rms_norm"
     passed_sm90(op_dir, benchmarks=fast)
-    exclude = 'exclude: [{sm: [sm100], phase: [prefill], why: "no | prefill <here>"}]'
-    text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
+    plan = small_plan(tmp_path, matrix={"sm": ["sm90", "sm100"]},
+                      exclude=[{"sm": ["sm100"], "phase": ["prefill"], "why": "no | prefill <here>"}])
+    text = render(plan, op_dir)
     assert "no results from a machine of this SM yet (1 cell)" in sm_line(text, "sm100")
     not_run = next(t for t in tables(section(text, "Support matrix")) if t[0].startswith("| reason"))
-    assert any("excluded by the plan (line 22): no \\| prefill &lt;here&gt;" in line and "| 1 " in line
+    rule = Path(plan.path).read_text().splitlines().index("exclude:") + 2  # the rule's own line, after the key's
+    assert any(f"excluded by the plan (line {rule}): no \\| prefill &lt;here&gt;" in line and "| 1 " in line
                and "prefill · bf16 · tp1 · eager · sm100" in line for line in not_run), not_run
     assert "Benchmark on sm100 (every dtype and regime)" in section(text, "Open items")
     op_dir = tmp_path / "b" / "rms_norm"
     passed_sm90(op_dir, benchmarks=fast)
-    exclude = 'exclude: [{sm: [sm100], why: "not a target"}]'
-    text = render(small_plan(tmp_path, sm="[sm90, sm100]", extra=exclude), op_dir)
+    text = render(small_plan(tmp_path, matrix={"sm": ["sm90", "sm100"]},
+                             exclude=[{"sm": ["sm100"], "why": "not a target"}]), op_dir)
     assert verdict_line(text) == "- **Verdict:** sm90: go · sm100: excluded"
     assert "Run on sm100" not in text and "Benchmark on sm100" not in text
 
 
 def test_verdict_per_sm_go_while_other_sms_have_no_results(tmp_path):
-    plan = small_plan(tmp_path, sm="[cpu, sm90, sm100]")
+    plan = small_plan(tmp_path, matrix={"sm": ["cpu", "sm90", "sm100"]})
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench("decode", 64, 5.0, 9.0, 8.0),
                                     "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)})
@@ -666,7 +641,7 @@ def test_keep_vllms_kernel_where_it_beats_the_kernel_and_the_baseline(tmp_path):
 
 def test_named_baselines_join_the_decision(tmp_path):
     """A named baseline faster than the kernel stops enabling it; the setting then keeps what vLLM has."""
-    plan = small_plan(tmp_path, phase="[decode]")
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]})
     op_dir = tmp_path / "reports" / "rms_norm"
     rec = bench("decode", 64, 5.0, 9.0, 8.0)
     rec["impls"]["liger"] = {"median_us": 4.0, "q20_us": 3.96, "q80_us": 4.04}
@@ -684,10 +659,12 @@ def test_named_baselines_join_the_decision(tmp_path):
 def test_a_named_baseline_a_deployment_can_run_takes_the_decision(tmp_path):
     """A named baseline with a `setting` (how vLLM runs it) that beats the profile's baseline everywhere is the
     decision where the kernel loses, the fastest of those that qualify; one without a setting never is."""
-    baselines = ("[native, compiled, {cublas: {path: kernels.int8_linear:dequantized_linear, setting: 'serve the "
-                 "unquantized checkpoint'}}, {machete: {path: kernels.rms_norm:rms_norm, setting: 'a W8A16 "
-                 "checkpoint'}}, {liger: kernels.rms_norm:rms_norm}]")
-    plan = small_plan(tmp_path, phase="[decode]", benchmark=f"{{decode: [64], baselines: {baselines}}}")
+    baselines = ["native", "compiled",
+                 {"cublas": {"path": "kernels.int8_linear:dequantized_linear",
+                             "setting": "serve the unquantized checkpoint"}},
+                 {"machete": {"path": "kernels.rms_norm:rms_norm", "setting": "a W8A16 checkpoint"}},
+                 {"liger": "kernels.rms_norm:rms_norm"}]
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark={"decode": [64], "baselines": baselines})
     op_dir = tmp_path / "reports" / "rms_norm"
     rec = bench("decode", 64, 10.0, 20.0, 8.0)  # kernel 2x faster than native, slower than Inductor
     for name, us in (("cublas", 4.0), ("machete", 6.0), ("liger", 2.0)):
@@ -739,29 +716,13 @@ def test_performance_tables_and_missing_fields(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the page across ops
 
 
-SILU = """\
-op:
-  name: silu_and_mul
-  intent: drop-in
-  kernel: kernels.silu_and_mul:silu_and_mul
-  reference: kernels.silu_and_mul:silu_and_mul_ref
-  replaces: vllm.model_executor.layers.activation:SiluAndMul
-  args:
-    out: {shape: [num_tokens, d], dtype: act, role: output}
-    x: {shape: [num_tokens, 2*d], dtype: act}
-  outputs: [out]
-  sizes: {d: [14336]}
-matrix: {phase: [decode], dtype: [bf16], tp: [1], graph_mode: [eager], sm: [sm90, sm100]}
-vllm: {target: v1, route: custom_op, layer: "vllm.model_executor.layers.activation:SiluAndMul", custom_op: silu_and_mul}
-benchmark: {decode: [64], baselines: [native, compiled, vllm], models: {"d=14336": Llama-3-8B}}
-"""
-
-
 def overview_inputs(tmp_path: Path):
-    rms = small_plan(tmp_path, benchmark='{decode: [64], prefill: [2048], models: {"hidden=4096": Llama-3-8B}}')
-    silu_path = tmp_path / "silu.yaml"
-    silu_path.write_text(SILU)
-    silu = load_plan(silu_path)
+    rms = small_plan(tmp_path, benchmark={"decode": [64], "prefill": [2048], "models": {"hidden=4096": "Llama-3-8B"}})
+    silu = load_plan(write_plan(
+        tmp_path / "silu.yaml", op=silu_op(14336),
+        matrix={"phase": ["decode"], "dtype": ["bf16"], "tp": [1], "graph_mode": ["eager"], "sm": ["sm90", "sm100"]},
+        vllm=SILU_CUSTOM_OP,
+        benchmark={"decode": [64], "baselines": ["native", "compiled", "vllm"], "models": {"d=14336": "Llama-3-8B"}}))
     reports = tmp_path / "reports"
     passed_sm90(reports / "rms_norm", benchmarks={"decode-64": bench("decode", 64, 10.0, 50.0, 8.0),
                                                   "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)})
@@ -870,14 +831,14 @@ def mermaid_checker():
 
 def test_every_generated_diagram_parses(tmp_path, mermaid_checker):
     files = []
-    for i, plan in enumerate((RMS, FUSED, small_plan(tmp_path, extra="tp: {kind: trivial}"))):
+    for i, plan in enumerate((RMS, FUSED, small_plan(tmp_path, tp={"kind": "trivial"}))):
         text, _ = report.render(plan, tmp_path / str(i) / "reports" / plan.name)
         files.append(tmp_path / f"{i}.md")
         files[-1].write_text(text)
-    sharded = tmp_path / "sharded.yaml"
-    sharded.write_text((ROOT / "plan.yaml").read_text().replace(
-        "tp: {kind: trivial}", "tp: {kind: sharded, inputs: {x: {shard: 1}, weight: {shard: 0}}, "
-                               "outputs: {out: {gather: 1}}}").replace("route: ir", "route: custom_op"))
+    sharded = write_plan(tmp_path / "sharded.yaml", ROOT / "plan.yaml",
+                         tp={"kind": "sharded", "inputs": {"x": {"shard": 1}, "weight": {"shard": 0}},
+                             "outputs": {"out": {"gather": 1}}},
+                         vllm={"route": "custom_op"})
     text, _ = report.render(load_plan(sharded), tmp_path / "s" / "reports" / "rms_norm")
     files.append(tmp_path / "sharded.md")
     files[-1].write_text(text)

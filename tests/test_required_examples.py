@@ -18,17 +18,14 @@ from tests.plans import rms_norm_plan
 TWO_PASS = "num_tokens * hidden * act_bytes >= 192 * 2**20"  # kernels/rms_norm.py's TWO_PASS_BYTES
 
 
-def _plan(tmp_path, paths: str = "", **kw):
-    extra = "benchmark: {prefill: [32768], decode: [256]}\n"
-    path = rms_norm_plan(tmp_path, hidden="[2048, 4096, 5120, 8192]", phase="[decode, prefill]",
-                         dtype="[bf16, fp32]", sm="[cpu, sm90]", extra=extra, **kw)
-    if paths:
-        path.write_text(path.read_text().replace("  sizes:", f"  paths: {paths}\n  sizes:"))
-    return load_plan(path)
+def _plan(tmp_path, paths: dict | None = None):
+    return load_plan(rms_norm_plan(
+        tmp_path, matrix={"phase": ["decode", "prefill"], "dtype": ["bf16", "fp32"], "sm": ["cpu", "sm90"]},
+        hidden=[2048, 4096, 5120, 8192], op={"paths": paths}, benchmark={"prefill": [32768], "decode": [256]}))
 
 
 def test_the_cheapest_example_past_a_path_and_where_none_is_reachable(tmp_path):
-    plan = _plan(tmp_path, f"{{two_pass: '{TWO_PASS}'}}")
+    plan = _plan(tmp_path, {"two_pass": TWO_PASS})
     ex = path_example(plan, Cell.from_id("prefill-bf16-tp1-eager-sm90"), "cuda", TWO_PASS)
     # 192 MiB of bf16: 2**26 * 1.5 elements; the fewest tokens at that many elements (4096 x 24576 or 8192 x 12288)
     assert ex.num_tokens * ex.sizes["hidden"] == 3 * 2**25, ex
@@ -44,13 +41,13 @@ def test_the_cheapest_example_past_a_path_and_where_none_is_reachable(tmp_path):
 @pytest.mark.parametrize("expr, tokens", [("num_tokens <= 2", 1), ("num_tokens == 64", 64), ("num_tokens != 1", 2),
                                           ("not num_tokens < 100", 100)])
 def test_a_path_of_any_comparison_gets_its_cheapest_example(tmp_path, expr, tokens):
-    plan = _plan(tmp_path, f"{{p: '{expr}'}}")
+    plan = _plan(tmp_path, {"p": expr})
     ex = path_example(plan, Cell.from_id("decode-bf16-tp1-eager-sm90"), "cuda", expr)
     assert not isinstance(ex, str) and ex.num_tokens == tokens, ex
 
 
 def test_int32_overflow_example_only_where_a_gpu_runs_it(tmp_path):
-    path = rms_norm_plan(tmp_path, phase="[prefill]", numerics="{examples: 2, int32_overflow: true}")
+    path = rms_norm_plan(tmp_path, matrix={"phase": ["prefill"]}, numerics={"examples": 2, "int32_overflow": True})
     plan = load_plan(path)
     assert "CPU machine" in int32_example(plan, Cell.from_id("prefill-fp32-tp1-eager-cpu"), "cpu")
     assert "eager prefill" in int32_example(plan, Cell.from_id("prefill-fp32-tp1-cuda_graph-sm90"), "cuda")
@@ -64,26 +61,24 @@ def test_int32_overflow_example_only_where_a_gpu_runs_it(tmp_path):
                                          ("num_tokens >", "not an arithmetic expression")])
 def test_a_path_that_is_no_condition_is_a_plan_error(tmp_path, expr, words):
     with pytest.raises(PlanError, match=words) as err:
-        _plan(tmp_path, f"{{two_pass: '{expr}'}}")
+        _plan(tmp_path, {"two_pass": expr})
     assert "op.paths.two_pass" in str(err.value) and ":" in str(err.value).split("op.paths")[0]
 
 
 def test_a_bug_in_a_declared_path_fails_where_random_draws_miss_it(tmp_path):
     # Prefill of at most 16 tokens of 128 fp32 elements: 8 KiB, never the bug's 64 KiB. The plan times 600 tokens,
     # so its cells check an example past the declared path (128 tokens), within a CPU machine's budget.
-    def plan_file(paths: str):
-        text = rms_norm_plan(tmp_path, "tests.broken.rms_norm_bugs:two_pass_short_loop", phase="[prefill]",
-                             hidden="[128]", numerics="{examples: 3, prefill_tokens: [1, 16], "
-                             "max_num_batched_tokens: 16}", extra="benchmark: {prefill: [600]}\n").read_text()
-        path = tmp_path / f"plan{len(paths)}.yaml"
-        path.write_text(text.replace("  sizes:", f"  paths: {paths}\n  sizes:") if paths else text)
-        return path
+    def plan_file(paths: dict | None):
+        return rms_norm_plan(tmp_path, "tests.broken.rms_norm_bugs:two_pass_short_loop", hidden=[128],
+                             name=f"plan{len(paths or ())}.yaml", op={"paths": paths}, matrix={"phase": ["prefill"]},
+                             numerics={"examples": 3, "prefill_tokens": [1, 16], "max_num_batched_tokens": 16},
+                             benchmark={"prefill": [600]})
 
     def run(path):
         return run_cell(CellTask.load(path, "prefill-fp32-tp1-eager-cpu", RunSettings(examples=3, profile="ci",
                                                                                     database=None))).record
-    assert run(plan_file("")).status == Status.PASSED  # the draws never reach the path
-    rec = run(plan_file(f"{{two_pass: 'num_tokens * hidden * act_bytes >= {SHORT_LOOP_TWO_PASS_BYTES}'}}"))
+    assert run(plan_file(None)).status == Status.PASSED  # the draws never reach the path
+    rec = run(plan_file({"two_pass": f"num_tokens * hidden * act_bytes >= {SHORT_LOOP_TWO_PASS_BYTES}"}))
     assert rec.status == Status.FAILED, rec
     assert rec.minimal_example.startswith("num_tokens=128 hidden=128"), rec.minimal_example
     assert rec.facts["path two_pass"].startswith("num_tokens=128 hidden=128"), rec.facts
@@ -96,7 +91,7 @@ def test_an_output_larger_than_a_chunk_is_compared_slice_by_slice_to_its_last_ro
     from harness.runtime.numerics import Mismatch
 
     monkeypatch.setattr(runner, "CHUNK_ELEMENTS", 64)  # as an int32-overflow example is, at a CPU's size
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[fp32]"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["fp32"]}))
     check = runner.CellCheck(plan, Cell.from_id("decode-fp32-tp1-eager-cpu"), "cpu")
     expected = torch.randn(40, 16)
     check.compare("out", expected.clone(), expected, {}, False)

@@ -20,7 +20,7 @@ from harness.rendering.report import write_report
 from harness.results.store import CellRecord, Provenance, Recorder, Status, write_atomic
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from harness.plugin.session import cells_summary
+from harness.plugin.summary import cells_summary
 from tests.plans import SMALL_BATCHES, cpu_machine_only, read_results, rms_norm_plan
 from tests.test_report import cell, machine, write_results
 
@@ -91,7 +91,7 @@ def test_small_sets_are_kept_whole_where_every_cell_is_needed():
 
 
 def test_a_later_torch_compile_cell_reuses_the_graphs_earlier_cells_compiled(tmp_path):
-    plan = rms_norm_plan(tmp_path, graph_mode="[torch_compile]", hidden="[64]")
+    plan = rms_norm_plan(tmp_path, matrix={"graph_mode": ["torch_compile"]}, hidden=[64])
     run = RunSettings(examples=4, profile="ci", database=None)  # derandomized: the same examples again
     first = run_cell(CellTask.load(plan, "decode-fp32-tp1-torch_compile-cpu", run)).record
     again = run_cell(CellTask.load(plan, "decode-fp32-tp1-torch_compile-cpu", run)).record
@@ -132,7 +132,7 @@ def test_a_rewrite_converts_only_new_records_and_writes_what_a_full_conversion_w
 
 
 def test_the_report_says_what_the_latest_run_sampled(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, phase="[decode, prefill]", dtype="[fp32, fp16]"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp32", "fp16"]}))
     op_dir = tmp_path / "reports" / "rms_norm"
     write_results(op_dir, "cpu.json", "rms_norm", "r2", {**machine("cpu"), "cells": "a pairwise sample of 3 of 4 "
                                                                                     "runnable cells"},
@@ -206,9 +206,9 @@ def summary_rows(out: str) -> dict:
 def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, run_plan):
     # Three axes of two values, the third tp rather than graph mode: a torch_compile cell's Inductor build cost this
     # test 6 compiles over its three runs (the sampling is the same over any axis; compiled cells have their tests).
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]", tp="[1, 2]",
-                         sm="[cpu, sm90]", hidden="[64]", numerics=f"{{examples: 2, {SMALL_BATCHES}}}",
-                         extra="tp: {kind: trivial}\n")
+    plan = rms_norm_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp32", "fp16"],
+                                                "tp": [1, 2], "sm": ["cpu", "sm90"]},
+                         hidden=[64], numerics={"examples": 2, **SMALL_BATCHES}, tp={"kind": "trivial"})
     results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
 
     full = run_plan(plan, "--cells", "all", "--plan-profile", "ci", in_process=True)
@@ -254,8 +254,8 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
 
 @cpu_machine_only
 def test_the_profile_sets_the_default_and_cells_overrides_it(pytester, run_plan, monkeypatch):
-    plan = rms_norm_plan(pytester.path, phase="[decode, prefill]", dtype="[fp32, fp16]",
-                         graph_mode="[eager, torch_compile]")
+    plan = rms_norm_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp32", "fp16"],
+                                                "graph_mode": ["eager", "torch_compile"]})
     results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
 
     def cells_of_last_run(*args) -> str:

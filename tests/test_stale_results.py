@@ -15,7 +15,8 @@ from harness.rendering import report
 from harness.results import checks_version as cv
 from harness.results.merge import collect
 from harness.results.store import load, merge_dir
-from tests.test_report import ROOT, bench, cell, machine, passed_sm90, section, small_plan, write_results
+from tests.plans import small_plan
+from tests.test_report import ROOT, bench, cell, machine, passed_sm90, section, write_results
 
 OTHER = {"numerics": "0123456789ab", "integration": "0a1b2c3d4e5f", "bench": "ba9876543210"}
 FAST = {"decode-64": bench("decode", 64, 10.0, 50.0, 20.0), "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)}
@@ -130,7 +131,7 @@ def test_old_results_files_load_and_the_stamp_round_trips(tmp_path):
 
 def test_a_stale_verdict_needs_a_stale_record_it_rests_on(tmp_path):
     """Another SM's machine saying "not run here" is no result: stale or not, it leaves the verdict alone."""
-    plan = small_plan(tmp_path, sm="[cpu, sm90]")
+    plan = small_plan(tmp_path, matrix={"sm": ["cpu", "sm90"]})
     op_dir = tmp_path / "reports" / "rms_norm"
     current = cv.checks_version(plan.path)
     write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", {**machine("sm90", "h200"),

@@ -35,7 +35,7 @@ def test_a_worker_runs_the_plan_it_was_handed_not_the_file(tmp_path):
     from harness.runtime.runner import run_cell
     from harness.runtime.workers import Worker
 
-    path = rms_norm_plan(tmp_path, hidden="[64]", numerics="{examples: 2, max_num_seqs: 8}")
+    path = rms_norm_plan(tmp_path, hidden=[64], numerics={"examples": 2, "max_num_seqs": 8})
     task = CellTask.load(path, "decode-fp32-tp1-eager-cpu", RunSettings(2, "ci", None))
     path.unlink()
     worker = Worker()
@@ -158,7 +158,7 @@ def test_the_process_under_the_sanitizer_gets_the_cell_as_a_task_file(tmp_path, 
     monkeypatch.setattr(memcheck, "sanitizer", lambda: str(tool))
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # a CPU machine: the kernel in Triton's interpreter
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = load_plan(rms_norm_plan(tmp_path, hidden="[64]"))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64]))
     outcome = memcheck.run_memcheck(plan, Cell("decode", "fp32", 1, "eager", "cpu"), timeout_s=300)
     assert outcome.record.status == "passed", outcome.record.reason
     assert outcome.record.examples == memcheck.EXAMPLES

@@ -21,7 +21,7 @@ import torch
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from tests.plans import read_results
+from tests.plans import read_plan, read_results, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 THIRDPARTY = ROOT / "tests" / "thirdparty"
@@ -96,10 +96,8 @@ WRONG = [(plan, wrong, words) for plan, (_, _, wrong, words) in sorted(PLANS.ite
 def test_wrong_adapter_of_the_same_kernel_fails_for_its_reason(tmp_path, plan, wrong, words):
     # Through the workers' own entry point, in this process (already made faithful, as every worker is).
     _require(PLANS[plan][0])
-    text = (THIRDPARTY / plan).read_text()
-    kernel = next(line.split()[1] for line in text.splitlines() if line.strip().startswith("kernel:"))
-    wrong_plan = tmp_path / plan
-    wrong_plan.write_text(text.replace(f"kernel: {kernel}", f"kernel: {kernel.split(':')[0]}:{wrong}"))
+    module = read_plan(THIRDPARTY / plan)["op"]["kernel"].split(":")[0]
+    wrong_plan = write_plan(tmp_path / plan, THIRDPARTY / plan, op={"kernel": f"{module}:{wrong}"})
     rec = to_json(run_cell(CellTask.load(wrong_plan, "decode-bf16-tp1-eager-cpu",
                                          RunSettings(examples=6, profile="ci", database=None))).record)
     assert rec["status"] == "failed", rec

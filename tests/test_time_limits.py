@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.plans import cpu_machine_only, read_results, rms_norm_plan
+from tests.plans import cpu_machine_only, read_results, rms_norm_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -120,7 +120,7 @@ def _run_on(cpus: set[int], tmp_path: Path, plan: Path, *args: str) \
 
 @cpu_machine_only
 def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(pytester):
-    plan = rms_norm_plan(pytester.path, "timed_kernels:slow", numerics="{examples: 6, timeout_s: 3}")
+    plan = rms_norm_plan(pytester.path, "timed_kernels:slow", numerics={"examples": 6, "timeout_s": 3})
     proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp1-eager-cpu"]
     assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
@@ -129,7 +129,8 @@ def test_a_slow_correct_kernel_passes_although_the_cell_outlasts_its_limit(pytes
 
 @cpu_machine_only
 def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(pytester):
-    plan = rms_norm_plan(pytester.path, "timed_kernels:hangs_on_the_third_call", numerics="{examples: 6, timeout_s: 3}")
+    plan = rms_norm_plan(pytester.path, "timed_kernels:hangs_on_the_third_call",
+                         numerics={"examples": 6, "timeout_s": 3})
     proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp1-eager-cpu"]
     assert proc.returncode == 1 and cell["status"] == "failed", proc.stdout + proc.stderr
@@ -142,8 +143,8 @@ def test_a_kernel_that_hangs_on_one_example_fails_as_hung_after_the_others(pytes
 
 @cpu_machine_only
 def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(pytester):
-    plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_from_5_tokens", dtype="[fp32, fp16]",
-                         numerics="{examples: 10, max_num_seqs: 32, timeout_s: 60}")
+    plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_from_5_tokens", matrix={"dtype": ["fp32", "fp16"]},
+                         numerics={"examples": 10, "max_num_seqs": 32, "timeout_s": 60})
     proc, cells, wall = _run(pytester, plan)
     # The second cell of the phase starts from the example the first shrank to: one replay confirms it.
     later = cells["decode-fp16-tp1-eager-cpu"]
@@ -168,8 +169,8 @@ def test_a_crash_is_shrunk_in_fresh_workers_to_the_smallest_crashing_input(pytes
 
 @cpu_machine_only
 def test_a_rank_still_importing_the_kernel_is_outside_the_limit(pytester):
-    plan = rms_norm_plan(pytester.path, "slow_import:rms_norm", tp="[2]", extra="tp: {kind: trivial}",
-                         numerics="{examples: 3, max_num_seqs: 8, timeout_s: 2}")
+    plan = rms_norm_plan(pytester.path, "slow_import:rms_norm", matrix={"tp": [2]}, tp={"kind": "trivial"},
+                         numerics={"examples": 3, "max_num_seqs": 8, "timeout_s": 2})
     proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp2-eager-cpu"]
     assert proc.returncode == 0 and cell["status"] == "passed", proc.stdout + proc.stderr
@@ -177,8 +178,8 @@ def test_a_rank_still_importing_the_kernel_is_outside_the_limit(pytester):
 
 @cpu_machine_only
 def test_a_crash_on_one_rank_is_shrunk_in_fresh_groups(pytester):
-    plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_on_rank_1_from_2_tokens", tp="[2]",
-                         extra="tp: {kind: trivial}", numerics="{examples: 6, max_num_seqs: 4}")
+    plan = rms_norm_plan(pytester.path, "timed_kernels:crashes_on_rank_1_from_2_tokens", matrix={"tp": [2]},
+                         tp={"kind": "trivial"}, numerics={"examples": 6, "max_num_seqs": 4})
     proc, cells, _ = _run(pytester, plan)
     cell = cells["decode-fp32-tp2-eager-cpu"]
     assert cell["reason"].startswith("rank 1 of 2 was killed by SIGSEGV"), cell
@@ -194,11 +195,7 @@ def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
     each example slower; a correct kernel still passes. The plan is the bundled one with a 10 s limit instead of
     300 s, so it proves it in seconds. One core and one spinning process, not every core and as many: that load
     is the same for the run, and the rest of a parallel test suite keeps the other cores."""
-    text = (ROOT / "plan.yaml").read_text()
-    numerics = re.search(r"^numerics: \{(.*)\}", text, re.M)
-    assert numerics, "plan.yaml's numerics is no longer a one-line mapping: adapt this test"
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(text.replace(numerics.group(0), f"numerics: {{{numerics.group(1)}, timeout_s: 10}}"))
+    plan = write_plan(tmp_path / "plan.yaml", ROOT / "plan.yaml", numerics={"timeout_s": 10})
     core = {min(os.sched_getaffinity(0))}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              preexec_fn=lambda: os.sched_setaffinity(0, core))]
@@ -221,7 +218,8 @@ def test_shrink_example_bisects_each_field_to_the_smallest_reproducing_value(tmp
     from harness.spec.load import load_plan
     from harness.runtime.runner import shrink_example
 
-    plan = load_plan(rms_norm_plan(tmp_path, phase="[decode, chunked_prefill]", numerics="{max_num_seqs: 64}"))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"phase": ["decode", "chunked_prefill"]},
+                                   numerics={"max_num_seqs": 64}))
     drawn = Example(num_tokens=40, sizes={"hidden": 97}, layouts={"x": ("strided", 15)}, scale="tiny", seed=3)
     cases = [  # (cell, first faulting example, when it faults, the smallest faulting example)
         ("decode", drawn, lambda e: e.num_tokens >= 5, "num_tokens=5 hidden=1 x:contiguous scale=normal seed=3"),

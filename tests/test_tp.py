@@ -22,47 +22,24 @@ from harness.spec.matrix import Cell
 from harness.runtime.numerics import Mismatch
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
-from tests.plans import cpu_machine_only, rms_norm_plan
+from tests.plans import cpu_machine_only, rms_norm_args, rms_norm_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SILU_PLAN = ROOT / "kernels" / "plans" / "silu_and_mul.yaml"
 
-SILU_TEXT = """\
-op:
-  name: silu_and_mul
-  intent: drop-in
-  kernel: {kernel}
-  reference: kernels.silu_and_mul:silu_and_mul_ref
-  args:
-    out: {{shape: [num_tokens, intermediate], dtype: act, role: output}}
-    x:   {{shape: [num_tokens, 2*intermediate], dtype: act, layout: [contiguous, strided]}}
-  outputs: [out]
-  sizes: {{intermediate: [512]}}
-matrix:
-  phase: [decode]
-  dtype: [fp32]
-  tp: {tp_sizes}
-  graph_mode: [eager]
-  sm: [cpu]
-tp:
-  kind: sharded
-  inputs:
-    x: {{shard: 1, merged: 2}}
-  outputs:
-    out: {{gather: 1}}
-numerics: {{examples: 4, max_num_seqs: 8, awkward_sizes: false}}
-"""
-
-
-def silu_plan(tmp_path: Path, kernel="kernels.silu_and_mul:silu_and_mul", tp_sizes="[1, 2, 4]",
-              replace: tuple[str, str] | None = None) -> Path:
-    text = SILU_TEXT.format(kernel=kernel, tp_sizes=tp_sizes)
-    if replace:
-        assert replace[0] in text, replace
-        text = text.replace(*replace)
-    path = tmp_path / "silu.yaml"
-    path.write_text(text)
-    return path
+def silu_plan(tmp_path: Path, kernel="kernels.silu_and_mul:silu_and_mul", tp_sizes=(1, 2, 4),
+              x_width="2*intermediate") -> Path:
+    """silu_and_mul on one CPU cell per TP size, its gate_up input sharded as vLLM's merged column-parallel layout."""
+    return write_plan(
+        tmp_path / "silu.yaml",
+        op={"name": "silu_and_mul", "intent": "drop-in", "kernel": kernel,
+            "reference": "kernels.silu_and_mul:silu_and_mul_ref",
+            "args": {"out": {"shape": ["num_tokens", "intermediate"], "dtype": "act", "role": "output"},
+                     "x": {"shape": ["num_tokens", x_width], "dtype": "act", "layout": ["contiguous", "strided"]}},
+            "outputs": ["out"], "sizes": {"intermediate": [512]}},
+        matrix={"phase": ["decode"], "dtype": ["fp32"], "tp": list(tp_sizes), "graph_mode": ["eager"], "sm": ["cpu"]},
+        tp={"kind": "sharded", "inputs": {"x": {"shard": 1, "merged": 2}}, "outputs": {"out": {"gather": 1}}},
+        numerics={"examples": 4, "max_num_seqs": 8, "awkward_sizes": False})
 
 
 # ---------------------------------------------------------------- sharding and recombination
@@ -98,22 +75,19 @@ def test_split_tokens_pads_to_a_multiple_of_tp():
     assert torch.equal(torch.cat(pieces).narrow(0, 0, 5), x)
 
 
-def _plan(tmp_path, tp_section: str, outputs="[out]", extra_args=""):
-    path = rms_norm_plan(tmp_path, tp="[1, 2]", extra=tp_section)
-    if extra_args:
-        path.write_text(path.read_text().replace("    eps: 1.0e-6", extra_args + "\n    eps: 1.0e-6"))
-    return load_plan(path)
+def _plan(tmp_path, tp_section: dict):
+    return load_plan(rms_norm_plan(tmp_path, matrix={"tp": [1, 2]}, tp=tp_section))
 
 
 def test_recombine_gather_sum_and_replicated(tmp_path):
-    plan = _plan(tmp_path, "tp:\n  kind: sharded\n  inputs: {x: {shard: 1}}\n  outputs: {out: {gather: 1}}")
+    plan = _plan(tmp_path, {"kind": "sharded", "inputs": {"x": {"shard": 1}}, "outputs": {"out": {"gather": 1}}})
     a, b = torch.ones(2, 3), torch.full((2, 3), 2.0)
     assert torch.equal(tp.recombine(plan, "out", [a, b], 2), torch.cat([a, b], 1))
-    plan = _plan(tmp_path, "tp:\n  kind: sharded\n  inputs: {x: {shard: 1}}\n  outputs: {out: sum}")
+    plan = _plan(tmp_path, {"kind": "sharded", "inputs": {"x": {"shard": 1}}, "outputs": {"out": "sum"}})
     assert torch.equal(tp.recombine(plan, "out", [a, b], 2), torch.full((2, 3), 3.0))
     halves = [torch.full((1,), 0.5, dtype=torch.bfloat16)] * 4  # accumulated in fp32, rounded once
     assert float(tp.recombine(plan, "out", halves, 1)) == 2.0
-    plan = _plan(tmp_path, "tp: {kind: trivial}")
+    plan = _plan(tmp_path, {"kind": "trivial"})
     nan = torch.tensor([[1.0, float("nan")]])
     assert tp.recombine(plan, "out", [nan, nan.clone()], 1) is not None  # NaN where both have NaN agrees
     with pytest.raises(Mismatch, match=r"replicated across ranks, but rank 1's differs from its replica's in 1 of 2"):
@@ -121,7 +95,7 @@ def test_recombine_gather_sum_and_replicated(tmp_path):
 
 
 def test_sequence_parallel_outputs_come_back_in_token_order(tmp_path):
-    plan = _plan(tmp_path, "tp: {kind: trivial, sequence_parallel: true}")
+    plan = _plan(tmp_path, {"kind": "trivial", "sequence_parallel": True})
     x = torch.arange(5 * 4).reshape(5, 4).float()
     pieces = [tp.split_tokens(x, 0, r, 2) for r in range(2)]
     assert torch.equal(tp.recombine(plan, "out", pieces, 5), x)
@@ -144,14 +118,14 @@ def test_sharded_sizes_are_drawn_divisible(tmp_path):
     plan = load_plan(silu_plan(tmp_path))
     assert tp.tp_multiples(plan, 2) == {"intermediate": 2}
     assert tp.tp_multiples(plan, 4) == {"intermediate": 4}
-    plan = load_plan(silu_plan(tmp_path, replace=("shape: [num_tokens, 2*intermediate]",
-                                                  "shape: [num_tokens, intermediate]")))
+    plan = load_plan(silu_plan(tmp_path, x_width="intermediate"))
     assert tp.tp_multiples(plan, 4) == {"intermediate": 8}  # 2 merged parts x 4 ranks
     assert tp.output_combine(plan, "out") == ("gather", 1, 1)
 
 
 def test_merged_output_gather(tmp_path):
-    plan = _plan(tmp_path, "tp:\n  kind: sharded\n  inputs: {x: {shard: 1}}\n  outputs: {out: {gather: 1, merged: 2}}")
+    plan = _plan(tmp_path, {"kind": "sharded", "inputs": {"x": {"shard": 1}},
+                           "outputs": {"out": {"gather": 1, "merged": 2}}})
     full = torch.arange(2 * 8).reshape(2, 8).float()
     pieces = [tp.shard(full, 1, 2, r, 2) for r in range(2)]
     assert torch.equal(tp.recombine(plan, "out", pieces, 2), full)
@@ -159,36 +133,35 @@ def test_merged_output_gather(tmp_path):
 
 # ---------------------------------------------------------------- the plan's tp section
 
-SHARDED = "tp:\n  kind: sharded\n  inputs:\n    x: {shard: 1, merged: 2}\n  outputs:\n    out: {gather: 1}"
+SHARDED = {"kind": "sharded", "inputs": {"x": {"shard": 1, "merged": 2}}, "outputs": {"out": {"gather": 1}}}
 BAD_TP = [
-    # (what, replace this, with this, the line and field named, words in the message)
-    ("shards the token dimension", "x: {shard: 1, merged: 2}", "x: {shard: 0}", "tp.inputs.x.shard",
-     "other than num_tokens"),
-    ("merged below one", "merged: 2", "merged: 0", "tp.inputs.x.merged", "merged parts (>= 1)"),
-    ("shards an unknown input", "    x: {shard: 1, merged: 2}", "    y: {shard: 1}", "tp.inputs.y", "one of the keys"),
-    ("an unknown combine", "out: {gather: 1}", "out: concat", "tp.outputs.out", "a mapping"),
-    ("gathers a missing dimension", "out: {gather: 1}", "out: {gather: 2}", "tp.outputs.out.gather",
+    # (what, the keys of SHARDED changed, the field named (on the line the error gives), words in the message)
+    ("shards the token dimension", {"inputs": {"x": {"shard": 0}}}, "tp.inputs.x.shard", "other than num_tokens"),
+    ("merged below one", {"inputs": {"x": {"shard": 1, "merged": 0}}}, "tp.inputs.x.merged", "merged parts (>= 1)"),
+    ("shards an unknown input", {"inputs": {"y": {"shard": 1}}}, "tp.inputs.y", "one of the keys"),
+    ("an unknown combine", {"outputs": {"out": "concat"}}, "tp.outputs.out", "a mapping"),
+    ("gathers a missing dimension", {"outputs": {"out": {"gather": 2}}}, "tp.outputs.out.gather",
      "a dimension of a 2-d tensor"),
-    ("gathers the token dimension", "out: {gather: 1}", "out: {gather: 0}", "tp.outputs.out.gather",
+    ("gathers the token dimension", {"outputs": {"out": {"gather": 0}}}, "tp.outputs.out.gather",
      "other than num_tokens"),
-    ("sharded without saying how out combines", "  outputs:\n    out: {gather: 1}", "  outputs: {}",
-     "tp.outputs.out", "how ranks' outputs combine"),
-    ("trivial yet sharded", "kind: sharded", "kind: trivial", "tp.kind", "'sharded' when inputs are sharded"),
-    ("a constant dimension that does not split", "x: {shard: 1, merged: 2}", "scale: {shard: 0}",
-     "tp.inputs.scale.shard", "divisible by tp x merged (2 x 1)"),
-    ("sequence parallel with a token-sharded input", "kind: sharded",
-     "kind: sharded\n  sequence_parallel: true", "tp.inputs.x", "'replicated' (tp.sequence_parallel"),
-    ("sequence parallel with a summed token output", "    x: {shard: 1, merged: 2}\n  outputs:\n    out: {gather: 1}",
-     "    weight: {shard: 0}\n  sequence_parallel: true\n  outputs:\n    out: sum", "tp.outputs.out",
+    ("sharded without saying how out combines", {"outputs": {}}, "tp.outputs.out", "how ranks' outputs combine"),
+    ("trivial yet sharded", {"kind": "trivial"}, "tp.kind", "'sharded' when inputs are sharded"),
+    ("a constant dimension that does not split", {"inputs": {"scale": {"shard": 0}}}, "tp.inputs.scale.shard",
+     "divisible by tp x merged (2 x 1)"),
+    ("sequence parallel with a token-sharded input", {"sequence_parallel": True}, "tp.inputs.x",
+     "'replicated' (tp.sequence_parallel"),
+    ("sequence parallel with a summed token output",
+     {"inputs": {"weight": {"shard": 0}}, "sequence_parallel": True, "outputs": {"out": "sum"}}, "tp.outputs.out",
      "'replicated' (tp.sequence_parallel puts it back"),
 ]
 
 
-@pytest.mark.parametrize("what, old, new, field, words", BAD_TP, ids=[b[0] for b in BAD_TP])
-def test_bad_tp_section_is_located(tmp_path, what, old, new, field, words):
-    path = rms_norm_plan(tmp_path, tp="[1, 2]", extra=SHARDED.replace(old, new))
-    path.write_text(path.read_text().replace("    eps: 1.0e-6", "    scale: {shape: [3], dtype: float32}\n"
-                                                                  "    eps: 1.0e-6"))
+@pytest.mark.parametrize("what, changes, field, words", BAD_TP, ids=[b[0] for b in BAD_TP])
+def test_bad_tp_section_is_located(tmp_path, what, changes, field, words):
+    args = rms_norm_args()
+    eps = args.pop("eps")
+    path = rms_norm_plan(tmp_path, matrix={"tp": [1, 2]}, tp={**SHARDED, **changes},
+                         op={"args": {**args, "scale": {"shape": [3], "dtype": "float32"}, "eps": eps}})
     with pytest.raises(PlanError) as info:
         load_plan(path)
     err = info.value
@@ -199,7 +172,7 @@ def test_bad_tp_section_is_located(tmp_path, what, old, new, field, words):
 
 
 def test_bad_awkward_sizes_flag_is_located(tmp_path):
-    path = rms_norm_plan(tmp_path, numerics="{examples: 4, awkward_sizes: maybe}")
+    path = rms_norm_plan(tmp_path, numerics={"examples": 4, "awkward_sizes": "maybe"})
     with pytest.raises(PlanError, match="numerics.awkward_sizes: expected true or false; found 'maybe'"):
         load_plan(path)
 
@@ -324,9 +297,10 @@ def test_a_rank_that_hangs_or_raises_fails_its_cell_and_the_next_cell_runs(pytes
     (pytester.path / "tp_faults.py").write_text(FAULTS)
     pytester.syspathinsert()
     # sequence parallel: the cell that passes also shows tokens split across ranks and put back in order
-    plan = rms_norm_plan(pytester.path, "tp_faults:faulty_on_rank1", dtype="[fp32, fp16, bf16]", tp="[2]",
-                         numerics="{examples: 4, max_num_seqs: 8, timeout_s: 6}",
-                         extra="tp: {kind: trivial, sequence_parallel: true}")
+    plan = rms_norm_plan(pytester.path, "tp_faults:faulty_on_rank1",
+                         matrix={"dtype": ["fp32", "fp16", "bf16"], "tp": [2]},
+                         numerics={"examples": 4, "max_num_seqs": 8, "timeout_s": 6},
+                         tp={"kind": "trivial", "sequence_parallel": True})
     result, cells = _run(pytester, plan)
     result.assert_outcomes(passed=1, failed=2)
     hung = cells["decode-fp32-tp2-eager-cpu"]
@@ -351,8 +325,8 @@ def test_a_rank_that_crashes_fails_the_cell_and_leaves_no_process(tmp_path, monk
 
     (tmp_path / "tp_faults.py").write_text(FAULTS)
     monkeypatch.syspath_prepend(str(tmp_path))  # spawned ranks inherit sys.path
-    plan = rms_norm_plan(tmp_path, "tp_faults:crashes_on_rank1", tp="[2]", numerics="{examples: 2, max_num_seqs: 8}",
-                         extra="tp: {kind: trivial}")
+    plan = rms_norm_plan(tmp_path, "tp_faults:crashes_on_rank1", matrix={"tp": [2]},
+                         numerics={"examples": 2, "max_num_seqs": 8}, tp={"kind": "trivial"})
     group = WorkerGroup(2)
     try:
         task = CellTask.load(plan, "decode-fp32-tp2-eager-cpu", RunSettings(2, "ci", None))

@@ -39,14 +39,14 @@ ROPE_PLAN = ROOT / "kernels" / "plans" / "rotary_embedding.yaml"
 QUANT_PLAN = ROOT / "kernels" / "plans" / "dynamic_per_token_fp8_quant.yaml"
 INT8_COLUMN = ROOT / "kernels" / "plans" / "int8_linear_column.yaml"
 INT8_ROW = ROOT / "kernels" / "plans" / "int8_linear_row.yaml"
-VLLM_SECTION = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
+VLLM_SECTION = {"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm", "ir_op": "rms_norm"}
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
 
 
-def small_rms_plan(tmp_path, extra: str = VLLM_SECTION, **kw) -> Path:
-    """The bundled RMSNorm on hidden 64/128 with a vllm section: quick in Triton's interpreter."""
-    return rms_norm_plan(tmp_path, extra=extra, **kw)
+def small_rms_plan(tmp_path, vllm: dict | None = VLLM_SECTION, **kw) -> Path:
+    """The bundled RMSNorm on hidden 64/128 with a vllm section (None: none): quick in Triton's interpreter."""
+    return rms_norm_plan(tmp_path, vllm=vllm, **kw)
 
 
 def check_route(*args, **kwargs) -> dict:
@@ -76,7 +76,7 @@ def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
 
 @cpu_machine_only
 def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, no_vllm):
-    plan = small_rms_plan(pytester.path, dtype="[bf16, fp32]")
+    plan = small_rms_plan(pytester.path, matrix={"dtype": ["bf16", "fp32"]})
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess(  # in this process: a fresh one imports torch and the harness again
         "-p", "harness.plugin", "--plan", str(plan), "--isolation", "none", "--examples", "2", "--no-report",
@@ -95,11 +95,12 @@ def test_without_vllm_items_are_not_run_and_the_rest_works(pytester, no_vllm):
 def test_integration_items_per_route_phase_and_dtype_only_for_plans_naming_a_vllm_op(pytester):
     pytester.makeconftest("pytest_plugins = ['harness.plugin']")
     common = ("--collect-only", "-q", "--no-report", "-p", "no:cacheprovider")
-    named = small_rms_plan(pytester.path, phase="[decode, prefill]", dtype="[fp16, fp8_e4m3fn]", sm="[cpu, sm90]")
+    named = small_rms_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp16", "fp8_e4m3fn"],
+                                                  "sm": ["cpu", "sm90"]})
     result = pytester.runpytest("--plan", str(named), "-k", "vllm-", *common)
     ids = sorted(line.split("::")[-1] for line in result.outlines if "::vllm-" in line)
     assert ids == sorted(f"vllm-{r}[{p}-fp16-cpu]" for r in integration.ROUTES for p in ("decode", "prefill"))
-    unnamed = small_rms_plan(pytester.path, extra="", name="unnamed.yaml")
+    unnamed = small_rms_plan(pytester.path, vllm=None, name="unnamed.yaml")
     result = pytester.runpytest("--plan", str(unnamed), "-k", "vllm-", *common)
     assert not [line for line in result.outlines if "::vllm-" in line]
 
@@ -150,11 +151,11 @@ def test_plugin_section_for_the_report(tmp_path):
 
 
 def test_plan_names_the_provider(tmp_path):
-    plan = load_plan(small_rms_plan(tmp_path, extra=VLLM_SECTION.replace("}", ", provider: triton_rms}")))
+    plan = load_plan(small_rms_plan(tmp_path, vllm={**VLLM_SECTION, "provider": "triton_rms"}))
     assert provider_name(plan) == "triton_rms"
     assert 'PROVIDER = "triton_rms"' in render_plugin(plan)
     with pytest.raises(PlanError, match=r"plan.yaml:\d+: vllm.provider: expected a provider name .*'native'"):
-        load_plan(small_rms_plan(tmp_path, extra=VLLM_SECTION.replace("}", ", provider: native}")))
+        load_plan(small_rms_plan(tmp_path, vllm={**VLLM_SECTION, "provider": "native"}))
 
 
 # ---------------------------------------------------------------- with vLLM: both routes reach the kernel
@@ -270,7 +271,7 @@ def doubled(out, x, weight, eps):
 def test_wrong_kernel_reached_through_vllm_fails_the_comparison(tmp_path, monkeypatch):
     (tmp_path / "wrong_kernels.py").write_text(WRONG_KERNEL)
     monkeypatch.syspath_prepend(str(tmp_path))
-    section = VLLM_SECTION.replace("}", ", adapter: kernels.rms_norm}")  # the op's vLLM side, beside its kernel
+    section = {**VLLM_SECTION, "adapter": "kernels.rms_norm"}  # the op's vLLM side, beside its kernel
     plan = load_plan(small_rms_plan(tmp_path, section, kernel="wrong_kernels:doubled"))
     outcome = check_route(plan, cell("fp32"), "ir")
     assert outcome["status"] == "failed" and outcome["kernel_calls"] > 0, outcome
@@ -330,7 +331,7 @@ def test_vllm_baseline_has_the_kernels_calling_convention(plan_path):
 @needs_vllm
 def test_pytest_plan_runs_the_vllm_items(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = small_rms_plan(tmp_path, dtype="[bf16]")
+    plan = small_rms_plan(tmp_path, matrix={"dtype": ["bf16"]})
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess(
         "-p", "harness.plugin", "--plan", str(plan), "-k", "vllm-", "--no-report", "--reports-dir", str(reports),

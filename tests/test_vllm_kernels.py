@@ -28,7 +28,7 @@ from harness.runtime.tasks import CellTask
 from harness.runtime.vllm_kernels import compiled_op, schema_problem, vllm_kernel
 from harness.spec.vllm_ops import baseline_unsupported, unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
-from tests.plans import cpu_machine_only
+from tests.plans import cpu_machine_only, read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -87,37 +87,34 @@ def test_ops_without_a_like_for_like_vllm_kernel_say_why(plan):
     assert "No vllm baseline: vLLM 0.26's _C has no like-for-like kernel" in loaded.raw_text
 
 
-REORDERED = """\
-op:
-  name: rms_norm
-  intent: drop-in
-  kernel: tests.plans:any_call
-  reference: tests.plans:any_call
-  args:
-    x: {shape: [num_tokens, hidden], dtype: act}
-    weight: {shape: [hidden], dtype: act}
-    eps: 1.0e-6
-    out: {shape: [num_tokens, hidden], dtype: act, role: output}
-  outputs: [out]
-  sizes: {hidden: [64]}
-matrix: {phase: [decode], dtype: [fp32], tp: [1], graph_mode: [eager], sm: [cpu]}
-"""
+def reordered(path: Path, args: dict | None = None, **op) -> Path:
+    """rms_norm whose kernel takes (x, weight, eps, out), or the `args` given; `op` changes other keys of op."""
+    args = {"x": {"shape": ["num_tokens", "hidden"], "dtype": "act"},
+            "weight": {"shape": ["hidden"], "dtype": "act"},
+            "eps": 1.0e-6,
+            "out": {"shape": ["num_tokens", "hidden"], "dtype": "act", "role": "output"}} if args is None else args
+    return write_plan(path, op={"name": "rms_norm", "intent": "drop-in", "kernel": "tests.plans:any_call",
+                                "reference": "tests.plans:any_call", "args": args, "outputs": ["out"],
+                                "sizes": {"hidden": [64]}, **op},
+                      matrix={"phase": ["decode"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["eager"],
+                              "sm": ["cpu"]})
 
 
 def test_the_adapter_passes_the_plans_arguments_in_vllms_order(tmp_path, monkeypatch):
     """A plan whose kernel takes (x, weight, eps, out): vLLM's rms_norm still gets (out, x, weight, eps)."""
-    path = tmp_path / "plan.yaml"
-    path.write_text(REORDERED)
+    path = reordered(tmp_path / "plan.yaml")
     plan = load_plan(path)
     assert baseline_unsupported(plan) == ""
     calls = []
     monkeypatch.setattr(vllm_kernels, "compiled_op", lambda kernel: lambda *args: calls.append((kernel.in_tree, args)))
     vllm_kernel(plan)(x="X", weight="W", eps=1e-6, out="O")
     assert calls == [("rms_norm", ("O", "X", "W", 1e-6))]
-    path.write_text(REORDERED.replace("    eps: 1.0e-6\n", ""))
+    args = read_plan(path)["op"]["args"]
+    del args["eps"]
+    reordered(path, args)
     assert baseline_unsupported(load_plan(path)) == \
         "torch.ops._C.rms_norm takes (out, x, weight, eps) from the plan's arguments; the plan has no eps"
-    path.write_text(REORDERED.replace("  outputs: [out]\n", "  outputs: [out, weight]\n  mutates: [weight]\n"))
+    reordered(path, outputs=["out", "weight"], mutates=["weight"])
     assert "the plan's 'weight' cannot be torch.ops._C.rms_norm's: expected a tensor the op only reads" in \
         baseline_unsupported(load_plan(path))
 
@@ -165,6 +162,7 @@ benchmark: {decode: [8], baselines: [native, compiled]}
 
 
 def vllm_plan(tmp_path: Path, old: str = "", new: str = "", name: str = "plan.yaml") -> Path:
+    """VLLM_PLAN, as written by hand for the tests of its errors' lines, with `old` replaced by `new`."""
     path = tmp_path / name
     path.write_text(VLLM_PLAN.replace(old, new) if old else VLLM_PLAN)
     return path
@@ -207,8 +205,9 @@ def test_vllm_kernel_plan_errors_name_file_line_and_field(tmp_path, what, old, n
 
 def test_no_vllm_integration_items_for_vllms_own_kernel(pytester):
     pytester.makeconftest("pytest_plugins = ['harness.plugin']")
-    section = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
-    plan = vllm_plan(pytester.path, "benchmark:", section + "benchmark:")
+    plan = vllm_plan(pytester.path)
+    write_plan(plan, plan, vllm={"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm",
+                                 "ir_op": "rms_norm"})
     result = pytester.runpytest("--plan", str(plan), "--collect-only", "-q", "--no-report", "-p", "no:cacheprovider")
     items = [line.split("::")[-1] for line in result.outlines if "::" in line]
     assert items == ["numerics[decode-fp32-tp1-eager-cpu]"], result.outlines
@@ -251,7 +250,7 @@ def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
         return kernel
 
     monkeypatch.setattr(runner, "load_kernel", stand_in)
-    plan = vllm_plan(tmp_path, "benchmark:", "numerics: {max_num_seqs: 8}\nbenchmark:")
+    plan = write_plan(tmp_path / "plan.yaml", vllm_plan(tmp_path), numerics={"max_num_seqs": 8})
     rec = run_cell(CellTask.load(plan, "decode-fp32-tp1-eager-cpu",
                                  RunSettings(examples=40, profile="ci", database=None))).record
     failures = {rec.reason: rec.minimal_example, **{f.reason: f.minimal_example for f in rec.more_failures or ()}}
@@ -266,7 +265,7 @@ def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
 def test_worker_and_tp_cells_are_not_run_where_the_named_library_cannot_load(pytester, monkeypatch):
     """In the isolated worker and on every rank of a TP group alike: not run, with the loading reason."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = vllm_plan(pytester.path, "tp: [1]", "tp: [1, 2]")
+    plan = write_plan(pytester.path / "plan.yaml", vllm_plan(pytester.path), matrix={"tp": [1, 2]})
     reports = pytester.path / "reports"
     result = pytester.runpytest_subprocess(
         "-p", "harness.plugin", "--plan", str(plan), "--examples", "2", "--reports-dir", str(reports),
@@ -326,8 +325,8 @@ def write_cells(op_dir: Path, op: str, records: list[CellRecord]) -> None:
 
 
 def test_the_report_says_what_vllms_kernel_accepts(tmp_path):
-    plan = load_plan(vllm_plan(tmp_path, "dtype: [fp32]\n  tp: [1]\n  graph_mode: [eager]",
-                               "dtype: [fp32, bf16]\n  tp: [1]\n  graph_mode: [eager, torch_compile]"))
+    plan = load_plan(write_plan(tmp_path / "plan.yaml", vllm_plan(tmp_path),
+                                matrix={"dtype": ["fp32", "bf16"], "graph_mode": ["eager", "torch_compile"]}))
     op_dir = tmp_path / "reports" / "vllm_rms_norm"
     axes = dict(phase="decode", tp=1, sm="cpu")
     write_cells(op_dir, "vllm_rms_norm", [

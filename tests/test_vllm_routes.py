@@ -20,11 +20,12 @@ from harness.results.store import IntegrationRecord, Status
 from harness.runtime.vllm_kernels import vllm_missing
 from harness.spec.load import load_plan
 from harness.spec.matrix import Cell
-from tests.plans import rms_norm_plan
+from tests.plans import read_plan, rms_norm_plan, write_plan
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
-RMS_SECTION = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}\n'
+RMS_VLLM = {"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm", "ir_op": "rms_norm"}
 CELL = Cell("decode", "bf16", 1, "eager", "cpu")
+CPU_BF16 = {"phase": ["decode"], "dtype": ["bf16"], "tp": [1], "graph_mode": ["eager"], "sm": ["cpu"]}  # CELL alone
 
 # A kernel that returns its output (as the README allows), with the op's vLLM side taken from the bundled RMSNorm.
 RETURNING = """
@@ -49,19 +50,19 @@ def silu_and_mul_returning(x):
     return out
 """
 
-SILU_PLAN = """
-op:
-  name: silu_and_mul
-  intent: drop-in
-  kernel: returning_silu:silu_and_mul_returning
-  reference: kernels.silu_and_mul:silu_and_mul_ref
-  args:
-    x: {shape: [num_tokens, 2*intermediate], dtype: act}
-  outputs: [out]
-  sizes: {intermediate: [32]}
-matrix: {phase: [decode], dtype: [bf16], tp: [1], graph_mode: [eager], sm: [cpu]}
-vllm: {route: custom_op, layer: "vllm.model_executor.layers.activation:SiluAndMul", custom_op: silu_and_mul}
-"""
+
+
+def silu_plan(tmp_path: Path) -> Path:
+    """silu_and_mul through a kernel that returns its output, routed as vLLM's SiluAndMul CustomOp."""
+    return write_plan(
+        tmp_path / "silu.yaml",
+        op={"name": "silu_and_mul", "intent": "drop-in", "kernel": "returning_silu:silu_and_mul_returning",
+            "reference": "kernels.silu_and_mul:silu_and_mul_ref",
+            "args": {"x": {"shape": ["num_tokens", "2*intermediate"], "dtype": "act"}},
+            "outputs": ["out"], "sizes": {"intermediate": [32]}},
+        matrix=CPU_BF16,
+        vllm={"route": "custom_op", "layer": "vllm.model_executor.layers.activation:SiluAndMul",
+              "custom_op": "silu_and_mul"})
 
 
 def _module(tmp_path: Path, monkeypatch, name: str, text: str) -> None:
@@ -70,14 +71,13 @@ def _module(tmp_path: Path, monkeypatch, name: str, text: str) -> None:
 
 
 def test_the_plugin_calls_a_returning_kernel_as_the_plan_says(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, "returning_rms:rms_norm_returning", functional=True, extra=RMS_SECTION))
+    plan = load_plan(rms_norm_plan(tmp_path, "returning_rms:rms_norm_returning", functional=True, vllm=RMS_VLLM))
     text = render_plugin(plan)
     assert "def kernel_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:" in text
     assert "return kernel(x=x, weight=weight, eps=eps)" in text
     assert "    y = kernel_op(x, weight, eps)\n    return y" in text
     assert "kernel_op(out" not in text and "torch.empty" not in text.split("def run_kernel")[1]
-    (tmp_path / "silu.yaml").write_text(SILU_PLAN)
-    silu = render_plugin(load_plan(tmp_path / "silu.yaml"))
+    silu = render_plugin(load_plan(silu_plan(tmp_path)))
     assert "return kernel(x=x)" in silu and "    out = kernel_op(x)\n    return out" in silu
 
 
@@ -85,8 +85,8 @@ def test_the_plugin_calls_a_returning_kernel_as_the_plan_says(tmp_path):
 @pytest.mark.parametrize("route", ["ir", "custom_op", "plugin"])
 def test_a_returning_kernel_goes_through_every_route(tmp_path, monkeypatch, route):
     _module(tmp_path, monkeypatch, "returning_rms", RETURNING)
-    plan = load_plan(rms_norm_plan(tmp_path, "returning_rms:rms_norm_returning", functional=True, dtype="[bf16]",
-                                   extra=RMS_SECTION))
+    plan = load_plan(rms_norm_plan(tmp_path, "returning_rms:rms_norm_returning", matrix={"dtype": ["bf16"]},
+                                   functional=True, vllm=RMS_VLLM))
     rec = integration.check_route(plan, CELL, route, examples=2)
     assert rec.status == Status.PASSED and rec.kernel_calls >= rec.examples == 2, rec.reason
 
@@ -95,8 +95,7 @@ def test_a_returning_kernel_goes_through_every_route(tmp_path, monkeypatch, rout
 @pytest.mark.parametrize("route", ["custom_op", "plugin"])
 def test_a_returning_silu_kernel_goes_through_vllms_silu_and_mul(tmp_path, monkeypatch, route):
     _module(tmp_path, monkeypatch, "returning_silu", SILU_RETURNING)
-    (tmp_path / "silu.yaml").write_text(SILU_PLAN)
-    plan = load_plan(tmp_path / "silu.yaml")
+    plan = load_plan(silu_plan(tmp_path))
     rec = integration.check_route(plan, CELL, route, examples=2)
     assert rec.status == Status.PASSED and rec.kernel_calls >= 2, rec.reason
 
@@ -122,8 +121,8 @@ def vllm_forward_inputs(layer, x, residual=None):
 ])
 def test_a_failure_says_whose_code_raised(tmp_path, monkeypatch, kernel, route, words):
     _module(tmp_path, monkeypatch, "broken_side", BROKEN)
-    section = RMS_SECTION.replace("}", ", adapter: broken_side}")
-    plan = load_plan(rms_norm_plan(tmp_path, kernel, dtype="[bf16]", extra=section))
+    plan = load_plan(rms_norm_plan(tmp_path, kernel, matrix={"dtype": ["bf16"]},
+                                   vllm={**RMS_VLLM, "adapter": "broken_side"}))
     rec = integration.check_route(plan, CELL, route, examples=2)
     assert rec.status == Status.FAILED and rec.reason.startswith(words), rec.reason
     assert "vLLM's RMSNorm raised" not in rec.reason
@@ -131,7 +130,7 @@ def test_a_failure_says_whose_code_raised(tmp_path, monkeypatch, kernel, route, 
 
 @needs_vllm
 def test_a_failure_in_the_generated_plugin_is_the_harnesss(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16]", extra=RMS_SECTION))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["bf16"]}, vllm=RMS_VLLM))
     text = render_plugin(plan) + "\n\ndef run_kernel(*args, **kwargs):\n    raise RuntimeError('generated wrongly')\n"
     rec = integration.check_route(plan, CELL, "custom_op", examples=2, plugin_text=text)
     assert rec.status == Status.FAILED, rec
@@ -142,15 +141,14 @@ def test_a_failure_in_the_generated_plugin_is_the_harnesss(tmp_path):
 
 @needs_vllm
 @pytest.mark.parametrize("section, words", [
-    ('vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rotary_embedding}\n',
-     "vLLM 0.32.0 has no vllm.ir.ops.rotary_embedding (vllm.ir.ops: "),
-    ('vllm: {route: custom_op, layer: "torch.nn:LayerNorm"}\n',
+    ({**RMS_VLLM, "ir_op": "rotary_embedding"}, "vLLM 0.32.0 has no vllm.ir.ops.rotary_embedding (vllm.ir.ops: "),
+    ({"route": "custom_op", "layer": "torch.nn:LayerNorm"},
      "vLLM 0.32.0's torch.nn:LayerNorm is not a CustomOp: no out-of-tree CustomOp route for it"),
-    ('vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm, '
-     'in_tree_provider: elsewhere}\n', "vLLM 0.32.0 registers no provider 'elsewhere' (vllm.in_tree_provider)"),
+    ({**RMS_VLLM, "in_tree_provider": "elsewhere"},
+     "vLLM 0.32.0 registers no provider 'elsewhere' (vllm.in_tree_provider)"),
 ])
 def test_a_route_the_installed_vllm_lacks_fails_its_items(tmp_path, section, words):
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16]", extra=section))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["bf16"]}, vllm=section))
     rec = integration.check_route(plan, CELL, plan.vllm.route, examples=1)
     assert rec.status == Status.FAILED and rec.reason.startswith(words), rec.reason
     assert rec.vllm == "0.32.0" and rec.kernel_calls is None
@@ -166,7 +164,7 @@ def test_a_plan_without_a_vllm_section_names_no_route(tmp_path):
 
 
 def test_the_page_says_on_which_vllm_the_route_was_proven_or_why_not(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, extra=RMS_SECTION))
+    plan = load_plan(rms_norm_plan(tmp_path, vllm=RMS_VLLM))
     op_dir = tmp_path / "reports" / "rms_norm"
     page = render(plan, op_dir)[0]
     assert "not proven here: no integration item has run yet" in page
@@ -183,7 +181,7 @@ def test_the_page_says_on_which_vllm_the_route_was_proven_or_why_not(tmp_path):
 
 
 def test_a_failed_integration_item_blocks_the_verdict(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, extra=RMS_SECTION))
+    plan = load_plan(rms_norm_plan(tmp_path, vllm=RMS_VLLM))
     res = collect(plan, tmp_path / "reports" / "rms_norm")
     item = dict(route="custom_op", phase="decode", dtype="fp32", tp=1, graph_mode="eager", sm="cpu")
     res.integration = {"vllm-custom_op[decode-fp32-cpu]": IntegrationRecord(**item, status=Status.PASSED)}
@@ -206,21 +204,20 @@ def test_validate_warns_where_the_ops_vllm_side_lacks_what_its_routes_call(tmp_p
     from harness.runtime.resolve import resolve
 
     _module(tmp_path, monkeypatch, "half_side", "from kernels.rms_norm import rms_norm, vllm_layer  # noqa: F401\n")
-    plan = load_plan(rms_norm_plan(tmp_path, "half_side:rms_norm", extra=RMS_SECTION))
+    plan = load_plan(rms_norm_plan(tmp_path, "half_side:rms_norm", vllm=RMS_VLLM))
     warnings = resolve(plan).warnings
     assert len(warnings) == 1 and re.search(
         r"plan.yaml:\d+: vllm.route: the op's vLLM side, half_side, defines no vllm_ir_inputs, vllm_forward_inputs "
         r"\(its routes call vllm_ir_inputs, vllm_layer, vllm_forward_inputs; docs/adding-an-op.md\): its vLLM "
         r"integration items will fail", warnings[0]), warnings
-    fixed = load_plan(rms_norm_plan(tmp_path, "half_side:rms_norm", extra=RMS_SECTION.replace(
-        "}", ", adapter: kernels.rms_norm}")))
+    fixed = load_plan(rms_norm_plan(tmp_path, "half_side:rms_norm", vllm={**RMS_VLLM, "adapter": "kernels.rms_norm"}))
     assert resolve(fixed).warnings == []
 
 
 @needs_vllm
 def test_an_adapter_mapping_onto_other_names_than_the_kernels_says_so(tmp_path, monkeypatch):
     _module(tmp_path, monkeypatch, "wrong_names", WRONG_NAMES)
-    plan = load_plan(rms_norm_plan(tmp_path, dtype="[bf16]", extra=RMS_SECTION.replace("}", ", adapter: wrong_names}")))
+    plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["bf16"]}, vllm={**RMS_VLLM, "adapter": "wrong_names"}))
     rec = integration.check_route(plan, CELL, "custom_op", examples=1)
     assert rec.status == Status.FAILED and rec.reason == (
         "the op's adapter wrong_names.vllm_forward_inputs returned the arguments eps, input, weight; the kernel's "
@@ -243,16 +240,16 @@ class DequantizingMethod(PluginLinearMethod):  # the plugin's weights, but apply
 
 
 @pytest.mark.parametrize("section, words", [
-    ('vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm"}\n',
+    ({"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm"},
      "vllm.route: expected vllm.ir_op beside route ir (the vLLM IR op the provider registers for)"),
-    ("vllm: {route: custom_op}\n",
+    ({"route": "custom_op"},
      "vllm.route: expected vllm.layer beside route custom_op (the vLLM layer whose calls reach the kernel)"),
 ])
 def test_a_route_without_what_it_needs_is_a_plan_error(tmp_path, section, words):
     from harness.spec.plan import PlanError
 
     with pytest.raises(PlanError, match=r"plan.yaml:\d+: " + re.escape(words)):
-        load_plan(rms_norm_plan(tmp_path, extra=section))
+        load_plan(rms_norm_plan(tmp_path, vllm=section))
 
 
 QUANT_RETURNING = """
@@ -272,12 +269,10 @@ def quant_returning(x, scale_ub=None):
 def test_a_kernel_returning_a_tuple_goes_through_the_custom_op_route(tmp_path, monkeypatch):
     _module(tmp_path, monkeypatch, "quant_returning", QUANT_RETURNING)
     bundled = Path(__file__).resolve().parents[1] / "kernels" / "plans" / "dynamic_per_token_fp8_quant.yaml"
-    text = bundled.read_text().replace("kernels.fp8_quant:dynamic_per_token_scaled_fp8_quant     #",
-                                       "quant_returning:quant_returning     #")
-    text = re.sub(r"    out: \{[^\n]*role: output\}\n", "", text)
-    text = re.sub(r"    scales: \{[^\n]*role: output\}\n", "", text)
-    (tmp_path / "quant.yaml").write_text(text)
-    plan = load_plan(tmp_path / "quant.yaml")
+    args = {name: arg for name, arg in read_plan(bundled)["op"]["args"].items()
+            if name not in ("out", "scales")}  # its outputs, returned
+    plan = load_plan(write_plan(tmp_path / "quant.yaml", bundled,
+                                op={"kernel": "quant_returning:quant_returning", "args": args}))
     assert plan.returned_outputs == ("out", "scales")
     assert "    out, scales = kernel_op(x, scale_ub)\n    return out, scales" in render_plugin(plan)
     rec = integration.check_route(plan, CELL, "custom_op", examples=2)
@@ -285,8 +280,7 @@ def test_a_kernel_returning_a_tuple_goes_through_the_custom_op_route(tmp_path, m
 
 
 def test_a_page_draws_nothing_of_a_route_the_vllm_it_ran_against_lacks(tmp_path):
-    section = 'vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rotary_embedding}\n'
-    plan = load_plan(rms_norm_plan(tmp_path, extra=section))
+    plan = load_plan(rms_norm_plan(tmp_path, vllm={**RMS_VLLM, "ir_op": "rotary_embedding"}))
     op_dir = tmp_path / "reports" / "rms_norm"
     assert "vllm.ir.ops.rotary_embedding" in render(plan, op_dir)[0]  # no item has run: the plan's route, unproven
     lacks = "vLLM 0.32.0 has no vllm.ir.ops.rotary_embedding (vllm.ir.ops: rms_norm): no IR route for this op"
@@ -332,21 +326,20 @@ def vllm_ir_inputs(x, std_multiplier, approximate="none"):
     return {"x": x, "std_multiplier": std_multiplier, "approximate": approximate}
 """
 
-SPARSE_PLAN = """
-op:
-  name: gelu_and_mul_sparse
-  intent: drop-in
-  kernel: sparse_side:gelu_and_mul_sparse
-  reference: sparse_side:gelu_and_mul_sparse_ref
-  args:
-    x: {shape: [num_tokens, 2*d], dtype: act}
-    std_multiplier: 1.6448536269514722
-    approximate: none
-  outputs: [out]
-  sizes: {d: [32]}
-matrix: {phase: [decode], dtype: [bf16], tp: [1], graph_mode: [eager], sm: [cpu]}
-vllm: {route: ir, ir_op: gelu_and_mul_sparse, layer: "vllm.model_executor.layers.activation:GeluAndMulSparse"}
-"""
+
+
+def sparse_plan(tmp_path: Path) -> Path:
+    """gelu_and_mul_sparse, vLLM 0.32's third IR op, through SPARSE's kernel and vLLM side."""
+    return write_plan(
+        tmp_path / "sparse.yaml",
+        op={"name": "gelu_and_mul_sparse", "intent": "drop-in", "kernel": "sparse_side:gelu_and_mul_sparse",
+            "reference": "sparse_side:gelu_and_mul_sparse_ref",
+            "args": {"x": {"shape": ["num_tokens", "2*d"], "dtype": "act"}, "std_multiplier": 1.6448536269514722,
+                     "approximate": "none"},
+            "outputs": ["out"], "sizes": {"d": [32]}},
+        matrix=CPU_BF16,
+        vllm={"route": "ir", "ir_op": "gelu_and_mul_sparse",
+              "layer": "vllm.model_executor.layers.activation:GeluAndMulSparse"})
 
 
 @needs_vllm
@@ -354,8 +347,7 @@ vllm: {route: ir, ir_op: gelu_and_mul_sparse, layer: "vllm.model_executor.layers
 def test_a_third_vllm_ir_op_goes_through_the_same_ir_template(tmp_path, monkeypatch, route):
     """vLLM 0.32's third IR op, gelu_and_mul_sparse: its kernel, its vLLM side and its plan, nothing else."""
     _module(tmp_path, monkeypatch, "sparse_side", SPARSE)
-    (tmp_path / "sparse.yaml").write_text(SPARSE_PLAN)
-    plan = load_plan(tmp_path / "sparse.yaml")
+    plan = load_plan(sparse_plan(tmp_path))
     assert "ir_op = ir.ops.gelu_and_mul_sparse" in render_plugin(plan)
     rec = integration.check_route(plan, CELL, route, examples=2)
     assert rec.status == Status.PASSED and rec.kernel_calls >= 2, rec.reason
