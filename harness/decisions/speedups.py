@@ -8,16 +8,11 @@ import statistics
 from dataclasses import dataclass
 
 from harness.decisions.bounds import broken_timing
-from harness.results.store import NOISE_FLOOR, BenchRecord, ImplFigures
+from harness.results.store import NOISE_FLOOR, BenchRecord, ImplFigures, finite_number
 from harness.spec.plan import Plan
 
 REGIMES = ("decode-sized", "prefill-sized")
 IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
-
-
-def is_num(v) -> bool:
-    """A finite number (not a bool, not NaN, not infinite)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
 
 
 def regime(phase: str) -> str:
@@ -67,12 +62,21 @@ def stale(plan: Plan, rec: BenchRecord, name: str) -> str:
     return f"timed on {what}, not on {now}"
 
 
+def not_used(plan: Plan, rec: BenchRecord, name: str) -> str:
+    """Why decisions leave one implementation's figure at a shape out ("" where they use it): timed faster than its
+    bound, a timing the run found broken, or (a baseline) timed on another function than the plan's (`stale`)."""
+    impl = rec.impls.get(name)
+    if impl is None or median(impl) is None:
+        return ""
+    return broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
+
+
 def usable(plan: Plan, rec: BenchRecord) -> BenchRecord:
-    """The record as decisions may use it: a baseline that timed another function than the plan's (`stale`) or was
-    timed faster than its bound is not timed there, with why; a kernel timed faster than its bound has an error."""
+    """The record as decisions may use it: a figure they leave out (`not_used`) is not timed there, with why; a
+    kernel's has an error."""
     impls, speedups = dict(rec.impls), dict(rec.speedup)
     for name, impl in rec.impls.items():
-        why = broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
+        why = not_used(plan, rec, name)
         if not why or impl.error:
             continue
         if name == "kernel":
@@ -102,7 +106,7 @@ def speedup_verdict(rec: BenchRecord, baseline: str) -> str | None:
     if kernel is None or base is None or kernel <= 0:
         return None
     s = rec.speedup.get(baseline)
-    if s is not None and is_num(s.low) and is_num(s.high):
+    if s is not None and finite_number(s.low) and finite_number(s.high):
         return "faster" if s.low > 1 else "slower" if s.high < 1 else "no difference"
     if s is not None and s.verdict in ("faster", "slower", "no difference"):
         return s.verdict
@@ -113,8 +117,9 @@ def spread(slow: ImplFigures, fast: ImplFigures) -> tuple[float, float, float]:
     """slow's time over fast's (> 1: `fast` is faster), with an interval from both q20/q80 spreads widened by
     the noise floor, as the benchmarks compute the kernel's speedups."""
     value = slow.median_us / fast.median_us
-    low = slow.q20_us / fast.q80_us if is_num(slow.q20_us) and is_num(fast.q80_us) and fast.q80_us > 0 else value
-    high = slow.q80_us / fast.q20_us if is_num(slow.q80_us) and is_num(fast.q20_us) and fast.q20_us > 0 else value
+    ok = finite_number
+    low = slow.q20_us / fast.q80_us if ok(slow.q20_us) and ok(fast.q80_us) and fast.q80_us > 0 else value
+    high = slow.q80_us / fast.q20_us if ok(slow.q80_us) and ok(fast.q20_us) and fast.q20_us > 0 else value
     return value, min(low, value / (1 + NOISE_FLOOR)), max(high, value * (1 + NOISE_FLOOR))
 
 
@@ -125,7 +130,7 @@ def ratio(rec: BenchRecord, baseline: str) -> tuple[float, float, float] | None:
     if not (valid(kernel) and valid(base)):
         return None
     s = rec.speedup.get(baseline)
-    if s is not None and is_num(s.value) and is_num(s.low) and is_num(s.high):
+    if s is not None and finite_number(s.value) and finite_number(s.low) and finite_number(s.high):
         return s.value, s.low, s.high
     return spread(base, kernel)
 

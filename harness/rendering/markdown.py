@@ -10,7 +10,7 @@ import re
 
 from tabulate import tabulate
 
-from harness.decisions.speedups import is_num
+from harness.results.store import finite_number
 from harness.spec.status import Status
 
 MARKS = {Status.PASSED: "✅", Status.FAILED: "❌", Status.NOT_RUN: "⏭", Status.EXCLUDED: "🚫", Status.XFAIL: "⚠️",
@@ -57,12 +57,12 @@ def py_tuple(items) -> str:
 
 
 def fmt(v, digits: int = 3) -> str:
-    if not is_num(v):
+    if not finite_number(v):
         return NO_RESULT if v is None else md(v)
     return f"{v:.{digits}g}"
 
 
 def fmt_us(v) -> str:
-    if not is_num(v):
+    if not finite_number(v):
         return NO_RESULT
     return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"

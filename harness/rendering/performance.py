@@ -9,14 +9,14 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from harness.decisions.bounds import BOUND_SLACK, broken_timing
+from harness.decisions.bounds import BOUND_SLACK
 from harness.decisions.reasons import first_line
 from harness.decisions.recommendations import Recommendation
-from harness.decisions.speedups import REGIMES, baselines, impl_order, is_num, median, regime, speedup_verdict, \
-    stale, why_untimed
+from harness.decisions.speedups import REGIMES, baselines, impl_order, median, not_used, regime, speedup_verdict, \
+    why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
 from harness.results.merge import Merged
-from harness.results.store import BenchRecord, ImplFigures
+from harness.results.store import BenchRecord, ImplFigures, finite_number
 from harness.spec.plan import PHASES, Plan
 from harness.spec.vllm_ops import VLLM_DEFAULT
 
@@ -151,7 +151,7 @@ def _bench_table(res: Merged, items: list) -> list[str]:
         bid, r = item
         return (PHASES.index(r.phase) if r.phase in PHASES else 9,
                 plan.matrix["dtype"].index(r.dtype) if r.dtype in plan.matrix["dtype"] else 99,
-                str(r.graph_mode), r.num_tokens if is_num(r.num_tokens) else 0,
+                str(r.graph_mode), r.num_tokens if finite_number(r.num_tokens) else 0,
                 [(k, str(v)) for k, v in sorted(r.sizes.items())], bid)
 
     rows = []
@@ -166,7 +166,7 @@ def _bench_table(res: Merged, items: list) -> list[str]:
             row.append(f"stale: {md(other_checks[id(r)])}" if other_checks[id(r)] else "current")
         rows.append(row)
     copy = sorted({fmt(r.copy_bw_gbps, 6) for r in recs})
-    read = sorted({fmt(r.read_bw_gbps, 6) for r in recs if is_num(r.read_bw_gbps)})
+    read = sorted({fmt(r.read_bw_gbps, 6) for r in recs if finite_number(r.read_bw_gbps)})
     timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
             + (f" (read bandwidth: {', '.join(read)} GB/s)" if read else "")
@@ -179,23 +179,15 @@ def _bench_table(res: Merged, items: list) -> list[str]:
 
 def bound_note(recs: list[BenchRecord]) -> str:
     """The measured peak and launch floor the bounds come from, or that these results have no bound."""
-    bounded = [r for r in recs if is_num(r.bound_us)]
-    peaks = sorted({fmt(r.peak_tflops, 4) for r in bounded if is_num(r.peak_tflops)})
-    floors = sorted({fmt(r.launch_floor_us, 3) for r in bounded if is_num(r.launch_floor_us)})
+    bounded = [r for r in recs if finite_number(r.bound_us)]
+    peaks = sorted({fmt(r.peak_tflops, 4) for r in bounded if finite_number(r.peak_tflops)})
+    floors = sorted({fmt(r.launch_floor_us, 3) for r in bounded if finite_number(r.launch_floor_us)})
     text = (f"; matrix-multiply peak measured: {', '.join(peaks)} TFLOP/s" if peaks else "") + \
         (f"; launch floor measured: {', '.join(floors)} µs" if floors else "")
     if len(bounded) < len(recs):
         text += (f"; no bound recorded for {len(recs) - len(bounded)} of {len(recs)} items (timed before bounds were "
                  "measured, or on a CPU machine, which measures none): their % of bound is unknown")
     return text
-
-
-def not_used(plan: Plan, rec: BenchRecord, name: str) -> str:
-    """Why one implementation's figure at a shape is not used for decisions ("" where it is)."""
-    impl = rec.impls.get(name)
-    if impl is None or median(impl) is None:
-        return ""
-    return broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
 
 
 def shared_note(recs: list[BenchRecord]) -> str:
@@ -227,15 +219,15 @@ def impl_cell(impl: ImplFigures | None, unused: str = "") -> str:
         return NO_RESULT
     if median(impl) is None:
         return f"not run: {md(why_untimed(impl))}"
-    gbps = f"{impl.gbps:.0f}" if is_num(impl.gbps) else NO_RESULT
+    gbps = f"{impl.gbps:.0f}" if finite_number(impl.gbps) else NO_RESULT
     text = f"{fmt_us(impl.median_us)} µs · {gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%"
-    if is_num(impl.launch_us) and abs(impl.launch_us / impl.median_us - 1) > LAUNCH_GAP:
+    if finite_number(impl.launch_us) and abs(impl.launch_us / impl.median_us - 1) > LAUNCH_GAP:
         # The two measure different things; where they differ, one figure would mislead (docs/report.md).
         text = (f"{fmt_us(impl.median_us)} µs back-to-back · {fmt_us(impl.launch_us)} µs launch-inclusive · "
                 f"{gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%")
-    if is_num(impl.tflops):
+    if finite_number(impl.tflops):
         text += f" · {fmt(impl.tflops, 3)} TFLOP/s"
-    if is_num(impl.pct_of_bound):
+    if finite_number(impl.pct_of_bound):
         text += f" · {fmt(impl.pct_of_bound, 3)}% of bound"
     if unused and not impl.error:  # the whole reason is in the decisions and open items
         short = "broken timing (faster than its bound)" if "broken timing" in unused else unused.split(", not on")[0]
@@ -256,7 +248,9 @@ def speedup_cell(rec: BenchRecord, baseline: str, unused: str = "") -> str:
     if unused:
         return "not used"
     s = rec.speedup.get(baseline)
-    ratio = s.value if s is not None and is_num(s.value) else median(rec.impls[baseline]) / median(rec.impls["kernel"])
+    recorded = s is not None and finite_number(s.value)
+    ratio = s.value if recorded else median(rec.impls[baseline]) / median(rec.impls["kernel"])
     value = f"{ratio:.2f}×"
-    interval = f" ({s.low:.2f}–{s.high:.2f})" if s is not None and is_num(s.low) and is_num(s.high) else ""
+    interval = f" ({s.low:.2f}–{s.high:.2f})" if s is not None and finite_number(s.low) and finite_number(s.high) \
+        else ""
     return f"no difference: {value}{interval}" if verdict_ == "no difference" else f"{value}{interval}"
