@@ -1,6 +1,9 @@
-"""The items of one plan's run: a numerics cell, a vLLM route item and a benchmark shape, collected from the plan
-file; each runs its kernel in an isolated worker (harness.runtime.workers) and records what it ended in. A benchmark
-item hands the kernel's device samples to pytest-benchmark."""
+"""The items of one plan's run, collected from the plan file: a numerics cell, a vLLM route item, vLLM's fusion pass
+under one profile (`fusion[none-bf16-cpu]`, for plans of fused ops), a running engine (`engine[tiny_llama-...]`, for
+plans whose kernel replaces a vLLM layer) and a benchmark shape. Each runs its kernel in an isolated worker
+(harness.runtime.workers), or in processes of its own, and records what it ended in. A benchmark item hands the
+kernel's device samples to pytest-benchmark. Markers `fusion` and `engine` select or deselect the vLLM run items
+(`-m "not engine"` leaves out the engine's start-ups, 2 to 4 minutes on a 2-core CPU machine)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ import os
 
 import pytest
 
+from harness.integration.engine import engine_profiles, engine_unsupported, run_engine_item
+from harness.integration.engine import item_name as engine_item_name
+from harness.integration.fusion import FusionTask, fusion_items, run_fusion_item
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, integration_routes, run_integration_item
 from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
-from harness.plugin.vllm_items import vllm_run_items
-from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Status
+from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status
 from harness.runtime.bench import (
     BenchOutcome,
     BenchSpec,
@@ -32,6 +37,7 @@ from harness.runtime.vllm_kernels import vllm_missing
 from harness.runtime.workers import Fault
 from harness.spec.matrix import Cell, Decision, decide, expand
 from harness.spec.plan import Plan
+from harness.spec.vllm_fusions import FUSION_DTYPE, FusionProfile, fusion_case
 from harness.spec.vllm_ops import unsupported
 
 
@@ -48,7 +54,7 @@ class PlanFile(pytest.File):
                 item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
             yield item
         yield from self._integration_items(plan, hw)
-        yield from vllm_run_items(self, plan, hw.sm, s)  # vLLM's fusion passes; a running engine
+        yield from vllm_run_items(self, plan, hw.sm)  # vLLM's fusion passes; a running engine
         if self.config.getoption("--bench"):
             for spec in bench_specs(plan, hw.sm):
                 item = BenchItem.create(self, spec, skip_reason(plan, spec, hw, s.max_cpu_ranks))
@@ -337,3 +343,88 @@ def store_in_pytest_benchmark(benchmark, clock: DeviceClock, timing: Timing, rec
         "launches": figs.launches, "rotated_sets": rec.rotated_sets,
         "speedup": {name: sp.value for name, sp in rec.speedup.items() if sp.value is not None}})
     benchmark.pedantic(clock.advance, rounds=clock.load(timing), iterations=1)
+
+
+# ---------------------------------------------------------------- vLLM's fusion passes and a running engine
+
+MARKERS = ("fusion: vLLM's fusion pass over vLLM's layers, per profile",
+           "engine: vLLM's engine serving requests with the plan's plugin (minutes on a CPU machine)")
+FUSION_TIMEOUT_S = 600.0  # two Inductor compiles of a few layers, and vLLM's import in a fresh worker
+
+
+def names_vllm_op(plan: Plan) -> bool:
+    """The plans the route items are collected for: a `vllm:` section naming a layer or op, not vLLM's own kernel."""
+    return bool(plan.vllm.layer or plan.vllm.ir_op or plan.vllm.custom_op) and not plan.vllm_kernel
+
+
+def vllm_run_items(parent, plan: Plan, sm: str):
+    """The fusion items of a fused op's plan and the engine item of a plan naming a vLLM op, on this machine's SM."""
+    for name, profile in fusion_items(plan, sm):
+        item = FusionItem.from_parent(parent, name=name, profile=profile, sm=sm)
+        item.add_marker("fusion")
+        yield item
+    if sm in plan.matrix["sm"] and names_vllm_op(plan):
+        for profile in engine_profiles(sm):
+            item = EngineItem.from_parent(parent, name=engine_item_name(sm, profile), sm=sm, profile=profile)
+            item.add_marker("engine")
+            yield item
+
+
+class _VllmRunItem(PlanItem):
+    def __init__(self, *, sm: str, **kwargs):
+        super().__init__(**kwargs)
+        self.sm = sm
+
+    def _finish(self, rec: IntegrationRecord) -> None:
+        """Record the item; skip it where it did not run here, fail it with its reason (no traceback)."""
+        session_of(self.config).record("integration", self.name, rec)
+        if rec.status == Status.NOT_RUN:
+            pytest.skip(rec.reason)
+        if rec.status == Status.FAILED:
+            pytest.fail(f"{self.name} failed: {rec.reason}", pytrace=False)
+
+
+class FusionItem(_VllmRunItem):
+    """vLLM's fusion pass over vLLM's layer sequence under one profile."""
+
+    def __init__(self, *, profile: FusionProfile, **kwargs):
+        super().__init__(**kwargs)
+        self.profile = profile
+
+    def _record_of(self, status: Status, reason: str) -> IntegrationRecord:
+        case = fusion_case(session_of(self.config).plan)
+        return IntegrationRecord(route="fusion", phase="all", dtype=FUSION_DTYPE, tp=1, graph_mode="torch_compile",
+                                 sm=self.sm, status=status, reason=reason,
+                                 fusion=FusionOutcome(self.profile.id, list(self.profile.custom_ops),
+                                                      self.profile.ir_priorities(case), case.pass_class))
+
+    def setup(self):
+        if vllm_missing():  # without starting a worker
+            self._finish(self._record_of(Status.NOT_RUN, vllm_missing()))
+
+    def runtest(self):
+        # The vLLM worker the route items use: vLLM is imported there once.
+        task = FusionTask(session_of(self.config).plan, self.profile.id, self.sm)
+        value = session_of(self.config).worker("vllm").call(run_fusion_item, task, FUSION_TIMEOUT_S)
+        self._finish(self._record_of(Status.FAILED, value.reason) if isinstance(value, Fault) else value)
+
+
+class EngineItem(_VllmRunItem):
+    """vLLM's engine serving requests with the plan's plugin loaded, against the engine without it."""
+
+    def __init__(self, *, profile: str, **kwargs):
+        super().__init__(**kwargs)
+        self.profile = profile
+
+    def setup(self):
+        s = session_of(self.config)
+        why = engine_unsupported(s.plan) or (
+            f"not run: the kernel killed its worker in every numerics cell ({s.cells_killed}); an engine serving it "
+            "would only crash" if s.cells_killed and not s.cells_survived else "")
+        if why:
+            self._finish(IntegrationRecord(route="engine", phase="all", dtype="bf16", tp=1, graph_mode="eager",
+                                           sm=self.sm, status=Status.NOT_RUN, reason=why))
+
+    def runtest(self):
+        # In this process: the engines run in processes of their own, started by spawn.
+        self._finish(run_engine_item(session_of(self.config).plan, self.sm, profile=self.profile))

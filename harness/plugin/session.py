@@ -16,10 +16,10 @@ import pytest
 from hypothesis import settings
 
 from harness.decisions.verdicts import sm_verdicts, verdict
+from harness.plugin.items import MARKERS as VLLM_RUN_MARKERS
 from harness.plugin.items import CellItem, PlanFile
 from harness.plugin.state import SESSION_KEY, Session, session_of, start_memchecks, xdist_worker
 from harness.plugin.summary import SAMPLED_OUT, cells_summary
-from harness.plugin.vllm_items import MARKERS as VLLM_RUN_MARKERS
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.merge import collect
