@@ -19,10 +19,9 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
 
 import pytest
 
-from harness.runtime.device import use_triton_interpreter
-from harness.runtime.interpreter import make_faithful
+from harness.interpreter import make_faithful, switch_on
 
-use_triton_interpreter()
+switch_on()
 make_faithful()
 
 pytest_plugins = ["harness.plugin", "pytester"]

@@ -1,4 +1,4 @@
-"""harness.runtime.interpreter: the probe finds what Triton's CPU interpreter gets wrong in low precision,
+"""harness.interpreter: the probe finds what Triton's CPU interpreter gets wrong in low precision,
 make_faithful() fixes it, and kernels that compute in low precision on purpose keep their results."""
 
 import json
@@ -20,7 +20,8 @@ import triton  # noqa: E402  (after the check: TRITON_INTERPRET must be set befo
 import triton.language as tl  # noqa: E402
 import triton.runtime.interpreter as triton_interpreter  # noqa: E402
 
-from harness.runtime import interpreter  # noqa: E402
+from harness import interpreter  # noqa: E402
+from harness.interpreter import faithful  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +34,7 @@ def still_unfaithful():
 
 def test_probe_finds_known_problems_of_an_unpatched_interpreter():
     # A fresh process: make_faithful() in this one must not hide what the interpreter does unpatched.
-    code = "import json; from harness.runtime import interpreter; print(json.dumps(interpreter.probe()))"
+    code = "import json; from harness import interpreter; print(json.dumps(interpreter.probe()))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -65,14 +66,14 @@ def test_make_faithful_leaves_nothing_unfaithful_and_is_idempotent(still_unfaith
 
 
 def test_a_missing_patch_point_is_left_unpatched_and_reported(still_unfaithful, monkeypatch):
-    points = interpreter._patch_points
+    points = faithful._patch_points
 
     def with_missing(interp):
         return points(interp) + [(interp.InterpreterBuilder, "create_no_such_op", lambda i, o: o)]
 
-    monkeypatch.setattr(interpreter, "_patch_points", with_missing)
+    monkeypatch.setattr(faithful, "_patch_points", with_missing)
     assert interpreter.make_faithful() == {}
-    assert "InterpreterBuilder.create_no_such_op" in interpreter.MISSING_PATCH_POINTS
+    assert "InterpreterBuilder.create_no_such_op" in faithful.MISSING_PATCH_POINTS
     assert not hasattr(triton_interpreter.InterpreterBuilder, "create_no_such_op")
 
 
@@ -170,7 +171,7 @@ from triton.language.extra import libdevice  # noqa: E402
 from triton.language.extra.cuda import libdevice as cuda_libdevice  # noqa: E402
 from triton.language.math import rsqrt as rsqrt_by_name  # noqa: E402
 
-from harness.runtime.interpreter_unfaithful import InterpreterUnfaithful  # noqa: E402
+from harness.interpreter.unfaithful import InterpreterUnfaithful  # noqa: E402
 
 
 @triton.jit
@@ -415,7 +416,7 @@ def test_nothing_is_patched_without_triton_interpret():
     # On a GPU machine, or with the interpreter off, make_faithful() is inert: nothing of triton is replaced.
     code = ("import json, triton.runtime.interpreter as i, triton.runtime.autotuner as a;"
             "from triton.language.extra import libdevice as l;"
-            "from harness.runtime import interpreter;"
+            "from harness import interpreter;"
             "print(json.dumps([interpreter.make_faithful(), interpreter.probe(),"
             " [getattr(f, '_harness_faithful', False) for f in (i._implicit_cvt, i._patch_lang,"
             " i.InterpreterBuilder.binary_op, i.InterpretedFunction.run, a.Autotuner._bench)],"
@@ -432,7 +433,7 @@ def test_nothing_is_patched_without_triton_interpret():
 def test_every_libdevice_symbol_is_computed_or_named_unfaithful(still_unfaithful):
     # Each of the __nv_* symbols Triton's CUDA libdevice table calls, on a few values of its argument types:
     # a value of the result type for every element, or InterpreterUnfaithful for the few without a faithful form.
-    from harness.runtime import interpreter_libdevice as ld
+    from harness.interpreter import libdevice as ld
 
     samples = {"fp32": np.array([0.5, 1.5, -2.25, 3.0], np.float32), "fp64": np.array([0.5, 1.5, -2.25, 3.0]),
                "int32": np.array([1, 7, -3, 2], np.int32), "uint32": np.array([1, 7, 3, 2], np.uint32),

@@ -5,7 +5,7 @@ its reason.
 
 These kernels are correct on an H200; on a CPU machine they run in Triton's interpreter, which as shipped fails
 them (a float argument stays a Python float, libdevice returns None, @triton.autotune needs a GPU to time its
-configs). harness.runtime.interpreter makes it faithful; `python -m tests.thirdparty.survey stock|faithful` runs
+configs). harness.interpreter makes it faithful; `python -m tests.thirdparty.survey stock|faithful` runs
 more of these packages' kernels, before and after.
 """
 

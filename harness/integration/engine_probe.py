@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from harness.runtime.interpreter import make_faithful
+from harness.interpreter import make_faithful
 
 PROBE_ENV = "HARNESS_ENGINE_PROBE"  # JSON: {"dir": folder for the call files, "ops": {module: op name}}
 MODEL_CODE = os.sep + os.path.join("vllm", "model_executor", "models") + os.sep

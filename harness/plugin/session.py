@@ -26,8 +26,8 @@ from harness.results.merge import collect
 from harness.results.store import Recorder, Status
 from harness.runtime.bench import check_models, prepare_benchmarks
 from harness.runtime.check_code import plan_code_warnings
-from harness.runtime.device import detect, provenance, use_triton_interpreter
-from harness.runtime.interpreter import make_faithful
+from harness.interpreter import make_faithful, switch_on
+from harness.runtime.device import detect, provenance
 from harness.runtime.runner import NIGHTLY_FACTOR
 from harness.runtime.vllm_kernels import LIBRARY_ENV
 from harness.spec.load import load_plan
@@ -36,8 +36,9 @@ from harness.spec.plan import PlanError
 
 
 def pytest_configure(config):
-    use_triton_interpreter()  # before the plan's kernels import triton: on CPUs they run in its interpreter
-    make_faithful()  # ... computing what a GPU computes, in this process too (--isolation none)
+    switch_on()  # before the plan's kernels import triton: on CPUs they run in its interpreter
+    if config.getoption("--isolation") == "none":
+        make_faithful()  # cells run in this process: computing what a GPU computes here too (workers do it anyway)
     library = config.getoption("--vllm-ops-library")
     if library:
         os.environ[LIBRARY_ENV] = str(Path(library).resolve())  # workers inherit it

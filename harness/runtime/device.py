@@ -1,8 +1,4 @@
-"""This machine, seen through torch: its hardware, the Triton interpreter switch, and a run's provenance.
-
-`use_triton_interpreter()` must run before anything imports triton: on a machine without CUDA,
-Triton kernels then run in Triton's interpreter on CPU tensors.
-"""
+"""This machine, seen through torch: its hardware and a run's provenance."""
 
 from __future__ import annotations
 
@@ -21,13 +17,6 @@ import torch
 from harness.spec.hardware import Hardware
 from harness.results.checks_version import checks_version
 from harness.results.store import Provenance
-
-
-def use_triton_interpreter() -> bool:
-    """Set TRITON_INTERPRET=1 when there is no CUDA device; returns whether it is set."""
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @lru_cache(maxsize=1)

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from harness.runtime.calls import first_line
-from harness.runtime.interpreter_unfaithful import unfaithful
+from harness.interpreter.unfaithful import unfaithful
 from harness.runtime.inputs import Example, in_layout
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve

@@ -24,7 +24,7 @@ from harness.runtime import accumulation, numerics
 from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.device import detect, free_device_memory, memory_held_elsewhere
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
-from harness.runtime.interpreter_unfaithful import unfaithful
+from harness.interpreter.unfaithful import unfaithful
 from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized, in_place_reason

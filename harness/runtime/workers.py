@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 
 from harness.runtime.device import apply_memory_cap, detect, free_device_memory
-from harness.runtime.interpreter import make_faithful
+from harness.interpreter import make_faithful
 
 # Multicast NVLink (NVLS) is off for every group: where the fabric does not support it, NCCL and
 # symmetric memory fail at init or hang.
@@ -143,7 +143,7 @@ def _serve(conn, fn: Callable, task: Any, reports: bool = False) -> bool:
 
 def start_up() -> None:
     """What every worker and rank does at its start, outside every call's time limit: on a CPU machine the
-    interpreter made to compute what a GPU computes (harness.runtime.interpreter), and the imports torch makes
+    interpreter made to compute what a GPU computes (harness.interpreter), and the imports torch makes
     lazily, on first use (torch.testing's first comparison imports torch.distributed.tensor, sympy, torch.fx: 0.7 s
     on a 2-core CPU machine, several times that on a busy one). Cheap where the fork server did it already
     (harness.runtime.worker_preload)."""

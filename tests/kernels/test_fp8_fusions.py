@@ -6,7 +6,7 @@ broken fp8 variants.
 fp8 outputs are compared in the quantized domain, as vLLM's fp8 tests do: no NaN where the reference is
 finite, no element more than one fp8 step from the reference, and at most MAX_OFF_BY_ONE of them one
 step off (the dequantized error is in each message). On a CPU machine the kernels run in Triton's
-interpreter, first made faithful by harness.runtime.interpreter.make_faithful(): unpatched, its fp32 -> e4m3fn
+interpreter, first made faithful by harness.interpreter.make_faithful(): unpatched, its fp32 -> e4m3fn
 cast loses the round-up carry (124.2 -> 64, not 128) and it truncates fp32 -> bf16. On a GPU machine
 the same tests run on CUDA.
 """
@@ -56,7 +56,7 @@ def faithful_interpreter():
     casts these kernels use are still wrong, since no verdict below would then mean anything."""
     if torch.cuda.is_available():
         return
-    from harness.runtime.interpreter import make_faithful
+    from harness.interpreter import make_faithful
 
     still_wrong = make_faithful()
     used = {k: v for k, v in still_wrong.items() if k in ("fp32->bf16", "fp32->fp16", "fp32->float8_e4m3fn")}
@@ -310,7 +310,7 @@ def _fnuz_or_skip() -> torch.dtype:
     why = cast_mismatch(E4M3FNUZ)
     if why:
         pytest.skip(f"the interpreter's fp32 -> float8_e4m3fnuz cast is not faithful ({why}); "
-                    "harness.runtime.interpreter.make_faithful() does not patch that format, so no verdict is possible")
+                    "harness.interpreter.make_faithful() does not patch that format, so no verdict is possible")
     return E4M3FNUZ
 
 

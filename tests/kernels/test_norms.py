@@ -31,7 +31,7 @@ SHAPES = [(5, 4096, rn.TWO_PASS_BYTES), (3, 5120, 1), (2, 40_001, rn.TWO_PASS_BY
 def faithful_interpreter():
     if torch.cuda.is_available():
         return
-    from harness.runtime.interpreter import make_faithful
+    from harness.interpreter import make_faithful
 
     still_wrong = make_faithful()
     assert "fp32->bf16" not in still_wrong and "fp32->fp16" not in still_wrong, still_wrong

@@ -1,7 +1,7 @@
 """Run third-party Triton kernels in Triton's interpreter against PyTorch, and say which fail and why.
 
     TRITON_INTERPRET=1 python -m tests.thirdparty.survey stock      # the interpreter as Triton ships it
-    TRITON_INTERPRET=1 python -m tests.thirdparty.survey faithful   # after harness.runtime.interpreter.make_faithful()
+    TRITON_INTERPRET=1 python -m tests.thirdparty.survey faithful   # after harness.interpreter.make_faithful()
 
 One line per kernel: ok (max error against the reference), wrong (the error), raised (the exception) or
 inconclusive (InterpreterUnfaithful: a construct the interpreter cannot compute as a GPU does). A case whose
@@ -366,12 +366,12 @@ def _importable(pkg) -> bool:
 
 def main(mode: str, only: str | None = None) -> int:
     if mode == "faithful":
-        from harness.runtime.interpreter import make_faithful
+        from harness.interpreter import make_faithful
         left = make_faithful()
         print("make_faithful: still unfaithful:", left or "nothing")
     unfaithful = ()
     try:
-        from harness.runtime.interpreter import InterpreterUnfaithful
+        from harness.interpreter import InterpreterUnfaithful
         unfaithful = (InterpreterUnfaithful,)
     except ImportError:
         pass

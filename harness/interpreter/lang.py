@@ -1,4 +1,4 @@
-"""Triton's interpreter, made to run what public libraries' kernels do on a GPU (harness.runtime.interpreter
+"""Triton's interpreter, made to run what public libraries' kernels do on a GPU (harness.interpreter
 installs these patches; its docstring lists what they fix).
 
 - typed scalars: a Python float argument is an fp32 scalar tensor, an int one int32 / int64 / uint64 by value
@@ -6,7 +6,7 @@ installs these patches; its docstring lists what they fix).
 - loops: the index of ``range`` / ``tl.range`` is an integer tensor typed from the bounds, as scf.for's is on a
   GPU (the interpreter gives a Python int, so ``i.to(tl.int64)`` raised); ``tl.static_range`` keeps ints, as
   it unrolls on a GPU (``patch_transform_ast``, ``patch_lang``);
-- libdevice and builtins imported by name (harness.runtime.interpreter_libdevice);
+- libdevice and builtins imported by name (harness.interpreter.libdevice);
 - ``@triton.autotune``: the first of the pruned configs runs (``patch_autotune_bench``);
 - grid dependency control is a no-op (``gdc_wait``, ``gdc_launch_dependents`` and their PTX, griddepcontrol);
   ``tl.inline_asm_elementwise`` raises InterpreterUnfaithful unless it is that or a 32-bit move;
@@ -20,8 +20,8 @@ import operator
 
 import numpy as np
 
-from harness.runtime.interpreter_unfaithful import InterpreterUnfaithful, kernel_site
-from harness.runtime.interpreter_libdevice import _is_builtin, _with_semantic, binder
+from harness.interpreter.unfaithful import InterpreterUnfaithful, kernel_site
+from harness.interpreter.libdevice import _is_builtin, _with_semantic, binder
 
 LOOP_RANGE = "_harness_loop_range"  # the name `for i in range(...)` in kernel source is rewritten to
 

@@ -3,7 +3,7 @@
 On a GPU, a kernel's `libdevice.rsqrt(x)` (from `triton.language.extra.libdevice`, a module of stubs that the
 compiler maps to the target's library, or from `triton.language.extra.cuda.libdevice` directly) becomes a call
 of `__nv_rsqrtf`. Triton's interpreter leaves these out: the stubs return None, and the CUDA functions end in
-`create_extern_elementwise`, which raises NotImplementedError. `make_faithful()` (harness.runtime.interpreter)
+`create_extern_elementwise`, which raises NotImplementedError. `make_faithful()` (harness.interpreter)
 binds the stubs to the CUDA functions, as the compiler does, and `create_extern_elementwise` below computes
 each `__nv_*` symbol with numpy. Triton's own table (which argument types each function takes, and the result
 type) is kept: a call a GPU would reject is rejected here too.
@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from harness.runtime.interpreter_unfaithful import InterpreterUnfaithful, kernel_site
+from harness.interpreter.unfaithful import InterpreterUnfaithful, kernel_site
 
 _SIGNATURES: dict[str, tuple[str, tuple[str, ...], str]] | None = None  # symbol -> (function, arg types, result)
 # Functions that cannot be computed faithfully here (see the module docstring).

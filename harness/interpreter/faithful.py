@@ -17,11 +17,11 @@ Liger-Kernel's and flash-linear-attention's kernels, tests/thirdparty/survey.py)
 - ``triton.language.extra.libdevice`` functions are stubs that return None (the compiler maps them to the
   target's library), ``triton.language.extra.cuda.libdevice`` ones raise NotImplementedError, and a
   builtin imported by name (``from triton.language.math import rsqrt``) or passed as an argument
-  (``FN=tl.exp``) raises "Did you forget to add @triton.jit": harness.runtime.interpreter_libdevice binds
+  (``FN=tl.exp``) raises "Did you forget to add @triton.jit": harness.interpreter.libdevice binds
   libdevice and computes its 197 functions;
 - ``@triton.autotune`` with several configs times them with a GPU benchmarker, which a CPU machine lacks;
 - grid dependency control (``tl.extra.cuda.gdc_wait``, PTX ``griddepcontrol``) is missing.
-harness.runtime.interpreter_lang holds these patches. What cannot be computed as a GPU does (inline PTX,
+harness.interpreter.lang holds these patches. What cannot be computed as a GPU does (inline PTX,
 ``tl.inline_asm_elementwise``, other than a 32-bit move; libdevice's jn, yn, rcp64h) raises
 InterpreterUnfaithful: a result on a CPU machine would say nothing of the kernel.
 
@@ -38,7 +38,8 @@ import os
 import numpy as np
 import torch
 
-from harness.runtime import interpreter_lang, interpreter_libdevice
+from harness.interpreter import lang
+from harness.interpreter.libdevice import patch_extern_elementwise
 
 # Bound lazily (see _triton): TRITON_INTERPRET must be set before triton's first import, so this
 # module must not import triton at import time.
@@ -321,7 +322,6 @@ def _patch_reduce_min_max(interp, original):
 def _patch_points(interp):
     from triton.runtime import autotuner
 
-    lang, libdevice_ = interpreter_lang, interpreter_libdevice
     builder = getattr(interp, "InterpreterBuilder", None)
     reduce_ops = getattr(interp, "ReduceOps", None)
     return [
@@ -338,7 +338,7 @@ def _patch_points(interp):
         (interp, "_implicit_cvt", lang.patch_implicit_cvt),
         (interp, "_patch_lang", lang.patch_lang),
         (getattr(interp, "FunctionRewriter", None), "_transform_ast", lang.patch_transform_ast),
-        (builder, "create_extern_elementwise", libdevice_.patch_extern_elementwise),
+        (builder, "create_extern_elementwise", patch_extern_elementwise),
         (builder, "create_inline_asm", lang.patch_inline_asm),
         (builder, "create_grid_dependency_wait", lang.patch_no_op),
         (builder, "create_grid_dependency_launch_dependents", lang.patch_no_op),
@@ -368,7 +368,7 @@ def _install_patches() -> None:
             if label not in MISSING_PATCH_POINTS:
                 MISSING_PATCH_POINTS.append(label)
             continue
-        patched.__doc__ = f"harness.runtime.interpreter: {attr} computing as an H200 does."
+        patched.__doc__ = f"harness.interpreter: {attr} computing as an H200 does."
         patched.__wrapped__ = current
         patched._harness_faithful = True
         setattr(owner, attr, patched)
@@ -559,7 +559,7 @@ def probe() -> dict[str, str]:
         f8 = bits.view(dtype)
         got = run(7, f8, f8, torch.empty(n, dtype=torch.float32))
         result[name] = _verdict(name, got, f8.float(), lambda j: f"0x{int(bits[j]):02x}")
-    return {**result, **interpreter_lang.probe()}
+    return {**result, **lang.probe()}
 
 
 def make_faithful() -> dict[str, str]:

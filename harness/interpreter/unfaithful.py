@@ -36,13 +36,13 @@ def unfaithful(exc: BaseException) -> InterpreterUnfaithful | None:
 def kernel_site() -> str:
     """' at file:line' of the innermost kernel source line on the stack (outside triton and this harness's
     interpreter modules), for an InterpreterUnfaithful's construct; '' when there is none."""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep  # this package
     import triton  # here, not at import: TRITON_INTERPRET must be set before triton is imported
 
-    skip = (os.path.dirname(os.path.abspath(triton.__file__)) + os.sep, os.path.dirname(np.__file__) + os.sep)
+    skip = (os.path.dirname(os.path.abspath(triton.__file__)) + os.sep, os.path.dirname(np.__file__) + os.sep, here)
     for frame in reversed(traceback.extract_stack()[:-1]):
         path = os.path.abspath(frame.filename)
-        if path.startswith(skip) or (os.path.dirname(path) == here and "interpreter" in os.path.basename(path)):
+        if path.startswith(skip):
             continue
         return f" at {os.path.basename(path)}:{frame.lineno}"
     return ""
