@@ -56,6 +56,36 @@ def test_probe_finds_known_problems_of_an_unpatched_interpreter():
     assert found["inline asm"].startswith("raised NotImplementedError"), found["inline asm"]
 
 
+USER_SCRIPT = """
+import json, torch
+from harness.interpreter import make_faithful, switch_on
+on = switch_on()
+left = make_faithful()
+import triton, triton.language as tl
+
+@triton.jit
+def mul(x_ptr, y_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(out_ptr + i, tl.load(x_ptr + i) * tl.load(y_ptr + i))
+
+g = torch.Generator().manual_seed(0)
+x, y = (torch.randn(256, generator=g).to(torch.bfloat16) for _ in range(2))
+out = torch.empty_like(x)
+mul[(1,)](x, y, out, N=256)
+print(json.dumps([on, left, torch.equal(out, x * y)]))
+"""
+
+
+def test_a_users_script_checks_a_kernel_as_the_package_docstring_shows():
+    # The public API on its own, in a fresh process that never set TRITON_INTERPRET: the switch sets it (no CUDA
+    # here), and a bf16 product the stock interpreter computes on raw bits comes out as torch's.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", USER_SCRIPT], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, {}, True]
+
+
 def test_make_faithful_leaves_nothing_unfaithful_and_is_idempotent(still_unfaithful):
     assert still_unfaithful == {}
     assert interpreter.make_faithful() == {}
