@@ -194,3 +194,9 @@ def undecided(res: Merged, sm: str, recs: list[Recommendation]) -> list[tuple[st
     """The (dtype, regime) pairs an SM's benchmarks should time (`wanted`) that no recommendation decides yet."""
     have = {(r.dtype, r.regime) for r in recs if r.sm == sm and r.choice}
     return [pair for pair in wanted(res, sm) if pair not in have]
+
+
+def pairs_text(pairs: list[tuple[str, str]]) -> str:
+    """(dtype, regime) pairs by regime: "decode-sized bf16, fp16; prefill-sized bf16"."""
+    return "; ".join(f"{reg} {', '.join(d for d, g in pairs if g == reg)}" for reg in REGIMES
+                     if any(g == reg for _, g in pairs))

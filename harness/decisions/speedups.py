@@ -100,17 +100,30 @@ def why_untimed(impl: ImplFigures | None) -> str:
     return str(impl.not_run or impl.error or "no figures recorded")
 
 
-def speedup_verdict(rec: BenchRecord, baseline: str) -> str | None:
-    """faster | slower | no difference for the kernel against one measured baseline (None: not measured)."""
+@dataclass(frozen=True)
+class ShapeSpeedup:
+    """The kernel against one baseline at one shape, as the run recorded it: faster, slower or no difference, the
+    ratio (the medians' where the run recorded none) and its interval (where the run recorded one)."""
+
+    verdict: str
+    value: float
+    low: float | None = None
+    high: float | None = None
+
+
+def shape_speedup(rec: BenchRecord, baseline: str) -> ShapeSpeedup | None:
+    """The kernel's speedup over one measured baseline at one shape (None: either was not timed)."""
     kernel, base = median(rec.impls.get("kernel")), median(rec.impls.get(baseline))
     if kernel is None or base is None or kernel <= 0:
         return None
     s = rec.speedup.get(baseline)
+    value = s.value if s is not None and finite_number(s.value) else base / kernel
     if s is not None and finite_number(s.low) and finite_number(s.high):
-        return "faster" if s.low > 1 else "slower" if s.high < 1 else "no difference"
+        return ShapeSpeedup("faster" if s.low > 1 else "slower" if s.high < 1 else "no difference", value, s.low,
+                            s.high)
     if s is not None and s.verdict in ("faster", "slower", "no difference"):
-        return s.verdict
-    return "faster" if base > kernel else "slower" if base < kernel else "no difference"
+        return ShapeSpeedup(s.verdict, value)
+    return ShapeSpeedup("faster" if base > kernel else "slower" if base < kernel else "no difference", value)
 
 
 def spread(slow: ImplFigures, fast: ImplFigures) -> tuple[float, float, float]:

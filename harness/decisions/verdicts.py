@@ -6,11 +6,11 @@ checks made is "stale: re-run" instead. Plain Python, no Markdown."""
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from dataclasses import dataclass
 
 from harness.decisions.reasons import by_reason, n_cells, n_records
-from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, recommendations, undecided
+from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, pairs_text, recommendations, \
+    undecided
 from harness.decisions.speedups import REGIMES
 from harness.results.merge import Merged
 from harness.spec.status import Status
@@ -176,11 +176,7 @@ def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -
     if not_run or pending:
         parts = [not_run_text] if not_run else []
         if pending:
-            by_regime = defaultdict(list)
-            for dtype, reg in pending:
-                by_regime[reg].append(dtype)
-            parts.append("no benchmark decision yet for " + "; ".join(
-                f"{reg} {', '.join(by_regime[reg])}" for reg in REGIMES if reg in by_regime))
+            parts.append(f"no benchmark decision yet for {pairs_text(pending)}")
         if decided:
             parts.append(f"benchmarks so far: {go_phrase(decided)}")
         return INCOMPLETE, "; ".join(parts)

@@ -12,7 +12,7 @@ from pathlib import Path
 from harness.decisions.bounds import BOUND_SLACK
 from harness.decisions.reasons import first_line
 from harness.decisions.recommendations import Recommendation
-from harness.decisions.speedups import REGIMES, baselines, impl_order, median, not_used, regime, speedup_verdict, \
+from harness.decisions.speedups import REGIMES, baselines, impl_order, median, not_used, regime, shape_speedup, \
     why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
 from harness.results.merge import Merged
@@ -242,15 +242,10 @@ def impl_cell(impl: ImplFigures | None, unused: str = "") -> str:
 def speedup_cell(rec: BenchRecord, baseline: str, unused: str = "") -> str:
     """The kernel's speedup over one baseline at one shape, with its interval ("not used" where decisions leave the
     baseline's figure out: `unused` says why, in its own cell)."""
-    verdict_ = speedup_verdict(rec, baseline)
-    if verdict_ is None:
+    s = shape_speedup(rec, baseline)
+    if s is None:
         return NO_RESULT
     if unused:
         return "not used"
-    s = rec.speedup.get(baseline)
-    recorded = s is not None and finite_number(s.value)
-    ratio = s.value if recorded else median(rec.impls[baseline]) / median(rec.impls["kernel"])
-    value = f"{ratio:.2f}×"
-    interval = f" ({s.low:.2f}–{s.high:.2f})" if s is not None and finite_number(s.low) and finite_number(s.high) \
-        else ""
-    return f"no difference: {value}{interval}" if verdict_ == "no difference" else f"{value}{interval}"
+    text = f"{s.value:.2f}×" + (f" ({s.low:.2f}–{s.high:.2f})" if s.low is not None else "")
+    return f"no difference: {text}" if s.verdict == "no difference" else text

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.decisions.open_items import open_items
 from harness.decisions.recommendations import recommendations
+from harness.decisions.tradeoffs import tradeoffs
 from harness.decisions.verdicts import sm_verdicts, verdict
-from harness.rendering.conclusions import decisions, open_items, open_items_section, tradeoffs
+from harness.rendering.conclusions import decisions, open_items_section, tradeoffs_section
 from harness.rendering.context import constraints, header, problem_breakdown
 from harness.rendering.design import critical_path, design, interfaces
 from harness.rendering.performance import performance
@@ -44,8 +46,8 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         *([accepted] if accepted else []),  # what the kernel accepts, where the cells recorded it
         *[s for s in (fusion_section(res), engine_section(res)) if s],  # vLLM's fusion pass, a running engine
         performance(res, op_dir, recs),
-        tradeoffs(res, recs),
-        open_items_section(open_items(res, recs)),
+        tradeoffs_section(res.plan, tradeoffs(res)),
+        open_items_section(res.plan, open_items(res, recs)),
         decisions(res, v, recs, per_sm),
     ]
     return "\n\n".join(s.rstrip() for s in sections) + "\n", res.problems

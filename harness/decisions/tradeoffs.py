@@ -1,0 +1,44 @@
+"""The trade-offs of the plan's route into vLLM: what the custom op costs or leaves unproven, from the plan and the
+machines that ran it. Plain Python, no Markdown: harness.rendering.conclusions words them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.results.merge import Merged
+from harness.spec.vllm_ops import plugin_route
+
+
+@dataclass(frozen=True)
+class TradeOff:
+    """`kind`, in the page's order: "opaque" (torch.compile cannot fuse across the op), "fusion" (Inductor may fuse
+    the native ops too), "graph padding", "TP-trivial", "sharded", the route the plugin takes ("ir", "custom_op",
+    "quantization") or "unproven route", and "CPU build of vLLM's kernel" or "CPU interpreter" (capped token
+    counts)."""
+
+    kind: str
+    padded_rows: int = 0  # graph padding: the most rows of work a decode batch is padded by per call
+    largest_capture: int = 0  # graph padding: the largest capture size; above it the pass runs without a full graph
+
+
+def tradeoffs(res: Merged) -> list[TradeOff]:
+    plan = res.plan
+    out = [TradeOff("opaque")]
+    if plan.intent == "fusion":
+        out.append(TradeOff("fusion"))
+    if "cuda_graph" in plan.matrix["graph_mode"]:
+        sizes = plan.cuda_graph_sizes()
+        pad = max((b - a - 1 for a, b in zip(sizes, sizes[1:])), default=0)
+        out.append(TradeOff("graph padding", padded_rows=pad, largest_capture=sizes[-1]))
+    if max(plan.matrix["tp"]) > 1:
+        out.append(TradeOff("TP-trivial" if plan.tp.kind == "trivial" else "sharded"))
+    route = plugin_route(plan)
+    if plan.vllm_kernel:
+        pass  # vLLM's own kernel: no route into vLLM to weigh
+    elif route in ("ir", "custom_op", "quantization"):
+        out.append(TradeOff(route))
+    elif plan.vllm.route:
+        out.append(TradeOff("unproven route"))
+    if any(c.sm == "cpu" and c.id in res.records and res.records[c.id].facts.get("token_cap") for c in res.cells):
+        out.append(TradeOff("CPU build of vLLM's kernel" if plan.vllm_kernel else "CPU interpreter"))
+    return out
