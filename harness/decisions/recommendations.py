@@ -200,3 +200,9 @@ def pairs_text(pairs: list[tuple[str, str]]) -> str:
     """(dtype, regime) pairs by regime: "decode-sized bf16, fp16; prefill-sized bf16"."""
     return "; ".join(f"{reg} {', '.join(d for d, g in pairs if g == reg)}" for reg in REGIMES
                      if any(g == reg for _, g in pairs))
+
+
+def against_default(default_on: bool, decided: list[Recommendation]) -> list[Recommendation]:
+    """The decisions that turn vLLM's own kernel the other way than vLLM's default does (on where it is off, or
+    off where it is on): seed 002's question, whether vLLM's default is right on this platform and profile."""
+    return [r for r in decided if (r.choice == ENABLE) != default_on]

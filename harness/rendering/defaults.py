@@ -7,7 +7,7 @@ Also the per-regime summary of a row of decisions that the page's main table sha
 
 from __future__ import annotations
 
-from harness.decisions.recommendations import ENABLE, VLLM_PROFILES, Recommendation
+from harness.decisions.recommendations import ENABLE, VLLM_PROFILES, Recommendation, against_default
 from harness.decisions.speedups import REGIMES
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.results.merge import Merged
@@ -89,7 +89,7 @@ def _agreement(default, decided: list[Recommendation]) -> str:
     """agrees / **disagrees** (where) / not decided yet."""
     if default is None or not decided:
         return "not decided yet"
-    against = [r for r in decided if (r.choice == ENABLE) != default.on]
+    against = against_default(default.on, decided)
     if not against:
         return "agrees"
     where = ", ".join(f"{r.regime} {md(r.dtype)}" for r in against)
