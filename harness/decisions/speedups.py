@@ -57,18 +57,37 @@ def stale(plan: Plan, rec: BenchRecord, name: str) -> str:
     timed, wanted = timed_function(plan, rec, name), plan_function(plan, name)
     if timed is None or wanted is None or timed == wanted:
         return ""
-    what = "the reference (the accuracy oracle)" if timed == plan.reference else timed
-    now = f"op.native ({wanted})" if plan.native and wanted == plan.native else wanted
-    return f"timed on {what}, not on {now}"
+    return f"{_timed_on(plan, timed)}, not on {_now(plan, wanted)}"
 
 
-def not_used(plan: Plan, rec: BenchRecord, name: str) -> str:
-    """Why decisions leave one implementation's figure at a shape out ("" where they use it): timed faster than its
+def _timed_on(plan: Plan, timed: str) -> str:
+    return f"timed on {'the reference (the accuracy oracle)' if timed == plan.reference else timed}"
+
+
+def _now(plan: Plan, wanted: str) -> str:
+    return f"op.native ({wanted})" if plan.native and wanted == plan.native else wanted
+
+
+@dataclass(frozen=True)
+class Unused:
+    """Why decisions leave one implementation's figure at a shape out: in full (decisions and open items give it)
+    and in the few words a table cell holds."""
+
+    why: str
+    short: str
+
+
+def not_used(plan: Plan, rec: BenchRecord, name: str) -> Unused | None:
+    """Why decisions leave one implementation's figure at a shape out (None where they use it): timed faster than its
     bound, a timing the run found broken, or (a baseline) timed on another function than the plan's (`stale`)."""
     impl = rec.impls.get(name)
     if impl is None or median(impl) is None:
-        return ""
-    return broken_timing(rec, impl) or impl.broken or ("" if name == "kernel" else stale(plan, rec, name))
+        return None
+    broken = broken_timing(rec, impl) or impl.broken
+    if broken:
+        return Unused(broken, "broken timing (faster than its bound)")
+    why = "" if name == "kernel" else stale(plan, rec, name)
+    return Unused(why, _timed_on(plan, timed_function(plan, rec, name))) if why else None
 
 
 def usable(plan: Plan, rec: BenchRecord) -> BenchRecord:
@@ -76,9 +95,10 @@ def usable(plan: Plan, rec: BenchRecord) -> BenchRecord:
     kernel's has an error."""
     impls, speedups = dict(rec.impls), dict(rec.speedup)
     for name, impl in rec.impls.items():
-        why = not_used(plan, rec, name)
-        if not why or impl.error:
+        unused = not_used(plan, rec, name)
+        if unused is None or impl.error:
             continue
+        why = unused.why
         if name == "kernel":
             impls[name] = dataclasses.replace(impl, error=why)
         else:

@@ -12,8 +12,8 @@ from pathlib import Path
 from harness.decisions.bounds import BOUND_SLACK
 from harness.decisions.reasons import first_line
 from harness.decisions.recommendations import Recommendation
-from harness.decisions.speedups import REGIMES, baselines, impl_order, median, not_used, regime, shape_speedup, \
-    why_untimed
+from harness.decisions.speedups import REGIMES, Unused, baselines, impl_order, median, not_used, regime, \
+    shape_speedup, why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
 from harness.results.merge import Merged
 from harness.results.store import BenchRecord, ImplFigures, finite_number
@@ -212,7 +212,7 @@ def l2_note(recs: list[BenchRecord]) -> str:
             f"size (up to {max(r.num_tokens for r in warm)} tokens): those calls find part of their data in L2")
 
 
-def impl_cell(impl: ImplFigures | None, unused: str = "") -> str:
+def impl_cell(impl: ImplFigures | None, unused: Unused | None = None) -> str:
     """One implementation at one shape: median µs · GB/s · % of the copy bandwidth · % of its bound, what went
     wrong, and (`unused`) why decisions leave the figure out."""
     if impl is None:
@@ -230,8 +230,7 @@ def impl_cell(impl: ImplFigures | None, unused: str = "") -> str:
     if finite_number(impl.pct_of_bound):
         text += f" · {fmt(impl.pct_of_bound, 3)}% of bound"
     if unused and not impl.error:  # the whole reason is in the decisions and open items
-        short = "broken timing (faster than its bound)" if "broken timing" in unused else unused.split(", not on")[0]
-        text += f" · ⚠️ not used for decisions: {md(short)}"
+        text += f" · ⚠️ not used for decisions: {md(unused.short)}"
     if impl.error:
         text += f" · ❌ {md(first_line(impl.error, 160))}"
     if impl.differs:
@@ -239,7 +238,7 @@ def impl_cell(impl: ImplFigures | None, unused: str = "") -> str:
     return text
 
 
-def speedup_cell(rec: BenchRecord, baseline: str, unused: str = "") -> str:
+def speedup_cell(rec: BenchRecord, baseline: str, unused: Unused | None = None) -> str:
     """The kernel's speedup over one baseline at one shape, with its interval ("not used" where decisions leave the
     baseline's figure out: `unused` says why, in its own cell)."""
     s = shape_speedup(rec, baseline)
