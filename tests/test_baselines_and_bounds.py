@@ -4,6 +4,7 @@ baseline", "far from the hardware limit" and results from before either existed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,11 @@ def test_a_synthetic_timing_faster_than_its_bound_decides_nothing(tmp_path):
     row = decision_rows(text)[("sm90", "bf16", "decode-sized", "Inductor on")]
     assert row["recommendation"] == "none" and "the kernel failed at 1 of 1 shapes: broken timing: 5 µs is " \
         "faster than its bound of 10 µs (copy bandwidth)" in row["why"]
+    # a baseline's figure beyond its bound: its cell says why decisions leave it out, its speedup is not used
+    passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 12.0, 20.0, 5.0), 10.0)})
+    perf = section(render(plan, op_dir), "Performance")
+    assert "5.00 µs" in perf and "⚠️ not used for decisions: broken timing (faster than its bound)" in perf
+    assert re.search(r"\| not used +\|", perf)
 
 
 def test_results_without_bounds_or_timed_functions_still_read(tmp_path):
@@ -274,6 +280,7 @@ def test_a_baseline_timed_on_the_reference_before_the_plan_named_its_native_is_l
         "oracle), not on op.native (tests.baselines:rms_norm_native)" in row["why"]
     assert "native: `tests.baselines:rms_norm_native` (op.native: what vLLM runs without the custom op)" in text
     assert "Re-run the benchmarks" in section(text, "Open items")
+    assert "⚠️ not used for decisions: timed on the reference (the accuracy oracle) |" in section(text, "Performance")
     # the same record, timed on the native the plan names: used
     rec = bench_record("decode", 64, 5.0, 9.0, 8.0)
     rec["timed_functions"] = {"native": "tests.baselines:rms_norm_native",
