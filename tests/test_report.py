@@ -891,3 +891,21 @@ def test_benchmark_tables_say_where_l2_was_cold():
     assert l2_note([cold]) == "; L2 cold"
     assert "except at 1 of 2 items" in l2_note([cold, warm]) and "up to 1 tokens" in l2_note([cold, warm])
     assert l2_note([BenchRecord("decode", "bf16", "cpu", "eager", 1, {})]) == ""  # a CPU machine: no L2 figure
+
+
+def test_every_kind_of_open_item_and_trade_off_has_words():
+    """Decisions name a kind; the page has words for each (a kind without them would stop the report)."""
+    from typing import get_args
+
+    from harness.decisions.open_items import OpenItem, OpenItemKind
+    from harness.decisions.tradeoffs import TradeOff, TradeOffKind
+    from harness.rendering.conclusions import open_item_text, tradeoff_text
+    from harness.spec.matrix import expand
+
+    plan = RMS
+    cells = tuple(expand(plan)[:2])
+    for kind in get_args(OpenItemKind):
+        item = OpenItem(kind, where="sm90", what="x", why="y", command="pytest", cells=cells, benchmarks=("decode-64",))
+        assert open_item_text(plan, item).strip(), kind
+    for kind in get_args(TradeOffKind):
+        assert tradeoff_text(plan, TradeOff(kind, padded_rows=7, largest_capture=512)).strip(), kind

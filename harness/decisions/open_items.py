@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Literal
 
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line
 from harness.decisions.recommendations import Recommendation, pairs_text, undecided, wanted
@@ -16,14 +17,18 @@ from harness.spec.matrix import Cell
 from harness.spec.status import Status
 
 
+# In the page's order.
+OpenItemKind = Literal[
+    "results file", "stale records", "vLLM's failures", "failed", "unexpected pass", "SM without results", "not run",
+    "no result", "expected failure", "excluded", "implementation error", "differs", "broken timing", "stale baseline",
+    "check the baseline", "far from the limit", "no benchmarks", "undecided"]
+
+
 @dataclass(frozen=True)
 class OpenItem:
-    """One thing to do next. `kind`, in the page's order: "results file", "stale records", "vLLM's failures",
-    "failed", "unexpected pass", "SM without results", "not run", "no result", "expected failure", "excluded",
-    "implementation error", "differs", "broken timing", "stale baseline", "check the baseline", "far from the
-    limit", "no benchmarks", "undecided"."""
+    """One thing to do next."""
 
-    kind: str
+    kind: OpenItemKind
     where: str = ""  # the SM, or the SM, dtype, regime (and profile) of a decision
     what: str = ""  # the results file, the implementation, or the dtypes and regimes without a decision
     why: str = ""  # one line: the records' reason, the plan's expectation, why decisions leave a figure out, ...

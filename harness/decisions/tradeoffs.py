@@ -4,19 +4,22 @@ machines that ran it. Plain Python, no Markdown: harness.rendering.conclusions w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from harness.results.merge import Merged
 from harness.spec.vllm_ops import plugin_route
 
 
+# In the page's order: "opaque" (torch.compile cannot fuse across the op), "fusion" (Inductor may fuse the native
+# ops too), "graph padding", "TP-trivial", "sharded", the route the plugin takes ("ir", "custom_op", "quantization") or
+# "unproven route", and "CPU build of vLLM's kernel" or "CPU interpreter" (capped token counts).
+TradeOffKind = Literal["opaque", "fusion", "graph padding", "TP-trivial", "sharded", "ir", "custom_op", "quantization",
+                       "unproven route", "CPU build of vLLM's kernel", "CPU interpreter"]
+
+
 @dataclass(frozen=True)
 class TradeOff:
-    """`kind`, in the page's order: "opaque" (torch.compile cannot fuse across the op), "fusion" (Inductor may fuse
-    the native ops too), "graph padding", "TP-trivial", "sharded", the route the plugin takes ("ir", "custom_op",
-    "quantization") or "unproven route", and "CPU build of vLLM's kernel" or "CPU interpreter" (capped token
-    counts)."""
-
-    kind: str
+    kind: TradeOffKind
     padded_rows: int = 0  # graph padding: the most rows of work a decode batch is padded by per call
     largest_capture: int = 0  # graph padding: the largest capture size; above it the pass runs without a full graph
 
