@@ -6,9 +6,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -95,6 +97,33 @@ def test_committed_plan_schema_is_the_schemas_export():
     models' JSON Schema, as `python -m harness schema` prints it."""
     assert (ROOT / "plan.schema.json").read_text() == json_schema_text(), \
         "plan.schema.json differs from the schema: run python -m harness schema > plan.schema.json"
+
+
+def test_every_field_of_the_schema_is_in_the_readmes_field_table():
+    """The README's table of fields names every field a plan may hold (a field left out of it is one users cannot
+    know of): each field's name, as a word, in the table."""
+    from pydantic import BaseModel
+
+    from harness.spec.load import _is_union, _unwrap
+    from harness.spec.schema import PlanFile
+
+    def fields(model: type[BaseModel], prefix: str = ""):
+        for name, info in model.model_fields.items():
+            path = f"{prefix}.{name}" if prefix else name
+            yield path, name
+            pending = [info.annotation]
+            while pending:
+                annotation = _unwrap(pending.pop())[0]
+                if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                    yield from fields(annotation, path)
+                elif _is_union(annotation) or typing.get_origin(annotation) in (list, dict):
+                    pending += typing.get_args(annotation)
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("Every field:"):readme.index("\n## ", readme.index("Every field:"))]
+    found = {path for path, name in fields(PlanFile) if re.search(rf"\b{re.escape(name)}\b", table)}
+    missing = sorted({path for path, _ in fields(PlanFile)} - found)
+    assert not missing, f"fields the README's field table does not name: {', '.join(missing)}"
 
 
 def test_every_bundled_plan_fits_the_json_schema():
