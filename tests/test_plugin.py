@@ -71,6 +71,7 @@ def test_ids_markers_k_and_junit(pytester, run_plan):
                          numerics={"examples": 3, **SMALL_BATCHES})
     collected = run_plan(plan, "--collect-only", "-q").stdout.str()
     assert "plan.yaml::numerics[decode-fp16-tp1-eager-cpu]" in collected
+    assert not (pytester.path / "reports" / "rms_norm" / "PLAN.md").exists()  # listing the cells writes no page
     result = run_plan(plan, "-m", "decode and fp16", "--junitxml", "junit.xml")
     result.assert_outcomes(passed=1)
     testcases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")

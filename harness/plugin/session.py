@@ -179,8 +179,8 @@ def pytest_sessionfinish(session, exitstatus):
         if xdist_worker(session.config):
             return  # the controller folds worker files and writes the report
         s.recorder.fold_worker_files()
-        if session.config.getoption("--no-report"):
-            return
+        if session.config.getoption("--no-report") or session.config.option.collectonly:
+            return  # listing the cells (--collect-only) leaves the page as it was
         draw_plots(s.plan, s.op_dir)
         s.report_path, s.report_problems = write_report(s.plan, s.op_dir)
         res = collect(s.plan, s.op_dir)
