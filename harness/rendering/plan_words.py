@@ -9,7 +9,8 @@ import json
 
 from harness.rendering.markdown import code, md
 from harness.spec.matrix import Cell
-from harness.spec.plan import AXES, Plan
+from harness.spec.plan import Plan
+from harness.spec.vocabulary import AXES
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 from harness.spec.vllm_schemas import VLLM_KERNELS

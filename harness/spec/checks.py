@@ -15,8 +15,9 @@ from typing import Any
 from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
-from harness.spec.plan import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, Arg, Benchmark, Contract, Dim, \
-    VALUE_SCALES, Numerics, Plan, PlanError, Quantization, Quantized, Rule, SizeSpec, TensorParallel, Tolerance, Vllm
+from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, PlanError, Quantization, Quantized, \
+    Rule, SizeSpec, TensorParallel, Tolerance, Vllm
+from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 from harness.spec.plan_warnings import _never_applies, _would_mislead
 
@@ -80,7 +81,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         return _contract(w, loc, c, args, sizes, matrix["dtype"], numerics.cpu_sizes)
 
     tolerance, output_tolerance = _tolerances(w, spec.tolerance, outputs, list((raw.get("tolerance") or {})))
-    vllm = spec.vllm or S.Vllm()
+    vllm = spec.vllm or Vllm()
     if vllm.provider in ("native", "unfused"):
         raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
                      "and unfused", vllm.provider)
@@ -97,8 +98,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, size_specs, contract_of, numerics),
         tp=_tp(w, spec.tp, args, outputs, matrix["tp"], tuple(sizes)),
         quantization=_quantization(w, spec.quantization, args, outputs), generate=op.generate,
-        vllm=Vllm(vllm.target, vllm.route, vllm.layer, vllm.ir_op, vllm.custom_op, vllm.provider, vllm.adapter,
-                  vllm.in_tree_provider, vllm.why_not_proven),
+        vllm=vllm,
         capture_sizes=many(spec.cuda_graph.capture_sizes) or None if spec.cuda_graph else None,
         accumulation=op.accumulation, reduction=op.reduction, raw_text=text,
         contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(), native=op.native,
@@ -276,15 +276,13 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
 # ---------------------------------------------------------------- numerics and tolerances
 
 
-def _numerics(w: Where, n: S.NumericsSection | None, sizes: dict) -> Numerics:
+def _numerics(w: Where, n: Numerics | None, sizes: dict) -> Numerics:
     if n is None:
         return Numerics()
     if n.prefill_tokens[0] > n.prefill_tokens[1]:
-        raise w.fail(("numerics", "prefill_tokens"), "[min, max] token counts", n.prefill_tokens)
+        raise w.fail(("numerics", "prefill_tokens"), "[min, max] token counts", list(n.prefill_tokens))
     keys_of(w, ("numerics", "cpu_sizes"), n.cpu_sizes, tuple(sizes))
-    return Numerics(n.examples, n.max_num_seqs, n.max_num_batched_tokens, tuple(n.prefill_tokens),
-                    float(n.timeout_s), n.cpu_element_budget, n.max_model_len,
-                    tuple((sym, many(v)) for sym, v in n.cpu_sizes.items()), n.awkward_sizes, n.int32_overflow)
+    return n
 
 
 def _tolerance(t: S.Tolerance) -> Tolerance:
@@ -358,7 +356,7 @@ def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> 
 
 
 def _contract(w: Where, loc: Loc, c: S.Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
-              matrix_dtypes: tuple[str, ...], cpu_sizes: tuple) -> Contract:
+              matrix_dtypes: tuple[str, ...], cpu_sizes: dict) -> Contract:
     """A kernel's contract (`op.contract`, or a named baseline's): known names, and something of the plan left to
     draw under it."""
     name = dotted(loc)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from harness.spec.dtypes import DTYPE
 from harness.spec.hardware import Hardware
-from harness.spec.plan import AXES, Plan
+from harness.spec.plan import Plan
+from harness.spec.vocabulary import AXES
 from harness.spec.status import Status
 
 

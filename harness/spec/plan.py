@@ -1,7 +1,9 @@
-"""The plan model: frozen dataclasses of a loaded plan, and the plan language's vocabularies.
+"""The plan model: a loaded plan, frozen, and the plan language's vocabularies.
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
-checks of harness.spec.checks); harness.runtime.resolve imports the code it names. Nothing here imports
+checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Vllm) are the pydantic
+models the file is validated with; the others are frozen dataclasses that harness.spec.checks builds from the file's
+forms. harness.runtime.resolve imports the code a plan names. Nothing here imports
 the user's code: a Plan holds import paths, and the line of every field it came from (`Plan.where`), so
 that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found ...`.
 """
@@ -12,45 +14,22 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional
 
-from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
+from pydantic import AfterValidator, Field
+
 from harness.spec.expressions import evaluate, names_in
+from harness.spec.fields import Number, PositiveInt, Section, import_path, one_or_list
+# harness.runtime's modules read these two here
+from harness.spec.vocabulary import BUILTIN_SYMBOLS as BUILTIN_SYMBOLS, STRUCTURED_INITS as STRUCTURED_INITS
+from harness.spec.vocabulary import PHASES, VALUE_SCALES
 
-PHASES = ("prefill", "decode", "chunked_prefill")
-DTYPES = CELL_DTYPES  # a cell's activation dtype (matrix.dtype): harness.spec.dtypes
-# memcheck: eager calls under compute-sanitizer memcheck on a GPU (harness.runtime.memcheck), for memory safety.
-GRAPH_MODES = ("eager", "cuda_graph", "torch_compile", "memcheck")
-INTENTS = ("drop-in", "fusion", "new-algorithm", "quantization")
-AXES = ("phase", "dtype", "tp", "graph_mode", "sm")
-PROFILES = ("dev", "ci", "nightly")  # numerics profiles (hypothesis profiles harness-<name>)
-LAYOUTS = ("contiguous", "strided")
-VALUE_SCALES = ("normal", "tiny", "large", "outliers", "zero_rows")  # the value scales examples are drawn at
-# Value initialisations by name. The structured ones come from the example's batch (harness.runtime.batches): positions
-# as vLLM's scheduler forms them per phase, and a paged KV cache's block tables and lengths consistent with them.
-INITS = ("normal", "around_one", "uniform", "zeros", "ones")
-STRUCTURED_INITS = ("positions", "seq_lens", "query_start_loc", "block_tables", "slot_mapping")
-# Parameterised inits: {uniform: [low, high]}, {integers: [low, high)} (bounds are size expressions),
-# {cos_sin_cache: {base: B}} (RoPE's [max_position, rotary_dim] table).
-PARAM_INITS = ("uniform", "integers", "cos_sin_cache")
-GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
-ROLES = ("input", "output")
 # How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
 # an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
 VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention", "fusion")
-BASELINES = ("native", "compiled", "vllm")
 # `op.kernel: vllm:<name>`: vLLM's own compiled kernel torch.ops._C.<name> (harness.spec.vllm_schemas), loaded by
 # harness.runtime.vllm_kernels from an installed vLLM or a vLLM ops library.
 VLLM_KERNEL = "vllm:"
-# NVIDIA compute capability (sm90) or an AMD CDNA target (gfx90a, gfx942, gfx950).
-SM_PATTERN = re.compile(r"^(cpu|sm\d{2,3}|gfx9[0-9][0-9a-f])$")
-SM_EXPECTED = "'cpu', 'smXY' (e.g. sm90) or an AMD target (gfx90a, gfx942, gfx950)"
-# Symbols every plan gets for free: the phase decides the token count; the example's batch (harness.runtime.batches)
-# decides the sequences and, for a paged KV cache, its blocks.
-BUILTIN_SYMBOLS = ("num_tokens", "num_seqs", "num_blocks", "max_blocks_per_seq")
-# Fixed-dtype arguments use torch's names; "act" follows the cell's dtype axis; "fp8" is the platform's fp8
-# (float8_e4m3fn on CUDA, float8_e4m3fnuz on ROCm).
-FIXED_DTYPES = ARG_DTYPES
 
 
 class PlanError(Exception):
@@ -245,27 +224,34 @@ class Quantization:
     def of(self, output: str) -> Quantized | None:
         return next((q for q in self.outputs if q.output == output), None)
 
-@dataclass(frozen=True)
-class Numerics:
-    examples: int = 30
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    prefill_tokens: tuple[int, int] = (128, 8192)
-    timeout_s: float = 300.0
-    # Triton's interpreter costs milliseconds per program instance, so CPU cells draw at most
-    # this many elements per activation; the cap applied is recorded with each result.
-    cpu_element_budget: int = 65536
+def _sizes_as_tuples(sizes: dict) -> dict[str, tuple[int, ...]]:
+    return {sym: tuple(v) if isinstance(v, list) else (v,) for sym, v in sizes.items()}
+
+
+class Numerics(Section):
+    """How numerics cells draw their examples: how many, at which token counts and sizes, within what time."""
+
+    examples: PositiveInt = 30
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    prefill_tokens: Annotated[list[PositiveInt], Field(min_length=2, max_length=2, description="[min, max] token "
+                                                       "counts"), AfterValidator(tuple)] = (128, 8192)
+    timeout_s: Annotated[Number, Field(ge=1, description="seconds (at least 1)"), AfterValidator(float)] = 300.0
+    # Triton's interpreter costs milliseconds per program instance, so CPU cells draw at most this many elements per
+    # activation; the cap applied is recorded with each result.
+    cpu_element_budget: PositiveInt = 65536
     # Longest context a sequence of a structured batch reaches (positions, paged KV); capped by the budget on CPUs.
-    max_model_len: int = 4096
-    # Sizes a CPU machine draws instead of op.sizes (symbol -> values), where a model's real sizes would take
-    # the interpreter minutes per example (a linear's weight); the report says what the CPU run sampled.
-    cpu_sizes: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    # Draw odd, non-power-of-two sizes besides the plan's own (off only for a kernel that is
-    # exact for the listed sizes alone).
-    awkward_sizes: bool = True
-    # On a GPU, one example per prefill eager cell whose largest tensor holds more than 2**31 elements, the sizes
-    # at which vLLM's kernels have overflowed int32 index arithmetic.
-    int32_overflow: bool = False
+    max_model_len: PositiveInt = 4096
+    # Sizes a CPU machine draws instead of op.sizes (symbol -> values), where a model's real sizes would take the
+    # interpreter minutes per example (a linear's weight); the report says what the CPU run sampled.
+    cpu_sizes: Annotated[dict[str, one_or_list(PositiveInt)], Field(description="size symbol: the sizes a CPU "
+                                                                     "draws"), AfterValidator(_sizes_as_tuples)] = {}
+    # Draw odd, non-power-of-two sizes besides the plan's own (off only for a kernel that is exact for the listed
+    # sizes alone).
+    awkward_sizes: bool = Field(True, description="true or false")
+    # On a GPU, one example per prefill eager cell whose largest tensor holds more than 2**31 elements, the sizes at
+    # which vLLM's kernels have overflowed int32 index arithmetic.
+    int32_overflow: bool = Field(False, description="true or false")
 
 
 @dataclass(frozen=True)
@@ -338,19 +324,25 @@ class TensorParallel:
     merged_outputs: tuple[tuple[str, int], ...] = ()
 
 
-@dataclass(frozen=True)
-class Vllm:
-    target: str = "v1"
-    route: str | None = None  # one of VLLM_ROUTES; None: the plan names no route into vLLM
-    layer: str | None = None  # e.g. vllm.model_executor.layers.layernorm:RMSNorm
-    ir_op: str | None = None  # name under vllm.ir.ops
-    custom_op: str | None = None  # vLLM CustomOp registry name, e.g. rms_norm
-    provider: str | None = None  # IR provider name the plugin registers (default: <op name>_kernel)
+class Vllm(Section):
+    """The route the kernel takes into vLLM, and the names vLLM knows the op by (harness.spec.vllm_ops)."""
+
+    target: Literal["v1"] = "v1"
+    route: Optional[Literal[VLLM_ROUTES]] = None  # None: the plan names no route into vLLM
+    layer: Optional[import_path()] = None  # e.g. vllm.model_executor.layers.layernorm:RMSNorm
+    ir_op: Optional[str] = Field(None, description="a vLLM IR op name")  # under vllm.ir.ops
+    custom_op: Optional[str] = Field(None, description="a vLLM CustomOp name")  # its registry name, e.g. rms_norm
+    # the IR provider name the plugin registers (default: <op name>_kernel)
+    provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
+        "a provider name of lowercase letters, digits and _ other than native and unfused"))
     # the module holding the op's vLLM side (how vLLM's calls map onto the kernel's arguments): the kernel's own
     # module unless the plan names another (harness.spec.vllm_ops.adapter_module)
-    adapter: str | None = None
-    in_tree_provider: str | None = None  # vLLM's own IR provider for the op (vllm_c), where it has one
-    why_not_proven: str | None = None  # a route the harness cannot drive yet: why, in the plan's words
+    adapter: Optional[str] = Field(None, pattern=r"^[\w.]+$", description=(
+        "a module 'package.module' holding the op's vLLM side (vllm_layer, vllm_forward_inputs, vllm_ir_inputs)"))
+    in_tree_provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
+        "vLLM's own IR provider for the op (vllm_c)"))
+    # a route the harness cannot drive yet: why, in the plan's words
+    why_not_proven: Optional[str] = Field(None, description="why the route is not proven by this harness (words)")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from harness.spec import schema as S
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, names_in
-from harness.spec.plan import AXES, Plan, PlanError, Tolerance, token_probes
+from harness.spec.plan import Plan, PlanError, Tolerance, token_probes
+from harness.spec.vocabulary import AXES
 from harness.spec.tolerances import DEFAULT_TOLERANCE
 
 

@@ -8,59 +8,23 @@ meets) are harness.spec.checks's. A field's description is what an error says wa
 the JSON Schema, committed as plan.schema.json (`# yaml-language-server: $schema=./plan.schema.json`).
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
-picked by the value's YAML type (a `Discriminator`), so an error speaks of the form that was written.
+picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
+written. The sections a Plan holds as written (numerics, vllm) are harness.spec.plan's models, used here as they are.
 """
 
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
+from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
-from harness.spec.plan import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
-    ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES, VLLM_ROUTES, Numerics
+from harness.spec.fields import IMPORT_EXPECTED, MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
+    import_path, one_or_list
+from harness.spec.plan import Numerics, Vllm
+from harness.spec.vocabulary import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
+    ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
-# Tags of the forms a value may take: in pydantic's error locations, never in the plan's own (dropped there).
-ONE, LIST, MAPPING, VALUE = "<one>", "<list>", "<mapping>", "<value>"
-TAGS = (ONE, LIST, MAPPING, VALUE)
-
-IMPORT_PATH = r"^[\w.]+:[\w.]+$"
-IMPORT_EXPECTED = "an import path 'package.module:attribute'"
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, regex_engine="python-re")  # patterns with lookaheads
-
-
-def _form(value: Any) -> str:
-    return MAPPING if isinstance(value, dict) else LIST if isinstance(value, list) else ONE
-
-
-def forms(*, one: Any = None, many: Any = None, mapping: Any = None, description: str | None = None) -> Any:
-    """A value of several forms, picked by its YAML type: a scalar (`one`), a list, a mapping."""
-    members = [Annotated[t, Tag(tag)] for t, tag in ((one, ONE), (many, LIST), (mapping, MAPPING)) if t is not None]
-    extra = [Field(description=description)] if description else []
-    return Annotated[Union[tuple(members)], Discriminator(_form), *extra]
-
-
-def _one_or_list(value: Any) -> str:
-    return LIST if isinstance(value, list) else ONE
-
-
-def one_or_list(item: Any, description: str | None = None, min_length: int | None = None) -> Any:
-    """A value or a list of them (`dtype: bf16` is `dtype: [bf16]`)."""
-    many = Annotated[list[item], Field(min_length=min_length)] if min_length else list[item]
-    extra = [Field(description=description)] if description else []
-    return Annotated[Union[Annotated[item, Tag(ONE)], Annotated[many, Tag(LIST)]], Discriminator(_one_or_list), *extra]
-
-
-def import_path(description: str = IMPORT_EXPECTED) -> Any:
-    return Annotated[str, Field(pattern=IMPORT_PATH, description=description)]
-
-
-PositiveInt = Annotated[int, Field(ge=1, description="a positive integer")]
-Number = Union[int, float]
 Text = Annotated[str, Field(description="text")]
 Symbol = Annotated[str, Field(description="a size symbol")]
 # A number, a symbol or arithmetic over symbols (`num_seqs + 1`); the symbols are checked against op.sizes.
@@ -204,20 +168,6 @@ Tolerances = create_model("Tolerances", __base__=Section,
                           outputs=(dict[str, Tolerance], Field({}, description="per output of op.outputs")))
 
 
-class NumericsSection(Section):
-    examples: PositiveInt = Numerics.examples
-    max_num_seqs: PositiveInt = Numerics.max_num_seqs
-    max_num_batched_tokens: PositiveInt = Numerics.max_num_batched_tokens
-    prefill_tokens: Annotated[list[PositiveInt], Field(min_length=2, max_length=2, description="[min, max] "
-                                                       "token counts")] = list(Numerics.prefill_tokens)
-    timeout_s: Number = Field(Numerics.timeout_s, ge=1, description="seconds (at least 1)")
-    cpu_element_budget: PositiveInt = Numerics.cpu_element_budget
-    max_model_len: PositiveInt = Numerics.max_model_len
-    cpu_sizes: dict[str, one_or_list(PositiveInt)] = Field({}, description="size symbol: the sizes a CPU draws")
-    awkward_sizes: bool = Field(Numerics.awkward_sizes, description="true or false")
-    int32_overflow: bool = Field(Numerics.int32_overflow, description="true or false")
-
-
 # ---------------------------------------------------------------- benchmark, vLLM, TP, quantization
 
 
@@ -252,21 +202,6 @@ class Benchmark(Section):
     models: dict[str, str] = Field({}, description="'symbol=value' pairs: the model these sizes come from")
     sizes: list[dict[str, PositiveInt]] = Field([], description="the size combinations to time, each naming every "
                                                 "size of op.sizes")
-
-
-class Vllm(Section):
-    target: Literal["v1"] = "v1"
-    route: Optional[Literal[VLLM_ROUTES]] = None
-    layer: Optional[import_path()] = None
-    ir_op: Optional[str] = Field(None, description="a vLLM IR op name")
-    custom_op: Optional[str] = Field(None, description="a vLLM CustomOp name")
-    provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
-        "a provider name of lowercase letters, digits and _ other than native and unfused"))
-    adapter: Optional[str] = Field(None, pattern=r"^[\w.]+$", description=(
-        "a module 'package.module' holding the op's vLLM side (vllm_layer, vllm_forward_inputs, vllm_ir_inputs)"))
-    in_tree_provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
-        "vLLM's own IR provider for the op (vllm_c)"))
-    why_not_proven: Optional[str] = Field(None, description="why the route is not proven by this harness (words)")
 
 
 class CudaGraph(Section):
@@ -320,7 +255,7 @@ class PlanFile(Section):
     expect: Optional[list[Expect]] = Field(None, description="a list of rules: the cells expected to fail, by axis "
                                            "values, and why")
     tolerance: Optional[Tolerances] = None
-    numerics: Optional[NumericsSection] = None
+    numerics: Optional[Numerics] = None
     benchmark: Optional[Benchmark] = None
     tp: Optional[TensorParallel] = None
     quantization: Optional[forms(one=Literal["none"], mapping=Quantization)] = None

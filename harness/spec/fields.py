@@ -1,0 +1,56 @@
+"""The field types of a plan file's pydantic models: a section's strictness, the forms a value may take (a name or
+a list of names, a tensor spec or a scalar, picked by the value's YAML type), import paths and numbers.
+
+harness.spec.plan's models (the sections a Plan holds as written) and harness.spec.schema's (the file's other
+forms) are built from these, so a key, a type and an error's words are the same wherever a section is read.
+"""
+
+from typing import Annotated, Any, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+# Tags of the forms a value may take: in pydantic's error locations, never in the plan's own (dropped there).
+ONE, LIST, MAPPING, VALUE = "<one>", "<list>", "<mapping>", "<value>"
+TAGS = (ONE, LIST, MAPPING, VALUE)
+
+IMPORT_PATH = r"^[\w.]+:[\w.]+$"
+IMPORT_EXPECTED = "an import path 'package.module:attribute'"
+
+
+class Section(BaseModel):
+    """A section of the plan file: every key known (extra="forbid"), every value of its type (strict: no "5" for
+    5), frozen once loaded."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True,
+                              regex_engine="python-re")  # patterns with lookaheads
+
+
+def _form(value: Any) -> str:
+    return MAPPING if isinstance(value, dict) else LIST if isinstance(value, list) else ONE
+
+
+def forms(*, one: Any = None, many: Any = None, mapping: Any = None, description: str | None = None) -> Any:
+    """A value of several forms, picked by its YAML type: a scalar (`one`), a list, a mapping."""
+    members = [Annotated[t, Tag(tag)] for t, tag in ((one, ONE), (many, LIST), (mapping, MAPPING)) if t is not None]
+    extra = [Field(description=description)] if description else []
+    return Annotated[Union[tuple(members)], Discriminator(_form), *extra]
+
+
+def _one_or_list(value: Any) -> str:
+    return LIST if isinstance(value, list) else ONE
+
+
+def one_or_list(item: Any, description: str | None = None, min_length: int | None = None) -> Any:
+    """A value or a list of them (`dtype: bf16` is `dtype: [bf16]`)."""
+    many = Annotated[list[item], Field(min_length=min_length)] if min_length else list[item]
+    extra = [Field(description=description)] if description else []
+    return Annotated[Union[Annotated[item, Tag(ONE)], Annotated[many, Tag(LIST)]], Discriminator(_one_or_list), *extra]
+
+
+def import_path(description: str = IMPORT_EXPECTED) -> Any:
+    return Annotated[str, Field(pattern=IMPORT_PATH, description=description)]
+
+
+PositiveInt = Annotated[int, Field(ge=1, description="a positive integer")]
+Number = Union[int, float]
+
