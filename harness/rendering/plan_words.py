@@ -144,7 +144,7 @@ def quantization_text(q) -> str:
         return "none" if q in ("none", None) else json.dumps(q, sort_keys=True)
     if not outputs:
         return "none"
-    parts = [f"{o.output}: {o.granularity.replace('_', ' ')} scales in {o.scale}" for o in outputs]
+    parts = [f"{name}: {o.granularity.replace('_', ' ')} scales in {o.scale}" for name, o in outputs.items()]
     return "; ".join(parts) + f"; at most {q.max_step_fraction:g} of elements one quantization step off"
 
 

@@ -15,8 +15,8 @@ from typing import Any
 from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
-from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, PlanError, Quantization, Quantized, \
-    Rule, SizeSpec, TensorParallel, Tolerance, Vllm
+from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, PlanError, Quantization, Rule, SizeSpec, \
+    TensorParallel, Tolerance, Vllm
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 from harness.spec.plan_warnings import _never_applies, _would_mislead
@@ -298,11 +298,10 @@ def _tolerances(w: Where, t: Any, outputs: tuple[str, ...], order: list) -> tupl
 
 
 def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> Quantization:
-    if not isinstance(q, S.Quantization):  # none
-        return Quantization()
+    if not isinstance(q, Quantization):  # none
+        return Quantization(outputs={})
     keys_of(w, ("quantization", "outputs"), q.outputs, outputs)
     names = {a.name for a in args} | set(outputs)
-    quantized = []
     for out, spec in q.outputs.items():
         loc = ("quantization", "outputs", out)
         if spec.scale not in names:
@@ -315,8 +314,7 @@ def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, .
         if shaped:
             raise w.fail(loc + ("granularity",), f"a granularity that the scale tensor {spec.scale}'s shape "
                          f"[{', '.join(map(str, scale.shape))}] has ({shaped})", spec.granularity)
-        quantized.append(Quantized(out, spec.scale, spec.granularity))
-    return Quantization(tuple(quantized), float(q.max_step_fraction))
+    return q
 
 
 def _scale_shape_fits(shape: tuple[Dim, ...], granularity: str) -> str:

@@ -1,9 +1,9 @@
 """The plan model: a loaded plan, frozen, and the plan language's vocabularies.
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
-checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Vllm) are the pydantic
-models the file is validated with; the others are frozen dataclasses that harness.spec.checks builds from the file's
-forms. harness.runtime.resolve imports the code a plan names. Nothing here imports
+checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Quantization, Vllm)
+are the pydantic models the file is validated with; the others are frozen dataclasses that harness.spec.checks
+builds from the file's forms. harness.runtime.resolve imports the code a plan names. Nothing here imports
 the user's code: a Plan holds import paths, and the line of every field it came from (`Plan.where`), so
 that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found ...`.
 """
@@ -22,7 +22,7 @@ from harness.spec.expressions import evaluate, names_in
 from harness.spec.fields import Number, PositiveInt, Section, import_path, one_or_list
 # harness.runtime's modules read these two here
 from harness.spec.vocabulary import BUILTIN_SYMBOLS as BUILTIN_SYMBOLS, STRUCTURED_INITS as STRUCTURED_INITS
-from harness.spec.vocabulary import PHASES, VALUE_SCALES
+from harness.spec.vocabulary import GRANULARITIES, PHASES, VALUE_SCALES
 
 # How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
 # an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
@@ -206,23 +206,24 @@ class Contract:
         return "; ".join(parts)
 
 
-@dataclass(frozen=True)
-class Quantized:
-    """One quantized output: compared in its quantized domain, with its scale tensor."""
+class QuantizedOutput(Section):
+    """An output compared in its quantized domain, and its scales."""
 
-    output: str
-    scale: str  # the argument or output holding its scales
-    granularity: str
+    scale: str = Field(description="the argument or output holding the scales")
+    granularity: Literal[GRANULARITIES]
 
 
-@dataclass(frozen=True)
-class Quantization:
-    outputs: tuple[Quantized, ...] = ()
-    # At most this fraction of a quantized output's elements may be one quantization step off (vLLM's fp8 tests).
-    max_step_fraction: float = 0.01
+class Quantization(Section):
+    outputs: dict[str, QuantizedOutput]  # by output name; {}: the plan's `quantization: none`
+    # At most this fraction of a quantized output's elements may be one quantization step off (vLLM's fp8 tests). At
+    # most half: a kernel that rounds every element the wrong way (truncates) is one step off on about half of them,
+    # so a larger fraction passes it; a percentage (1 for 1%) is refused with it.
+    max_step_fraction: Annotated[Number, Field(ge=0, le=0.5, description="a fraction of the elements in [0, 0.5] "
+                                               "(0.01 is 1%)"), AfterValidator(float)] = 0.01
 
-    def of(self, output: str) -> Quantized | None:
-        return next((q for q in self.outputs if q.output == output), None)
+    def of(self, output: str) -> QuantizedOutput | None:
+        return self.outputs.get(output)
+
 
 def _sizes_as_tuples(sizes: dict) -> dict[str, tuple[int, ...]]:
     return {sym: tuple(v) if isinstance(v, list) else (v,) for sym, v in sizes.items()}

@@ -9,7 +9,8 @@ the JSON Schema, committed as plan.schema.json (`# yaml-language-server: $schema
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
 picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
-written. The sections a Plan holds as written (numerics, vllm) are harness.spec.plan's models, used here as they are.
+written. The sections a Plan holds as written (numerics, quantization, vllm) are harness.spec.plan's models, used
+here as they are.
 """
 
 import json
@@ -20,8 +21,8 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
 from harness.spec.fields import IMPORT_EXPECTED, MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
-from harness.spec.plan import Numerics, Vllm
-from harness.spec.vocabulary import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
+from harness.spec.plan import Numerics, Quantization, Vllm
+from harness.spec.vocabulary import AXES, BASELINES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
     ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
@@ -229,19 +230,6 @@ class TensorParallel(Section):
     outputs: dict[str, forms(one=Literal["replicated", "sum"], mapping=Gather,
                              description="replicated, sum, or a mapping {gather: dim, merged: N, units: symbol}")] = {}
     sequence_parallel: bool = Field(False, description="true or false")
-
-
-class QuantizedOutput(Section):
-    scale: str = Field(description="the argument or output holding the scales")
-    granularity: Literal[GRANULARITIES]
-
-
-class Quantization(Section):
-    outputs: dict[str, QuantizedOutput]
-    # At most half: a kernel that rounds every element the wrong way (truncates) is one step off on about half of
-    # them, so a larger fraction passes it; a percentage (1 for 1%) is refused with it.
-    max_step_fraction: Number = Field(0.01, ge=0, le=0.5, description="a fraction of the elements in [0, 0.5] (0.01 "
-                                      "is 1%)")
 
 
 class PlanFile(Section):
