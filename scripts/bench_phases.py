@@ -6,7 +6,7 @@ docs/performance.md and docs/changelog.md read from it.
 
     python scripts/bench_phases.py PLAN [MAX_ITEMS] [RECORDS.json] [NAME=VALUE ...] [field=value ...]
 
-NAME=VALUE overrides a harness.runtime.timing or .bench constant for the run (e.g. TARGET_MS=10.0 \
+NAME=VALUE overrides a harness.runtime.timing or harness.runtime.bench.* constant for the run (e.g. TARGET_MS=10.0 \
 "EAGER_SAMPLES=(50,200)"), to see
 what a timing budget costs and what it does to the intervals: the median relative width of the speedups against
 each baseline is printed, and RECORDS.json gets every item's speedups. A lower-case field=value keeps the items
@@ -25,7 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import harness.runtime.bench as hb  # noqa: E402
+import harness.runtime.bench.implementations as hi  # noqa: E402
+import harness.runtime.bench.measure as hm  # noqa: E402
+import harness.runtime.bench.specs as hs  # noqa: E402
+from harness.runtime.device import detect  # noqa: E402
 from harness.spec.load import load_plan  # noqa: E402
 import harness.runtime.timing as ht  # noqa: E402
 from harness.runtime.tasks import BenchTask  # noqa: E402
@@ -60,7 +63,7 @@ def _timing_label(call, sets, device, graph=False) -> str:
 
 
 def instrument() -> None:
-    implementations, compiled_reference = hb.implementations, hb.compiled_reference
+    implementations, compiled_reference = hm.implementations, hi.compiled_reference
 
     def named_implementations(plan, device, spec=None):
         impls = implementations(plan, device, spec)
@@ -82,11 +85,11 @@ def instrument() -> None:
             return clocked(fn, lambda *a, **k: f"  {context[-1]}: compile (first call)" if context
                            else "compile (first call)")(*args, **kwargs)
         call.clocked = True
-        hb._compiled[(reference, shape)] = call  # later items of the shape get this one
+        hi._compiled[(reference, shape)] = call  # later items of the shape get this one
         return call
 
-    hb.implementations, hb.compiled_reference = named_implementations, first_call_clocked
-    time_calls = hb.time_calls
+    hm.implementations, hi.compiled_reference = named_implementations, first_call_clocked
+    time_calls = hm.time_calls
 
     def time_calls_by_step(call, sets, device, graph=False):
         """One timing, and inside it the steps of that timing: estimates, capture, samples, launch samples."""
@@ -95,7 +98,7 @@ def instrument() -> None:
             return time_calls(call, sets, device, graph)
         finally:
             context.pop()
-    hb.time_calls = ht.time_calls = clocked(time_calls_by_step, _timing_label)  # copy_bandwidth_gbps calls ht's
+    hm.time_calls = ht.time_calls = clocked(time_calls_by_step, _timing_label)  # copy_bandwidth_gbps calls ht's
     for name in ("_estimate", "_events_host_ahead", "_isolated_calls"):
         setattr(ht, name, clocked(getattr(ht, name), lambda *a, name=name, **k: f"  {context[-1]}: {name}"))
     graph = torch.cuda.graph
@@ -113,8 +116,8 @@ def instrument() -> None:
             return out
     torch.cuda.graph = captured
     for name in ("check", "count_launches", "input_sets"):
-        setattr(hb, name, clocked(getattr(hb, name), lambda *a, name=name, **k: name))
-    hb.CheckInputs.build = classmethod(clocked(hb.CheckInputs.build.__func__, lambda *a, **k: "CheckInputs.build"))
+        setattr(hm, name, clocked(getattr(hm, name), lambda *a, name=name, **k: name))
+    hm.CheckInputs.build = classmethod(clocked(hm.CheckInputs.build.__func__, lambda *a, **k: "CheckInputs.build"))
 
 
 def main() -> int:
@@ -125,19 +128,19 @@ def main() -> int:
         if name.islower():
             keep[name] = value
             continue
-        module = ht if hasattr(ht, name) else hb
+        module = next((m for m in (ht, hm, hi, hs) if hasattr(m, name)), hm)
         setattr(module, name, ast.literal_eval(value))
         print("set", name, "=", getattr(module, name))
     instrument()
     plan = load_plan(args[0])
-    specs = [s for s in hb.bench_specs(plan, hb.detect().sm)
+    specs = [s for s in hs.bench_specs(plan, detect().sm)
              if all(str(getattr(s, name)) == value for name, value in keep.items())]
     specs = specs[: int(args[1]) if len(args) > 1 else None]
     records, per_item = {}, []
     start = time.perf_counter()
     for spec in specs:
         t = time.perf_counter()
-        out = hb.run_benchmark(BenchTask(plan, spec))
+        out = hm.run_benchmark(BenchTask(plan, spec))
         records[spec.id] = {k: [v.value, v.low, v.high] for k, v in out.record.speedup.items() if v.value}
         per_item.append((time.perf_counter() - t, spec.id))
     total = time.perf_counter() - start

@@ -44,7 +44,9 @@ def main() -> int:
     import triton.testing
     from tabulate import tabulate
 
-    from harness.runtime.bench import BenchSpec, bytes_moved, input_sets, kernel_call, reference_call
+    from harness.runtime.bench.implementations import input_sets, kernel_call, reference_call
+    from harness.runtime.bench.models import bytes_moved
+    from harness.runtime.bench.specs import BenchSpec
     from harness.runtime.timing import (copy_bandwidth_gbps, count_launches, l2_cache_bytes, rotation_count,
                                         time_calls, working_set_bytes)
     from harness.runtime.device import detect

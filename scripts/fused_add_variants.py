@@ -6,7 +6,7 @@ docs/changelog.md read from it.
     python scripts/fused_add_variants.py [--sliced] [TOKENSxHIDDEN ...]   (default: seven prefill shapes)
 
 --sliced lays the input sets out as the plan's benchmarks do (each tensor's sets slices of one buffer,
-harness.runtime.bench.input_sets) instead of allocating each set on its own.
+harness.runtime.bench.implementations.input_sets) instead of allocating each set on its own.
 
 Every variant is checked against the reference before it is timed; timings as the harness takes them
 (harness.runtime.timing.time_calls, both graph modes), in % of the copy bandwidth measured in the same process.

@@ -12,7 +12,9 @@ import torch
 
 from harness.decisions import bounds
 from harness.results.store import BenchRecord, ImplFigures
-from harness.runtime import bench
+from harness.runtime.bench import measure
+from harness.runtime.bench.measure import run_benchmark
+from harness.runtime.bench.specs import bench_specs
 from harness.runtime.check_code import plan_code_warnings
 from harness.runtime.resolve import resolve
 from harness.runtime.tasks import BenchTask
@@ -85,7 +87,7 @@ def test_prepare_runs_once_per_input_set_outside_the_timed_region(tmp_path):
     """slow_prepare sleeps 50 ms: a timing that included it would be at least that long."""
     plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4], "baselines": [
         "native", {"into": {"path": "tests.baselines:rms_norm_into", "prepare": "tests.baselines:slow_prepare"}}]}))
-    rec = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record
+    rec = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record
     into = rec.impls["into"]
     assert into.timed and into.differs is None and into.median_us < 20_000, into  # checked against the reference
     assert rec.timed_functions == {"native": "kernels.rms_norm:rms_norm_ref",
@@ -98,8 +100,8 @@ def test_the_int8_plans_time_native_and_cublas_in_the_activation_dtype_and_say_w
                                 op={"sizes": {"in_features": sixty_four, "out_features": sixty_four}},
                                 # the timed sizes are 64 here: no benchmark.sizes, nor their models
                                 benchmark={"decode": [2], "prefill": [], "sizes": None, "models": None}))
-    spec = next(s for s in bench.bench_specs(plan, "cpu") if s.dtype == "bf16" and s.graph_mode == "eager")
-    rec = bench.run_benchmark(BenchTask(plan, spec)).record
+    spec = next(s for s in bench_specs(plan, "cpu") if s.dtype == "bf16" and s.graph_mode == "eager")
+    rec = run_benchmark(BenchTask(plan, spec)).record
     for name in ("native", "cublas"):
         assert rec.impls[name].timed and rec.impls[name].differs is None, (name, rec.impls[name])
     assert rec.timed_functions["native"] == plan.native
@@ -191,7 +193,7 @@ def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_l
     """A bound of one second: every host-clock timing is faster. The kernel is the reference in kernel style."""
     plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={
         "decode": [4], "baselines": ["native", {"into": "tests.baselines:rms_norm_into"}]}))
-    real = bench.implementations
+    real = measure.implementations
 
     def with_a_kernel(plan, device, spec=None):
         impls = real(plan, device, spec)
@@ -200,9 +202,9 @@ def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_l
     def one_second(rec, device, graph, nbytes, flops):
         rec.bytes, rec.flops, rec.bound_us, rec.bound = nbytes, flops, 1e6, bounds.LAUNCH
 
-    monkeypatch.setattr(bench, "implementations", with_a_kernel)
-    monkeypatch.setattr(bench, "measure_bounds", one_second)
-    outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
+    monkeypatch.setattr(measure, "implementations", with_a_kernel)
+    monkeypatch.setattr(measure, "measure_bounds", one_second)
+    outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
     assert outcome.failures["kernel"].startswith("broken timing: ") and "faster than its bound of 1e+06 µs" in \
         outcome.failures["kernel"]
     native = outcome.record.impls["native"]

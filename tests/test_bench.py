@@ -14,15 +14,21 @@ import pytest
 import torch
 
 from harness.results.merge import collect
-from harness.runtime import bench
+from harness.runtime.bench.implementations import CPU_KERNEL_REASON, implementations, input_sets
+from harness.runtime.bench.measure import run_benchmark, speedup
+from harness.runtime.bench.models import bytes_moved, check_models, flops_done
+from harness.runtime.bench.precompile import _compile_key, precompile, precompile_plans
+from harness.runtime.bench.records import not_run_record
+from harness.runtime.bench.specs import IMPLS, BenchSpec, bench_specs, skip_reason
 from harness.runtime import timing as timers
 from harness.runtime import timing_share
 
 from harness.rendering import performance
 from harness.spec.hardware import Hardware
 from harness.spec.load import load_plan
+from harness.spec.expressions import evaluate
 from harness.spec.plan import PlanError
-from harness.results.store import ImplFigures, to_json
+from harness.results.store import NOISE_FLOOR, ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing
 
@@ -47,43 +53,43 @@ def timing(median, q20, q80) -> ImplFigures:
 
 
 def _built(plan, dtype: str, tokens: int, hidden: int) -> dict:
-    spec = bench.BenchSpec("decode", dtype, "eager", "cpu", tokens, (("hidden", hidden),))
-    return bench.input_sets(plan, spec, "cpu")[0]
+    spec = BenchSpec("decode", dtype, "eager", "cpu", tokens, (("hidden", hidden),))
+    return input_sets(plan, spec, "cpu")[0]
 
 
 def test_default_byte_model_reads_inputs_once_and_writes_outputs_once():
     plan = load_plan(ROOT / "plan.yaml")  # out (output), x (input), weight (input)
     for dtype, size in (("bf16", 2), ("fp32", 4)):
         values = _built(plan, dtype, 64, 4096)
-        assert bench.bytes_moved(plan, dtype, 64, {"hidden": 4096}, values=values) == 2 * 64 * 4096 * size + 4096 * size
+        assert bytes_moved(plan, dtype, 64, {"hidden": 4096}, values=values) == 2 * 64 * 4096 * size + 4096 * size
     values = _built(plan, "fp32", 1, 8)
-    assert bench.bytes_moved(plan, "fp32", 1, {"hidden": 8}, 100, values) == 2 * 8 * 4 + 8 * 4 + 100
+    assert bytes_moved(plan, "fp32", 1, {"hidden": 8}, 100, values) == 2 * 8 * 4 + 8 * 4 + 100
 
 
 def test_mutated_arguments_count_read_and_write():
     plan = load_plan(ROOT / "kernels" / "plans" / "fused_add_rms_norm.yaml")  # x, residual in place; weight read
     t, h = 8, 4096
-    assert bench.bytes_moved(plan, "bf16", t, {"hidden": h}, values=_built(plan, "bf16", t, h)) == \
+    assert bytes_moved(plan, "bf16", t, {"hidden": h}, values=_built(plan, "bf16", t, h)) == \
         2 * (t * h * 2) * 2 + h * 2
 
 
 def test_structured_plans_count_the_tensors_their_batch_built():
     """A paged KV cache's size follows the drawn batch, not a size symbol: the default model counts it as built."""
     plan = load_plan(ROOT / "kernels" / "plans" / "paged_attention.yaml")
-    bench.check_models(plan)  # no byte model: nothing to evaluate before the batch exists
-    spec = bench.BenchSpec("decode", "bf16", "eager", "cpu", 4,
-                           (("num_heads", 8), ("num_kv_heads", 2), ("head_size", 64), ("block_size", 16)))
-    values = bench.input_sets(plan, spec, "cpu")[0]
+    check_models(plan)  # no byte model: nothing to evaluate before the batch exists
+    spec = BenchSpec("decode", "bf16", "eager", "cpu", 4,
+                     (("num_heads", 8), ("num_kv_heads", 2), ("head_size", 64), ("block_size", 16)))
+    values = input_sets(plan, spec, "cpu")[0]
     expected = sum(t.numel() * t.element_size() for t in values.values() if hasattr(t, "numel"))
-    assert bench.bytes_moved(plan, "bf16", 4, dict(spec.sizes), values=values) == expected
+    assert bytes_moved(plan, "bf16", 4, dict(spec.sizes), values=values) == expected
 
 
 def test_plan_expressions_for_bytes_and_flops(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, benchmark={
         "decode": [4], "bytes": "(2 * num_tokens + 1) * hidden * act_bytes", "flops": "4 * num_tokens * hidden"}))
-    assert bench.bytes_moved(plan, "fp16", 4, {"hidden": 64}) == 9 * 64 * 2
-    assert bench.flops_done(plan, "fp16", 4, {"hidden": 64}) == 4 * 4 * 64
-    assert bench.flops_done(load_plan(ROOT / "plan.yaml"), "bf16", 4, {"hidden": 64}) is None
+    assert bytes_moved(plan, "fp16", 4, {"hidden": 64}) == 9 * 64 * 2
+    assert flops_done(plan, "fp16", 4, {"hidden": 64}) == 4 * 4 * 64
+    assert flops_done(load_plan(ROOT / "plan.yaml"), "bf16", 4, {"hidden": 64}) is None
 
 
 @pytest.mark.parametrize("expr, words", [
@@ -97,7 +103,7 @@ def test_plan_expressions_for_bytes_and_flops(tmp_path):
 ])
 def test_unsafe_or_wrong_expressions_are_rejected(expr, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace("*", r"\*")):
-        bench.evaluate(expr, {"hidden": 64, "num_tokens": 4, "act_bytes": 2})
+        evaluate(expr, {"hidden": 64, "num_tokens": 4, "act_bytes": 2})
 
 
 def test_a_bad_byte_model_is_a_plan_error_naming_the_field_and_line(tmp_path):
@@ -114,22 +120,22 @@ def test_a_bad_byte_model_is_a_plan_error_naming_the_field_and_line(tmp_path):
 
 
 def test_speedup_inside_the_spread_is_no_difference():
-    s = bench.speedup(timing(10.0, 9.0, 11.0), timing(9.5, 9.0, 10.0))
+    s = speedup(timing(10.0, 9.0, 11.0), timing(9.5, 9.0, 10.0))
     assert s.value == pytest.approx(10 / 9.5, abs=1e-3)
     assert s.low < 1 < s.high and s.verdict == "no difference"
 
 
 def test_clear_wins_and_losses():
-    assert bench.speedup(timing(20.0, 19.8, 20.2), timing(10.0, 9.9, 10.1)).verdict == "faster"
-    slower = bench.speedup(timing(10.0, 9.9, 10.1), timing(20.0, 19.8, 20.2))
+    assert speedup(timing(20.0, 19.8, 20.2), timing(10.0, 9.9, 10.1)).verdict == "faster"
+    slower = speedup(timing(10.0, 9.9, 10.1), timing(20.0, 19.8, 20.2))
     assert slower.verdict == "slower" and slower.high < 1
 
 
 def test_noise_floor_widens_tight_intervals():
-    tight = 1 + bench.NOISE_FLOOR / 2  # a 1% win with no spread at all is still within run-to-run drift
-    assert bench.speedup(timing(tight, tight, tight), timing(1.0, 1.0, 1.0)).verdict == "no difference"
-    clear = 1 + 3 * bench.NOISE_FLOOR
-    assert bench.speedup(timing(clear, clear, clear), timing(1.0, 1.0, 1.0)).verdict == "faster"
+    tight = 1 + NOISE_FLOOR / 2  # a 1% win with no spread at all is still within run-to-run drift
+    assert speedup(timing(tight, tight, tight), timing(1.0, 1.0, 1.0)).verdict == "no difference"
+    clear = 1 + 3 * NOISE_FLOOR
+    assert speedup(timing(clear, clear, clear), timing(1.0, 1.0, 1.0)).verdict == "faster"
 
 
 # ---------------------------------------------------------------- items, ids, skip reasons
@@ -137,7 +143,7 @@ def test_noise_floor_widens_tight_intervals():
 
 def test_specs_cover_every_shape_dtype_and_graph_mode_on_this_sm():
     plan = load_plan(ROOT / "plan.yaml")
-    specs = bench.bench_specs(plan, "sm90")
+    specs = bench_specs(plan, "sm90")
     shapes = len(plan.benchmark.decode) + len(plan.benchmark.prefill) + len(plan.benchmark.chunked_prefill)
     assert len(specs) == shapes * len(plan.sizes["hidden"]) * len(plan.matrix["dtype"]) * 2
     ids = {s.id for s in specs}
@@ -149,15 +155,15 @@ def test_specs_cover_every_shape_dtype_and_graph_mode_on_this_sm():
 def test_graph_modes_follow_the_plan(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, matrix={"graph_mode": ["eager", "torch_compile"]},
                                    benchmark={"decode": [4]}))
-    assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden64",
-                                                               "decode-fp32-eager-cpu-t4-hidden128"]
+    assert [s.id for s in bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden64",
+                                                         "decode-fp32-eager-cpu-t4-hidden128"]
 
 
 def test_benchmark_sizes_list_the_sizes_timed_and_stored_records_of_others_are_not_shown(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, matrix={"sm": ["cpu", "sm90"]}, hidden=[64, 128, 4096],
                                    benchmark={"decode": [4], "sizes": [{"hidden": 128}, {"hidden": 4096}]}))
-    assert [s.id for s in bench.bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden128",
-                                                              "decode-fp32-eager-cpu-t4-hidden4096"]
+    assert [s.id for s in bench_specs(plan, "cpu")] == ["decode-fp32-eager-cpu-t4-hidden128",
+                                                         "decode-fp32-eager-cpu-t4-hidden4096"]
     stale = {**bench_record("decode", 4, 1.0, 2.0, 1.5), "sizes": {"hidden": 64}}
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"listed": bench_record("decode", 4, 1.0, 2.0, 1.5), "stale": stale})
@@ -169,20 +175,19 @@ def test_skip_reasons(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["fp32", "fp16"], "graph_mode": ["eager", "cuda_graph"],
                                                      "sm": ["cpu", "sm90"]},
                                    benchmark={"decode": [4]}, exclude=[{"dtype": "fp16", "why": "no fp16 here"}]))
-    spec = {s.id: s for s in bench.bench_specs(plan, "cpu")}
-    assert bench.skip_reason(plan, spec["decode-fp32-eager-cpu-t4-hidden64"], CPU) == ""
-    assert "cuda_graph needs a CUDA device" in bench.skip_reason(plan, spec["decode-fp32-cuda_graph-cpu-t4-hidden64"],
-                                                                 CPU)
-    assert "no fp16 here" in bench.skip_reason(plan, spec["decode-fp16-eager-cpu-t4-hidden64"], CPU)
-    sm89 = bench.bench_specs(plan, "sm89")[0]
-    assert "does not list sm89" in bench.skip_reason(plan, sm89, Hardware("sm89", "cuda", "L4", 1, 8))
+    spec = {s.id: s for s in bench_specs(plan, "cpu")}
+    assert skip_reason(plan, spec["decode-fp32-eager-cpu-t4-hidden64"], CPU) == ""
+    assert "cuda_graph needs a CUDA device" in skip_reason(plan, spec["decode-fp32-cuda_graph-cpu-t4-hidden64"], CPU)
+    assert "no fp16 here" in skip_reason(plan, spec["decode-fp16-eager-cpu-t4-hidden64"], CPU)
+    sm89 = bench_specs(plan, "sm89")[0]
+    assert "does not list sm89" in skip_reason(plan, sm89, Hardware("sm89", "cuda", "L4", 1, 8))
 
 
 @cpu_machine_only
 def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": ["native", "vllm"]}))
-    impls = bench.implementations(plan, "cpu")
-    assert impls["kernel"] == bench.CPU_KERNEL_REASON and "interpreter" in impls["kernel"]
+    impls = implementations(plan, "cpu")
+    assert impls["kernel"] == CPU_KERNEL_REASON and "interpreter" in impls["kernel"]
     assert callable(impls["native"])
     assert impls["compiled"] == "not in the plan's benchmark.baselines"
     if vllm_missing():
@@ -200,14 +205,14 @@ def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run
     assert plan.benchmark.baselines == ("native", "compiled")
     assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
                                     ("liger", "liger_kernel_not_here.ops:rms_norm"))
-    impls = bench.implementations(plan, "cpu")
+    impls = implementations(plan, "cpu")
     assert list(impls) == ["kernel", "native", "compiled", "vllm", "ref_into", "liger"]
     assert callable(impls["ref_into"])
     assert "liger_kernel_not_here.ops:rms_norm cannot be imported here: ModuleNotFoundError" in impls["liger"]
-    spec = bench.bench_specs(plan, "cpu")[0]
+    spec = bench_specs(plan, "cpu")[0]
     assert spec.impls == ("kernel", "native", "compiled", "vllm", "ref_into", "liger")
     assert spec.id == "decode-fp32-eager-cpu-t4-hidden64"  # named baselines do not change item ids
-    rec = bench.not_run_record(spec, "cuda_graph needs a CUDA device")
+    rec = not_run_record(spec, "cuda_graph needs a CUDA device")
     assert set(rec.impls) == set(spec.impls) and set(rec.speedup) == set(spec.impls[1:])
 
 
@@ -217,9 +222,9 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
     native and compiled; the missing one is recorded as not run; the kernel itself is not timed on a CPU."""
     path = rms_norm_plan(tmp_path, hidden=[64], benchmark=NAMED)
     plan = load_plan(path)
-    rec = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record
+    rec = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record
     assert set(rec.impls) == {"kernel", "native", "compiled", "vllm", "ref_into", "liger"}
-    assert rec.impls["kernel"].not_run == bench.CPU_KERNEL_REASON
+    assert rec.impls["kernel"].not_run == CPU_KERNEL_REASON
     for name in ("native", "compiled", "ref_into"):
         figs = rec.impls[name]
         assert figs.timed and figs.error is None and 0 < figs.q20_us <= figs.median_us <= figs.q80_us, name
@@ -232,7 +237,7 @@ def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
     path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
         "decode": [4], "baselines": ["native", {"wrong": "tests.broken.rms_norm_bugs:raises"}]})
     plan = load_plan(path)
-    outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
+    outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
     rec = outcome.record
     # a baseline taking the kernel's arguments that raises: only its entry says so
     assert rec.impls["wrong"].not_run.startswith("raised ValueError") and not rec.impls["wrong"].timed
@@ -243,7 +248,7 @@ def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
     path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
         "decode": [4], "baselines": ["native", {"scaled": "tests.baselines:rms_norm_off_by_a_tenth"}]})
     plan = load_plan(path)
-    outcome = bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0]))
+    outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
     off = outcome.record.impls["scaled"]
     assert off.timed and off.error is None and "wrong result after timing" in off.differs
     assert outcome.record.impls["native"].differs is None and not outcome.failures
@@ -285,9 +290,9 @@ def test_benchmark_models_name_the_model_of_each_size(tmp_path):
 
 
 def test_not_run_record_keeps_the_schema():
-    spec = bench.BenchSpec("decode", "bf16", "cuda_graph", "cpu", 8, (("hidden", 64),))
-    rec = to_json(bench.not_run_record(spec, "cuda_graph needs a CUDA device"))
-    assert set(rec) <= RECORD_KEYS and set(rec["impls"]) == set(bench.IMPLS)
+    spec = BenchSpec("decode", "bf16", "cuda_graph", "cpu", 8, (("hidden", 64),))
+    rec = to_json(not_run_record(spec, "cuda_graph needs a CUDA device"))
+    assert set(rec) <= RECORD_KEYS and set(rec["impls"]) == set(IMPLS)
     assert rec["speedup"]["native"] == {"not_run": "cuda_graph needs a CUDA device"}
     assert rec["sizes"] == {"hidden": 64} and rec["num_tokens"] == 8
 
@@ -322,12 +327,12 @@ MEMSET
 
 def test_rotated_input_sets_are_distinct_aligned_and_exceed_twice_l2(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [3]}))
-    spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 3, (("hidden", 50),))
-    one = timers.working_set_bytes(bench.input_sets(plan, spec, "cpu")[0])
+    spec = BenchSpec("decode", "fp32", "eager", "cpu", 3, (("hidden", 50),))
+    one = timers.working_set_bytes(input_sets(plan, spec, "cpu")[0])
     assert one == (3 * 50 * 2 + 50) * 4
     count = timers.rotation_count(one, l2_bytes=4096)
     assert count * one > 2 * 4096 >= (count - 1) * one
-    sets = bench.input_sets(plan, spec, "cpu", count)
+    sets = input_sets(plan, spec, "cpu", count)
     assert len(sets) == count and len({s["x"].data_ptr() for s in sets}) == count
     # every set starts 256 bytes after the last (a CUDA allocation itself is 512-byte aligned)
     assert all((s[n].data_ptr() - sets[0][n].data_ptr()) % 256 == 0 for s in sets for n in ("out", "x", "weight"))
@@ -510,7 +515,7 @@ def test_a_baselines_wrong_result_recorded_as_an_error_is_read_as_differing():
 def test_bench_shapes_leave_out_sizes_their_constraints_rule_out():
     """kernels/plans/rotary_embedding.yaml: rotary_dim at_most head_size, num_kv_heads divides num_heads."""
     plan = load_plan(ROOT / "kernels" / "plans" / "rotary_embedding.yaml")
-    specs = bench.bench_specs(plan, "sm90")
+    specs = bench_specs(plan, "sm90")
     sizes = [s.sizes_dict for s in specs]
     assert sizes and all(s["rotary_dim"] <= s["head_size"] and s["num_heads"] % s["num_kv_heads"] == 0 for s in sizes)
     assert any(s["rotary_dim"] < s["head_size"] for s in sizes)  # partial rotary dims are still benchmarked
@@ -528,13 +533,13 @@ def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made
         os.utime(path, (when, when))
     # Without the compiled baseline: Inductor's C++ compile on a CPU machine would cost the suite 15 s.
     plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": ["native"]}))
-    spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
-    line = bench.precompile(plan, [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
+    spec = BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
+    line = precompile(plan, [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
     assert line.startswith("precompiled 1 of 1 shapes"), line  # one shape: its two graph modes share the compile
     assert old.exists() and not new.exists()
-    again = bench.precompile(plan, [spec], "cpu", processes=1)
+    again = precompile(plan, [spec], "cpu", processes=1)
     assert again.startswith("precompile skipped: an earlier run compiled these 1 shapes"), again
-    other = bench.precompile(plan, [dataclasses.replace(spec, num_tokens=8)], "cpu", processes=1)
+    other = precompile(plan, [dataclasses.replace(spec, num_tokens=8)], "cpu", processes=1)
     assert other.startswith("precompiled 1 of 1 shapes"), other  # another shape is not in the cache yet
 
 
@@ -552,19 +557,19 @@ def test_one_precompile_pool_serves_several_plans_and_stamps_only_those_that_com
              rms_norm_plan(tmp_path, name="raises.yaml", op={"reference": "raising_ref:rms_norm_ref"},
                            benchmark={"decode": [4], "baselines": ["native", "compiled"]})]
     loaded = [load_plan(path) for path in plans]
-    spec = bench.BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
+    spec = BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
     work = [(loaded[0], [spec]), (loaded[1], [dataclasses.replace(spec, sizes=(("hidden", 32),))]),
             (loaded[2], [spec])]
-    stamp = bench.precompile(*work[0], "cpu", processes=1)
+    stamp = precompile(*work[0], "cpu", processes=1)
     assert stamp.startswith("precompiled 1 of 1 shapes"), stamp
     # One process for two plans' shapes (each spawned process imports torch: seconds of a 2-core machine's CPU).
-    lines = bench.precompile_plans(work, "cpu", processes=1)
+    lines = precompile_plans(work, "cpu", processes=1)
     assert lines[0].startswith("precompile skipped"), lines
     assert lines[1].startswith("precompiled 1 of 1 shapes") and lines[2].startswith("precompiled 0 of 1 shapes"), lines
     assert "left to their items, the first failing with Unsupported" in lines[2], lines[2]  # Dynamo met the raise
     stamps = tmp_path / "inductor" / "harness-precompiled"
-    assert (stamps / bench._compile_key(loaded[1], [work[1][1][0].shape])).exists()  # the next run skips it
-    assert not (stamps / bench._compile_key(loaded[2], [spec.shape])).exists()  # the next run compiles it again
+    assert (stamps / _compile_key(loaded[1], [work[1][1][0].shape])).exists()  # the next run skips it
+    assert not (stamps / _compile_key(loaded[2], [spec.shape])).exists()  # the next run compiles it again
 
 
 def test_a_long_call_is_sized_from_one_run_and_warmed_up_by_it(monkeypatch):
@@ -660,7 +665,7 @@ def test_a_later_plan_takes_the_timing_an_earlier_plan_made_of_the_same_call_on_
         path = rms_norm_plan(tmp_path, hidden=[64], name=f"{name}.yaml", benchmark={"decode": [4]},
                              op={"name": name, "args": {**rms_norm_args(), "eps": eps}})
         loaded = load_plan(path)
-        return bench.run_benchmark(BenchTask(loaded, bench.bench_specs(loaded, "cpu")[0])).record
+        return run_benchmark(BenchTask(loaded, bench_specs(loaded, "cpu")[0])).record
 
     monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
     first, second, other_eps = plan("first"), plan("second"), plan("other_eps", 1.0e-5)
@@ -682,13 +687,13 @@ def test_a_shared_timing_is_keyed_by_what_is_called_and_on_what(tmp_path, monkey
     and last rotated set as built and how many sets there are, the graph mode."""
     monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path))
     plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}))
-    spec = bench.bench_specs(plan, "cpu")[0]
-    sets = bench.input_sets(plan, spec, "cpu", 3)
+    spec = bench_specs(plan, "cpu")[0]
+    sets = input_sets(plan, spec, "cpu", 3)
 
     def key(name="native", mode="eager", values=sets, count=3):
         return timing_share.timing_key(plan, name, mode, timing_share.built_inputs(values), count)
 
-    assert key() == key(values=bench.input_sets(plan, spec, "cpu", 3))  # built again: the same inputs
+    assert key() == key(values=input_sets(plan, spec, "cpu", 3))  # built again: the same inputs
     assert key() != key("compiled") and key() != key(mode="cuda_graph")
     assert key() != key(count=2)  # fewer sets: a warmer L2
     changed = [dict(s) for s in sets]
@@ -713,7 +718,7 @@ def test_an_implementation_after_an_in_place_one_shares_by_the_inputs_as_built(t
                         ("into_only", [{"into": "tests.baselines:rms_norm_into"}])):
         plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], name=f"{name}.yaml", op={"name": name},
                                        benchmark={"decode": [4], "baselines": named}))
-        records.append(bench.run_benchmark(BenchTask(plan, bench.bench_specs(plan, "cpu")[0])).record)
+        records.append(run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record)
     assert records[0].impls["into"].timed and records[0].impls["into"].timed_in is None
     assert records[1].impls["into"].timed_in == "writes_first decode-fp32-eager-cpu-t4-hidden64 into"
 
@@ -727,11 +732,11 @@ def test_vllms_own_plans_time_what_the_bundled_plans_time_as_baselines(bundled, 
     native and compiled baselines are the same calls on the same inputs, at every benchmark shape."""
     monkeypatch.setenv(timing_share.SHARE_ENV, "unused")
     ours, theirs = load_plan(ROOT / bundled), load_plan(ROOT / vllms)
-    specs = [s for s in bench.bench_specs(ours, "cpu") if s.num_tokens <= 8][:4]
+    specs = [s for s in bench_specs(ours, "cpu") if s.num_tokens <= 8][:4]
     assert specs
     for spec in specs:
-        mine = timing_share.built_inputs(bench.input_sets(ours, spec, "cpu", 2))
-        other = timing_share.built_inputs(bench.input_sets(theirs, dataclasses.replace(spec, named=()), "cpu", 2))
+        mine = timing_share.built_inputs(input_sets(ours, spec, "cpu", 2))
+        other = timing_share.built_inputs(input_sets(theirs, dataclasses.replace(spec, named=()), "cpu", 2))
         for name, their_name in (("vllm", "kernel"), ("native", "native"), ("compiled", "compiled")):
             assert timing_share.timing_key(ours, name, spec.graph_mode, mine, 2) == \
                 timing_share.timing_key(theirs, their_name, spec.graph_mode, other, 2), (spec.id, name)

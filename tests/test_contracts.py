@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from harness.runtime import bench
+from harness.runtime.bench.implementations import implementations
+from harness.runtime.bench.measure import run_benchmark
+from harness.runtime.bench.specs import BenchSpec, bench_specs, outside_contract, skip_reason
 
 from harness.rendering import report
 from harness.spec.hardware import Hardware
@@ -249,9 +251,9 @@ def test_cells_of_a_dtype_outside_the_contract_are_excluded(tmp_path):
     assert fp32.status == Status.EXCLUDED
     assert fp32.reason == f"outside the kernel's contract (line {contract_line(path)}): dtypes bf16 (bf16 loads only)"
     assert decide(plan, Cell("decode", "bf16", 1, "eager", "cpu"), CPU, 4).status is None
-    specs = {s.dtype: s for s in bench.bench_specs(plan, "cpu")}
-    assert bench.skip_reason(plan, specs["fp32"], CPU) == fp32.reason
-    assert bench.skip_reason(plan, specs["bf16"], CPU) == ""
+    specs = {s.dtype: s for s in bench_specs(plan, "cpu")}
+    assert skip_reason(plan, specs["fp32"], CPU) == fp32.reason
+    assert skip_reason(plan, specs["bf16"], CPU) == ""
     # an exclude rule still wins over the contract
     write_plan(path, path, exclude=[{"dtype": "fp32", "why": "not wanted"}])
     assert "excluded by the plan" in decide(load_plan(path), Cell("decode", "fp32", 1, "eager", "cpu"), CPU, 4).reason
@@ -278,27 +280,27 @@ def test_shapes_outside_a_baselines_contract_are_not_timed_for_it_on_cpu(tmp_pat
     plan = load_plan(path)
     assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
                                     ("picky", "tests.baselines:rms_norm_into"))
-    specs = {s.sizes_dict["hidden"]: s for s in bench.bench_specs(plan, "cpu")}
-    assert bench.skip_reason(plan, specs[64], CPU) == ""  # the kernel has no contract: the item runs
-    rec = bench.run_benchmark(BenchTask(plan, specs[64])).record
+    specs = {s.sizes_dict["hidden"]: s for s in bench_specs(plan, "cpu")}
+    assert skip_reason(plan, specs[64], CPU) == ""  # the kernel has no contract: the item runs
+    rec = run_benchmark(BenchTask(plan, specs[64])).record
     assert rec.impls["picky"].not_run == "outside picky's contract: hidden 64 is not a multiple of 128"
     assert not rec.impls["picky"].timed
     assert rec.impls["native"].timed and rec.impls["ref_into"].timed and rec.impls["ref_into"].error is None
-    rec = bench.run_benchmark(BenchTask(plan, specs[128])).record
+    rec = run_benchmark(BenchTask(plan, specs[128])).record
     assert rec.impls["picky"].timed and rec.impls["picky"].error is None
-    bf16 = bench.BenchSpec("decode", "bf16", "eager", "cpu", 4, (("hidden", 128),), ("ref_into", "picky"))
-    assert bench.outside_contract(plan, "picky", bf16) == "outside picky's contract: dtype bf16 is not one of fp32"
-    assert bench.outside_contract(plan, "ref_into", bf16) == ""
+    bf16 = BenchSpec("decode", "bf16", "eager", "cpu", 4, (("hidden", 128),), ("ref_into", "picky"))
+    assert outside_contract(plan, "picky", bf16) == "outside picky's contract: dtype bf16 is not one of fp32"
+    assert outside_contract(plan, "ref_into", bf16) == ""
 
 
 def test_shapes_outside_the_kernels_contract_are_not_benchmarked(tmp_path):
     plan = load_plan(contract_plan(tmp_path, {"at_most": {"hidden": 64}, "row_stride_multiple_of": {"x": 128}},
                                    hidden=[64, 128], benchmark={"decode": [4], "baselines": ["native"]}))
-    specs = {s.sizes_dict["hidden"]: s for s in bench.bench_specs(plan, "cpu")}
-    assert bench.skip_reason(plan, specs[128], CPU) == "outside the kernel's contract: hidden 128 is above 64"
-    assert bench.skip_reason(plan, specs[64], CPU) == \
+    specs = {s.sizes_dict["hidden"]: s for s in bench_specs(plan, "cpu")}
+    assert skip_reason(plan, specs[128], CPU) == "outside the kernel's contract: hidden 128 is above 64"
+    assert skip_reason(plan, specs[64], CPU) == \
         "outside the kernel's contract: x's row stride 64 is not a multiple of 128"
-    assert bench.implementations(plan, "cpu", specs[128])["kernel"].startswith("outside the kernel's contract")
+    assert implementations(plan, "cpu", specs[128])["kernel"].startswith("outside the kernel's contract")
 
 
 # ---------------------------------------------------------------- the report

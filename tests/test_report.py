@@ -57,7 +57,7 @@ def cell(cell_id: str, status: str, finished: str = "2026-11-29T10:05:00Z", reas
 
 def bench(phase: str, tokens: int, kernel: float, native: float, compiled: float, vllm: float | None = None,
           spread: float = 0.01, sm: str = "sm90", finished: str = "2026-11-29T10:06:00Z") -> dict:
-    """A benchmark record as harness/runtime/bench.py writes it (speedups: baseline time over kernel time)."""
+    """A benchmark record as harness/runtime/bench/measure.py writes it (speedups: baseline time over kernel time)."""
     nbytes = tokens * 4096 * 2 * 2
     impls = {}
     for name, us in (("kernel", kernel), ("native", native), ("compiled", compiled), ("vllm", vllm)):

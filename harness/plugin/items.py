@@ -17,15 +17,10 @@ from harness.integration.fusion import FusionTask, fusion_items, run_fusion_item
 from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, integration_routes, run_integration_item
 from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
 from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status
-from harness.runtime.bench import (
-    BenchOutcome,
-    BenchSpec,
-    bench_specs,
-    not_run_record,
-    precompile,
-    run_benchmark,
-    skip_reason,
-)
+from harness.runtime.bench.measure import BenchOutcome, run_benchmark
+from harness.runtime.bench.precompile import precompile
+from harness.runtime.bench.records import not_run_record
+from harness.runtime.bench.specs import BenchSpec, bench_specs, skip_reason
 from harness.runtime.device import detect
 from harness.runtime.memcheck import run_memcheck
 from harness.runtime.runner import Outcome, run_cell, shrink_example

@@ -24,7 +24,8 @@ from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.merge import collect
 from harness.results.store import Recorder, Status
-from harness.runtime.bench import check_models, prepare_benchmarks
+from harness.runtime.bench.measure import prepare_benchmarks
+from harness.runtime.bench.models import check_models
 from harness.runtime.check_code import plan_code_warnings
 from harness.interpreter import make_faithful, switch_on
 from harness.runtime.device import detect, provenance

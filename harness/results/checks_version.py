@@ -23,7 +23,9 @@ CHECKED_MODULES = {
                     "integration/engine_probe.py", "rendering/plugin_source.py",
                     *(f"rendering/plugin_templates/{t}.py.tmpl" for t in ("custom_op", "ir", "quantization")),
                     "runtime/numerics.py", "spec/tolerances.py"),
-    "bench": ("runtime/bench.py", "runtime/timing.py", "decisions/bounds.py"),
+    "bench": (*(f"runtime/bench/{name}.py" for name in (
+        "specs", "models", "implementations", "precompile", "measure", "records")),
+        "runtime/timing.py", "decisions/bounds.py"),
 }
 
 

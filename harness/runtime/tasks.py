@@ -17,15 +17,12 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan
-
-if TYPE_CHECKING:  # the tasks' fields only; importing them here would import torch and hypothesis
-    from harness.runtime.bench import BenchSpec
-    from harness.runtime.inputs import Example
+from harness.runtime.bench.specs import BenchSpec
+from harness.runtime.inputs import Example
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ class CellTask:
 
 @dataclass(frozen=True)
 class BenchTask:
-    """One benchmark item: every implementation timed on one shape (harness.runtime.bench.run_benchmark)."""
+    """One benchmark item: every implementation timed on one shape (harness.runtime.bench.measure.run_benchmark)."""
 
     plan: Plan
     spec: BenchSpec

@@ -1,0 +1,249 @@
+"""Measuring one benchmark item (run_benchmark): each implementation is timed as harness.runtime.timing says
+(device time, warm-up, cold L2 by rotating input sets, launches per call); then:
+
+- Each implementation's outputs are checked against the reference after its timing loop: a wrong kernel
+  fails the item; a baseline that differs keeps its timing and is reported as differing (`differs`). A
+  baseline that raises (a reference that syncs the host cannot be captured in a CUDA graph) is not run
+  there, with its error, and the item still times the others; the kernel raising fails the item.
+- A named baseline whose package is not installed on this machine is recorded as not run, with why; so is one
+  on a shape or dtype outside its contract (`{name: {path: ..., contract: {...}}}`). A shape outside the
+  kernel's own contract (op.contract) is not timed at all.
+- A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
+  is "no difference".
+- Every figure is set against its physical bound, measured in the same run (harness.decisions.bounds): a kernel
+  timed faster than it fails the item as a broken timing; a baseline timed faster than it is kept out of the
+  speedups, with why.
+
+On a CPU machine the kernel runs in Triton's interpreter, whose speed says nothing: the kernel is not
+timed there (the item is skipped with that reason), while native versus compiled is still timed with
+the host clock (`timer: host`).
+
+The item hands the kernel's device samples to pytest-benchmark (harness.plugin.session), which stores
+and compares them (`--benchmark-autosave`, `--benchmark-compare`, `--benchmark-compare-fail`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy
+import torch
+
+from harness.decisions.bounds import broken_timing, pct_of_bound, physical_bound
+from harness.runtime.calls import first_line, reference_outputs
+from harness.runtime.device import detect
+from harness.runtime.inputs import TORCH_DTYPES
+from harness.runtime.numerics import Mismatch
+from harness.runtime.resolve import resolve
+from harness.spec.plan import Plan
+from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
+from harness.runtime.runner import compare_judged, device_poisoned
+from harness.runtime.tasks import BenchTask
+from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
+    read_bandwidth_gbps, rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
+from harness.runtime.timing_share import built_inputs, share_timing, shared_timing, timing_key
+from harness.runtime.bench.implementations import Prepared, implementations, input_sets, timed_functions
+from harness.runtime.bench.models import bytes_moved, flops_done
+from harness.runtime.bench.records import base_record
+from harness.runtime.bench.specs import BenchSpec
+
+CHECK_SEED = 20_251_101  # the seed of the inputs each implementation is checked on after its timing
+
+
+def _captured(call: Callable[[dict], dict], values: dict) -> dict:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = call(values)
+    graph.replay()
+    torch.cuda.synchronize()
+    return outs
+
+
+@dataclass
+class CheckInputs:
+    """One item's fresh inputs (never timed on) and the reference's outputs on them, shared by its implementations."""
+    values: dict
+    expected: dict
+
+    @classmethod
+    def build(cls, plan: Plan, spec: BenchSpec, device: str) -> CheckInputs:
+        values = input_sets(plan, spec, device, 1, seed=CHECK_SEED)[0]
+        return cls(values, reference_outputs(plan, resolve(plan).reference, values))
+
+    def fresh(self) -> dict:
+        """A copy of the inputs for one implementation (kernels may write into them)."""
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
+
+
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs,
+          warmed: bool = True) -> str | None:
+    """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break). `warmed`: the call already ran
+    outside a capture (its timing loop compiled, autotuned and initialised it), else it runs once before one."""
+    if spec.graph_mode == "cuda_graph" and not warmed:  # its timing was another plan's (timing_share)
+        run, arg = call.timed([inputs.fresh()]) if isinstance(call, Prepared) else (call, [inputs.fresh()])
+        run(arg[0])
+    values = inputs.fresh()
+    run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
+    actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])
+    try:
+        for name in plan.outputs:
+            compare_judged(plan, resolve(plan).reference, spec.dtype, None, name, actual[name],
+                           inputs.expected[name], values, False)
+    except Mismatch as exc:
+        return f"{WRONG_AFTER_TIMING}: {exc}"
+    return None
+
+
+# ---------------------------------------------------------------- figures
+
+
+def speedup(baseline: ImplFigures, kernel: ImplFigures, noise_floor: float = NOISE_FLOOR) -> Speedup:
+    """Baseline time over kernel time (> 1: the kernel is faster), with an interval from the q20/q80 spreads.
+
+    The interval is at least +-noise_floor around the value; a speedup whose interval spans 1.0 is
+    "no difference".
+    """
+    value = baseline.median_us / kernel.median_us
+    low = min(baseline.q20_us / kernel.q80_us, value / (1 + noise_floor))
+    high = max(baseline.q80_us / kernel.q20_us, value * (1 + noise_floor))
+    verdict = "faster" if low > 1 else "slower" if high < 1 else "no difference"
+    return Speedup(round(value, 3), round(low, 3), round(high, 3), verdict)
+
+
+def significant(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches,
+            bound_us: float | None = None) -> ImplFigures:
+    seconds = timing.median_us * 1e-6
+    gbps = nbytes / seconds / 1e9
+    pct = pct_of_bound(bound_us, timing.median_us)
+    return ImplFigures(
+        median_us=round(timing.median_us, 3), q20_us=round(timing.q20_us, 3), q80_us=round(timing.q80_us, 3),
+        gbps=significant(gbps), pct_copy_bw=significant(100 * gbps / copy_bw) if copy_bw else None,
+        tflops=significant(flops / seconds / 1e12) if flops is not None else None,
+        launches=launches, samples=len(timing.samples_us),
+        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None,
+        pct_of_bound=significant(pct) if pct is not None else None)
+
+
+@dataclass
+class BenchOutcome:
+    record: BenchRecord
+    timings: dict[str, Timing] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    fatal: bool = False  # the device context is unusable: the worker is replaced
+
+
+# Launches per call, per (plan, implementation, shape): the same in both graph modes, so counted once.
+_launches: dict[tuple, int | None] = {}
+
+
+def prepare_benchmarks(plan: Plan) -> None:
+    """What a benchmark process loads before its first item, while other work goes on (Worker.start): the CUDA
+    context, the kernel's module, vLLM's ops library (about 7 s on an H200 machine) and torch.compile's."""
+    implementations(plan, detect().device)
+
+
+def measure_bounds(rec: BenchRecord, device: str, graph: bool, nbytes: int, flops: float | None) -> None:
+    """The record's physical bound, measured in this run with the items' timers (on a GPU; a CPU machine times no
+    kernel and records the byte and flop counts alone)."""
+    rec.bytes, rec.flops = nbytes, flops
+    if device != "cuda":
+        return
+    read_bw = read_bandwidth_gbps(device)
+    rec.read_bw_gbps = significant(read_bw) if read_bw else None
+    peak = tensor_peak_tflops(device, TORCH_DTYPES[rec.dtype]) if flops else None  # a flop model to set it against
+    rec.peak_tflops = significant(peak) if peak else None
+    rec.launch_floor_us = round(launch_floor_us(device, graph), 3)
+    bound_us, rec.bound = physical_bound(nbytes, rec.copy_bw_gbps, flops, rec.peak_tflops, rec.launch_floor_us)
+    rec.bound_us = round(bound_us, 3) if bound_us is not None else None
+
+
+def run_benchmark(task: BenchTask) -> BenchOutcome:
+    """Time every implementation of one benchmark item and check its result; returns the results record."""
+    plan, spec, device = task.plan, task.spec, detect().device
+    graph = spec.graph_mode == "cuda_graph"
+    sizes = spec.sizes_dict
+    copy_bw = copy_bandwidth_gbps(device)
+    l2 = l2_cache_bytes(device)
+    inputs = CheckInputs.build(plan, spec, device)
+    working_set = working_set_bytes(inputs.values)
+    sets = input_sets(plan, spec, device, rotation_count(working_set, l2))
+    rec = base_record(spec)
+    rec.copy_bw_gbps, rec.l2_bytes, rec.working_set_bytes, rec.rotated_sets = \
+        significant(copy_bw), l2, working_set, len(sets)
+    rec.timed_functions = timed_functions(plan)
+    outcome = BenchOutcome(rec)
+    flops = flops_done(plan, spec.dtype, spec.num_tokens, sizes)
+    returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
+    nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
+    measure_bounds(rec, device, graph, nbytes, flops)
+    built = built_inputs(sets)  # None unless this run shares timings between plans
+    for name, call in implementations(plan, device, spec).items():
+        if isinstance(call, str):
+            rec.impls[name] = ImplFigures(not_run=call)
+            continue
+        timed_sets = sets
+        shared_key = timing_key(plan, name, spec.graph_mode, built, len(sets))
+        shared = shared_timing(shared_key)
+        try:
+            # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside it.
+            if shared:
+                timing = shared.timing
+            else:
+                timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
+                timing = time_calls(timed, timed_sets, device, graph)
+            # The reference eager on the check's inputs is what it is checked against: nothing to check there.
+            mismatch = check(plan, spec, call, inputs, warmed=not shared) \
+                if name != "native" or graph or plan.native else None
+        except Exception as exc:  # one implementation failing must not hide the others' figures
+            message = first_line(exc)
+            outcome.fatal = outcome.fatal or device_poisoned(message, device)
+            if name == "kernel" or outcome.fatal:
+                rec.impls[name] = ImplFigures(error=message)
+                outcome.failures[name] = message
+            else:  # a baseline that cannot run in this mode (e.g. a reference that syncs the host under capture)
+                rec.impls[name] = ImplFigures(not_run=f"raised {message}")
+            continue
+        finally:
+            del timed_sets
+        key = (str(plan.path), name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
+        if shared:
+            _launches[key] = shared.launches
+        elif device == "cuda" and key not in _launches:
+            run, first = call.timed(sets[:1]) if isinstance(call, Prepared) else (call, sets[:1])
+            _launches[key] = count_launches(run, first[0])
+        launches = _launches.get(key)
+        rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches, rec.bound_us)
+        if shared:
+            rec.impls[name].timed_in = shared.origin
+        else:
+            share_timing(shared_key, timing, launches, f"{plan.name} {spec.id} {name}")
+        rec.timer = timing.timer
+        outcome.timings[name] = timing
+        too_fast = broken_timing(rec, rec.impls[name])
+        if (mismatch or too_fast) and name == "kernel":
+            rec.impls[name].error = too_fast or mismatch
+            outcome.failures[name] = too_fast or mismatch
+        elif mismatch:
+            # A baseline is what a deployment runs instead (Inductor fuses away the reference's intermediate
+            # roundings): its timing stands, and the report says where its outputs differ.
+            rec.impls[name].differs = mismatch
+        if too_fast and name != "kernel":  # a figure no hardware allows says nothing about the baseline's speed
+            rec.impls[name].broken = too_fast
+    kernel = rec.impls["kernel"]
+    for name in [n for n in rec.impls if n != "kernel"]:  # every baseline, named ones included
+        base = rec.impls[name]
+        if kernel.timed and base.timed and not base.broken:
+            rec.speedup[name] = speedup(base, kernel)
+        else:
+            why = kernel.not_run or kernel.error or base.not_run or base.error or base.broken
+            rec.speedup[name] = Speedup(not_run=f"{'kernel' if not kernel.timed else name}: {why}")
+    del sets, inputs
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return outcome
