@@ -121,8 +121,7 @@ def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str,
         loc = ("op", "sizes", sym)
         if sym in BUILTIN_SYMBOLS:
             raise w.fail(loc, f"a symbol other than the built-in {', '.join(BUILTIN_SYMBOLS)}", sym)
-        c = node if isinstance(node, S.SizeConstraints) else S.SizeConstraints(values=node)
-        spec = SizeSpec(many(c.values), c.awkward, c.divides, c.multiple_of, c.even, c.at_most)
+        spec = node if isinstance(node, SizeSpec) else SizeSpec(values=node)
         if not spec.values:
             raise w.fail(loc, "at least one size", [])
         for key in ("divides", "at_most"):

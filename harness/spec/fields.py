@@ -52,5 +52,6 @@ def import_path(description: str = IMPORT_EXPECTED) -> Any:
 
 
 PositiveInt = Annotated[int, Field(ge=1, description="a positive integer")]
+Symbol = Annotated[str, Field(description="a size symbol")]
 Number = Union[int, float]
 

@@ -1,8 +1,8 @@
 """The plan model: a loaded plan, frozen, and the plan language's vocabularies.
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
-checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Quantization, Vllm)
-are the pydantic models the file is validated with; the others are frozen dataclasses that harness.spec.checks
+checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Quantization, Vllm,
+SizeSpec) are the pydantic models the file is validated with; the others are frozen dataclasses that harness.spec.checks
 builds from the file's forms. harness.runtime.resolve imports the code a plan names. Nothing here imports
 the user's code: a Plan holds import paths, and the line of every field it came from (`Plan.where`), so
 that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found ...`.
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, Field
 
 from harness.spec.expressions import evaluate, names_in
-from harness.spec.fields import Number, PositiveInt, Section, import_path, one_or_list
+from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_path, one_or_list
 # harness.runtime's modules read these two here
 from harness.spec.vocabulary import BUILTIN_SYMBOLS as BUILTIN_SYMBOLS, STRUCTURED_INITS as STRUCTURED_INITS
 from harness.spec.vocabulary import GRANULARITIES, PHASES, VALUE_SCALES
@@ -116,16 +116,23 @@ class Tolerance:
         return self.atol_of == "max"
 
 
-@dataclass(frozen=True)
-class SizeSpec:
-    """A size symbol: the values to draw and the constraints between symbols."""
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, list) else (value,)
 
-    values: tuple[int, ...]
-    awkward: bool | None = None  # None: numerics.awkward_sizes decides
-    divides: str | None = None  # this size divides that symbol's (GQA: num_kv_heads divides num_heads)
-    multiple_of: int = 1
-    even: bool = False
-    at_most: str | None = None  # not larger than that symbol's size (a partial rotary dim)
+
+class SizeSpec(Section):
+    """A size symbol's sizes to draw and its constraints on the other symbols."""
+
+    values: Annotated[one_or_list(PositiveInt, "the sizes to draw (positive integers)"), AfterValidator(_as_tuple)]
+    # None: numerics.awkward_sizes decides
+    awkward: Optional[bool] = Field(None, description="true or false: draw odd sizes besides these "
+                                    "(default: numerics.awkward_sizes)")
+    # this size divides that symbol's (GQA: num_kv_heads divides num_heads)
+    divides: Optional[Symbol] = Field(None, description="another symbol of op.sizes, whose size this one divides")
+    multiple_of: PositiveInt = 1
+    even: bool = Field(False, description="true or false")
+    # not larger than that symbol's size (a partial rotary dim)
+    at_most: Optional[Symbol] = Field(None, description="another symbol of op.sizes, not exceeded by this one")
 
     def allows(self, v: int, others: dict[str, int]) -> bool:
         """Whether size `v` meets its constraints on the other sizes given (divides, at_most)."""
@@ -226,7 +233,7 @@ class Quantization(Section):
 
 
 def _sizes_as_tuples(sizes: dict) -> dict[str, tuple[int, ...]]:
-    return {sym: tuple(v) if isinstance(v, list) else (v,) for sym, v in sizes.items()}
+    return {sym: _as_tuple(v) for sym, v in sizes.items()}
 
 
 class Numerics(Section):

@@ -9,8 +9,8 @@ the JSON Schema, committed as plan.schema.json (`# yaml-language-server: $schema
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
 picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
-written. The sections a Plan holds as written (numerics, quantization, vllm) are harness.spec.plan's models, used
-here as they are.
+written. What a Plan holds as written (numerics, quantization, vllm, a size's constraints) are harness.spec.plan's
+models, used here as they are.
 """
 
 import json
@@ -21,13 +21,12 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
 from harness.spec.fields import IMPORT_EXPECTED, MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
-from harness.spec.plan import Numerics, Quantization, Vllm
+from harness.spec.plan import Numerics, Quantization, SizeSpec, Vllm
 from harness.spec.vocabulary import AXES, BASELINES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
     ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 Text = Annotated[str, Field(description="text")]
-Symbol = Annotated[str, Field(description="a size symbol")]
 # A number, a symbol or arithmetic over symbols (`num_seqs + 1`); the symbols are checked against op.sizes.
 Expression = Annotated[Union[int, float, str], Field(description="a number or a size expression")]
 Dim = Annotated[Union[Annotated[int, Field(ge=1)], str],
@@ -43,19 +42,9 @@ KERNEL_PATTERN = rf"^(vllm:({'|'.join(sorted(VLLM_KERNELS))})|(?!vllm:)[\w.]+:[\
 # ---------------------------------------------------------------- op
 
 
-class SizeConstraints(Section):
-    values: one_or_list(PositiveInt, "the sizes to draw (positive integers)")
-    awkward: Optional[bool] = Field(None, description="true or false: draw odd sizes besides these "
-                                    "(default: numerics.awkward_sizes)")
-    divides: Optional[Symbol] = Field(None, description="another symbol of op.sizes, whose size this one divides")
-    multiple_of: PositiveInt = 1
-    even: bool = Field(False, description="true or false")
-    at_most: Optional[Symbol] = Field(None, description="another symbol of op.sizes, not exceeded by this one")
-
-
-SizeSpec = forms(one=PositiveInt, many=list[PositiveInt], mapping=SizeConstraints,
-                 description="the sizes to draw: a list of positive integers, or {values: [...], divides: "
-                             "symbol, multiple_of: N, even: true, at_most: symbol, awkward: false}")
+Sizes = forms(one=PositiveInt, many=list[PositiveInt], mapping=SizeSpec,
+              description="the sizes to draw: a list of positive integers, or {values: [...], divides: "
+                          "symbol, multiple_of: N, even: true, at_most: symbol, awkward: false}")
 
 
 class CosSinCache(Section):
@@ -129,7 +118,7 @@ class Op(Section):
                                  "order")
     outputs: one_or_list(str, "the op's outputs: output arguments, mutated inputs or names of returned values")
     mutates: one_or_list(str, "inputs the op writes") = []
-    sizes: dict[str, SizeSpec] = {}
+    sizes: dict[str, Sizes] = {}
     accumulation: Literal["fp32", "input"] = "fp32"
     reduction: Literal["row_scale", "dot", "weighted_sum", "unknown"] = Field(
         "unknown", description="the op's kind of reduction, which says what the fp32-accumulation check can tell "
