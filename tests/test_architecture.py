@@ -126,6 +126,14 @@ def test_every_field_of_the_schema_is_in_the_readmes_field_table():
     assert not missing, f"fields the README's field table does not name: {', '.join(missing)}"
 
 
+def test_the_readmes_layout_names_every_module():
+    """The README's layout is the map a reader takes the tree in with: a module it leaves out is one nobody finds."""
+    layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+    modules = [p for p in sorted((ROOT / "harness").rglob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
+    missing = [str(p.relative_to(ROOT)) for p in modules if not re.search(rf"\b{re.escape(p.name)}\b", layout)]
+    assert not missing, f"modules the README's layout does not name: {', '.join(missing)}"
+
+
 def test_every_bundled_plan_fits_the_json_schema():
     jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft7Validator(json.loads((ROOT / "plan.schema.json").read_text()))
