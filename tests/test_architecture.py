@@ -134,6 +134,13 @@ def test_the_readmes_layout_names_every_module():
     assert not missing, f"modules the README's layout does not name: {', '.join(missing)}"
 
 
+def test_no_import_hides_under_type_checking():
+    """An import only type checkers see is how a cycle between modules hides: every harness import is a real one."""
+    hiding = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "harness").rglob("*.py"))
+              if "TYPE_CHECKING" in p.read_text()]
+    assert not hiding, f"imports under TYPE_CHECKING in {', '.join(hiding)}"
+
+
 def test_every_bundled_plan_fits_the_json_schema():
     jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft7Validator(json.loads((ROOT / "plan.schema.json").read_text()))

@@ -3,7 +3,7 @@
 harness.spec.schema has already checked every key, type, range and vocabulary; what is left needs more than
 one field at a time: a shape's symbols defined in op.sizes, outputs that the op writes, rule values of the
 matrix, a contract something of the plan meets, a TP split that divides its dimension. Each failure is a
-PlanError at the line of the field it names (`Where`). Nothing here imports the user's code.
+PlanError at the line of the field it names (harness.spec.plan.Where). Nothing here imports the user's code.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
-from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, PlanError, Quantization, Rule, SizeSpec, \
-    TensorParallel, Tolerance, Vllm
+from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
+    TensorParallel, Tolerance, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
-from harness.spec.yaml_lines import Loc, dotted, line_of
+from harness.spec.yaml_lines import Loc, dotted
 from harness.spec.plan_warnings import _never_applies, _would_mislead
 
 
@@ -26,19 +26,6 @@ from harness.spec.plan_warnings import _never_applies, _would_mislead
 # reach it; the CustomOp layer the out-of-tree class replaces; the linear layer a quantization method serves.
 ROUTE_NEEDS = {"ir": ("ir_op", "layer"), "custom_op": ("layer",), "quantization": ("layer",)}
 ROUTE_NEEDS_WHY = {"ir_op": "vLLM IR op the provider registers for", "layer": "vLLM layer whose calls reach the kernel"}
-
-
-class Where:
-    """A plan file's path and line map: PlanErrors at the line of a location."""
-
-    def __init__(self, path: str, lines: dict[Loc, int]):
-        self.path, self.lines = path, lines
-
-    def line(self, loc: Loc) -> int | None:
-        return line_of(self.lines, loc)
-
-    def fail(self, loc: Loc, expected: str, found: Any, field: str | None = None) -> PlanError:
-        return PlanError(self.path, self.line(loc), field or dotted(loc), expected, found)
 
 
 def many(value: Any) -> tuple:

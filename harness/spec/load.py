@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
-from harness.spec.checks import Where, build
+from harness.spec.checks import build
 from harness.spec.fields import TAGS
-from harness.spec.plan import Plan, PlanError
+from harness.spec.plan import Plan, PlanError, Where
 from harness.spec.schema import PlanFile
 from harness.spec.yaml_lines import Loc, YamlError, dotted, line_of, parse
 

@@ -23,6 +23,7 @@ from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_pat
 # harness.runtime's modules read these two here
 from harness.spec.vocabulary import BUILTIN_SYMBOLS as BUILTIN_SYMBOLS, STRUCTURED_INITS as STRUCTURED_INITS
 from harness.spec.vocabulary import GRANULARITIES, PHASES, VALUE_SCALES
+from harness.spec.yaml_lines import Loc, dotted, line_of
 
 # How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
 # an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
@@ -39,6 +40,19 @@ class PlanError(Exception):
         self.path, self.line, self.field, self.expected, self.found = path, line, field_name, expected, found
         where = f"{path}:{line}" if line else path
         super().__init__(f"{where}: {field_name}: expected {expected}; found {found!r}")
+
+
+class Where:
+    """A plan file's path and line map: PlanErrors at the line of a location."""
+
+    def __init__(self, path: str, lines: dict[Loc, int]):
+        self.path, self.lines = path, lines
+
+    def line(self, loc: Loc) -> int | None:
+        return line_of(self.lines, loc)
+
+    def fail(self, loc: Loc, expected: str, found: Any, field: str | None = None) -> PlanError:
+        return PlanError(self.path, self.line(loc), field or dotted(loc), expected, found)
 
 
 # ---------------------------------------------------------------- the model

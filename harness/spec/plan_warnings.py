@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
 
 from harness.spec import schema as S
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, names_in
-from harness.spec.plan import Plan, PlanError, Tolerance, token_probes
+from harness.spec.plan import Plan, PlanError, Tolerance, Where, token_probes
 from harness.spec.vocabulary import AXES
 from harness.spec.tolerances import DEFAULT_TOLERANCE
 
@@ -18,9 +17,6 @@ from harness.spec.tolerances import DEFAULT_TOLERANCE
 def _listed(values) -> str:
     return ", ".join(map(str, values))
 
-
-if TYPE_CHECKING:  # harness.spec.checks imports this module
-    from harness.spec.checks import Where
 
 
 def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
