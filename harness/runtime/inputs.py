@@ -18,7 +18,8 @@ from harness.spec.matrix import Cell
 from harness.spec.expressions import evaluate
 from harness.runtime.resolve import resolve
 from harness.spec.dtypes import DTYPE
-from harness.spec.plan import STRUCTURED_INITS, VALUE_SCALES, Arg, Plan
+from harness.spec.plan import Arg, Plan
+from harness.spec.vocabulary import STRUCTURED_INITS, VALUE_SCALES
 
 # Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
 TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}

@@ -25,7 +25,8 @@ from harness.interpreter.unfaithful import unfaithful
 from harness.runtime.inputs import Example, in_layout
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
-from harness.spec.plan import BUILTIN_SYMBOLS, Plan
+from harness.spec.plan import Plan
+from harness.spec.vocabulary import BUILTIN_SYMBOLS
 
 class Eager:
     def __init__(self, plan: Plan, kernel: Callable, device: str):

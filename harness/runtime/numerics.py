@@ -229,9 +229,13 @@ def in_place_reason(name: str, after: torch.Tensor, before: torch.Tensor, return
     return said
 
 
+def bits_equal(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """The same bit patterns: NaN equals NaN, every dtype (fp8) compares."""
+    return before.shape == after.shape and before.dtype == after.dtype and bool(
+        torch.equal(ordered(before), ordered(after)))
+
+
 def check_unchanged(name: str, before: torch.Tensor, after: torch.Tensor) -> None:
     """An input the op does not declare as mutated must be bit-identical after the call."""
-    same = before.shape == after.shape and before.dtype == after.dtype and bool(
-        torch.equal(ordered(before), ordered(after)))  # bit patterns: NaN equals NaN, every dtype (fp8) compares
-    if not same:
+    if not bits_equal(before, after):
         raise Mismatch(f"input '{name}' was modified by the op, which does not declare it in op.mutates")

@@ -20,8 +20,6 @@ from pydantic import AfterValidator, Field
 
 from harness.spec.expressions import evaluate, names_in
 from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_path, one_or_list
-# harness.runtime's modules read these two here
-from harness.spec.vocabulary import BUILTIN_SYMBOLS as BUILTIN_SYMBOLS, STRUCTURED_INITS as STRUCTURED_INITS
 from harness.spec.vocabulary import GRANULARITIES, PHASES, VALUE_SCALES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 

@@ -415,6 +415,14 @@ def functional(x, weight, eps) -> torch.Tensor:
     return out
 
 
+def rounded_from_fp64(x, weight, eps) -> torch.Tensor:
+    """Correct: the result computed in fp64 and rounded once, so at a few elements one step from the reference's
+    (which computes in fp32): closer to the truth, as the fp64 tie-break finds where a tight tolerance fails it."""
+    x64 = x.double()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    return y.to(x.dtype)
+
+
 def wrong_out_dtype_functional(x, weight, eps) -> torch.Tensor:
     """Bug: returns float32 whatever the input dtype."""
     return wrong_out_dtype(None, x, weight, eps)
