@@ -160,3 +160,22 @@ def test_the_run_stamps_its_records_and_counts_the_stale_ones_at_the_end(tmp_pat
     assert [prov.checks for prov in runs.values()] == [cv.checks_version(ROOT / "plan.yaml")]
     # the harness's own version beside the plan repository's commit
     assert [prov.harness.split(" ")[0] for prov in runs.values()] == [importlib.metadata.version("vllm-op-plan")]
+
+
+def test_integration_items_of_a_route_the_plan_no_longer_takes_are_not_its_results(tmp_path):
+    """A plan that moved from an IR provider to a CustomOp keeps its results files: the IR items in them are not
+    this plan's (no open item asks to re-run them); the page counts them as not shown."""
+    from harness.results.store import IntegrationRecord, Provenance, Results, Status, write_atomic
+    from harness.spec.load import load_plan
+
+    plan = load_plan(ROOT / "kernels" / "plans" / "silu_and_mul.yaml")  # route custom_op
+    assert plan.vllm.route == "custom_op"
+    item = dict(phase="decode", dtype="bf16", tp=1, graph_mode="eager", sm="cpu", status=Status.PASSED, run="r")
+    results = Results(plan.name, {"r": Provenance(sm="cpu", device="cpu", gpu="", device_count=0, cpu_count=2,
+                                                  date="2026-12-01T00:00:00Z")})
+    for route in ("ir", "custom_op", "plugin"):
+        results.integration[f"vllm-{route}[decode-bf16-cpu]"] = IntegrationRecord(route=route, **item)
+    write_atomic(tmp_path / plan.name / "results" / "cpu.json", results)
+    res = collect(plan, tmp_path / plan.name)
+    assert sorted(res.integration) == ["vllm-custom_op[decode-bf16-cpu]", "vllm-plugin[decode-bf16-cpu]"]
+    assert res.ignored >= 1

@@ -71,7 +71,7 @@ def support_matrix(res: Merged) -> str:
     lines += _not_run(res)
     if res.ignored:
         records = "1 stored record" if res.ignored == 1 else f"{res.ignored} stored records"
-        lines += [f"Not shown: {records} for cells, benchmarks or SMs this plan no longer has.", ""]
+        lines += [f"Not shown: {records} for cells, benchmarks, vLLM routes or SMs this plan no longer has.", ""]
     return "\n".join(lines).rstrip()
 
 

@@ -14,6 +14,7 @@ from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Pr
 from harness.spec.matrix import Cell, excluded_by, expand
 from harness.spec.plan import Plan
 from harness.spec.status import Status
+from harness.spec.vllm_ops import ROUTE_KINDS, plugin_routes
 
 
 @dataclass
@@ -139,8 +140,15 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
             benchmarks.append((bid, rec))
         else:
             untimed.append((bid, rec))
+    # Integration items of a route the plan no longer takes (it moved from an IR provider to a CustomOp) are another
+    # plan's results, as benchmarks of sizes it no longer times are.
+    taken = {*plugin_routes(plan), "plugin"} if plugin_routes(plan) else set()
+    plugin_items = {name for name, kind in ROUTE_KINDS.items() if kind.driven} | {"plugin"}
+    integration = {key: rec for key, rec in merged.integration.items()
+                   if rec.route not in plugin_items or rec.route in taken}
+    ignored += len(merged.integration) - len(integration)
     res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
-                 integration=merged.integration, checks=checks_version(plan.path))
+                 integration=integration, checks=checks_version(plan.path))
     unknown_runs = sorted({r.run for r in records.values() if r.run not in res.runs}
                           | {r.run for _, r in benchmarks if r.run not in res.runs}, key=str)
     for run in unknown_runs:
