@@ -57,15 +57,12 @@ def stale(plan: Plan, rec: BenchRecord, name: str) -> str:
     timed, wanted = timed_function(plan, rec, name), plan_function(plan, name)
     if timed is None or wanted is None or timed == wanted:
         return ""
-    return f"{_timed_on(plan, timed)}, not on {_now(plan, wanted)}"
+    now = f"op.native ({wanted})" if plan.native and wanted == plan.native else wanted
+    return f"{_timed_on(plan, timed)}, not on {now}"
 
 
 def _timed_on(plan: Plan, timed: str) -> str:
     return f"timed on {'the reference (the accuracy oracle)' if timed == plan.reference else timed}"
-
-
-def _now(plan: Plan, wanted: str) -> str:
-    return f"op.native ({wanted})" if plan.native and wanted == plan.native else wanted
 
 
 @dataclass(frozen=True)

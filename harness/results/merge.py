@@ -16,6 +16,9 @@ from harness.spec.plan import Plan
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, plugin_routes
 
+# The routes of the integration items a plan's plugin gets: the routes the harness drives, and the plugin loaded.
+PLUGIN_ITEM_ROUTES = {name for name, kind in ROUTE_KINDS.items() if kind.driven} | {"plugin"}
+
 
 @dataclass
 class Merged:
@@ -142,10 +145,10 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
             untimed.append((bid, rec))
     # Integration items of a route the plan no longer takes (it moved from an IR provider to a CustomOp) are another
     # plan's results, as benchmarks of sizes it no longer times are.
-    taken = {*plugin_routes(plan), "plugin"} if plugin_routes(plan) else set()
-    plugin_items = {name for name, kind in ROUTE_KINDS.items() if kind.driven} | {"plugin"}
+    routes = plugin_routes(plan)
+    taken = {*routes, "plugin"} if routes else set()
     integration = {key: rec for key, rec in merged.integration.items()
-                   if rec.route not in plugin_items or rec.route in taken}
+                   if rec.route not in PLUGIN_ITEM_ROUTES or rec.route in taken}
     ignored += len(merged.integration) - len(integration)
     res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
                  integration=integration, checks=checks_version(plan.path))

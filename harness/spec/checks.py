@@ -15,6 +15,7 @@ from typing import Any
 from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
+from harness.spec.fields import many
 from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
     TensorParallel, Tolerance, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
@@ -26,11 +27,6 @@ from harness.spec.plan_warnings import _never_applies, _would_mislead
 # reach it; the CustomOp layer the out-of-tree class replaces; the linear layer a quantization method serves.
 ROUTE_NEEDS = {"ir": ("ir_op", "layer"), "custom_op": ("layer",), "quantization": ("layer",)}
 ROUTE_NEEDS_WHY = {"ir_op": "vLLM IR op the provider registers for", "layer": "vLLM layer whose calls reach the kernel"}
-
-
-def many(value: Any) -> tuple:
-    """A value or a list of them, as a tuple."""
-    return tuple(value) if isinstance(value, list) else () if value is None else (value,)
 
 
 def keys_of(w: Where, loc: Loc, mapping: dict, allowed: tuple[str, ...] | dict) -> None:

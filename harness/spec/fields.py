@@ -55,3 +55,7 @@ PositiveInt = Annotated[int, Field(ge=1, description="a positive integer")]
 Symbol = Annotated[str, Field(description="a size symbol")]
 Number = Union[int, float]
 
+
+def many(value: Any) -> tuple:
+    """A value or a list of them (one_or_list's forms; None: none), as a tuple."""
+    return tuple(value) if isinstance(value, list) else () if value is None else (value,)

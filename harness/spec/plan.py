@@ -1,11 +1,11 @@
-"""The plan model: a loaded plan, frozen, and the plan language's vocabularies.
+"""The plan model: a loaded plan, frozen (the language's words are harness.spec.vocabulary's).
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
 checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Quantization, Vllm,
-SizeSpec) are the pydantic models the file is validated with; the others are frozen dataclasses that harness.spec.checks
-builds from the file's forms. harness.runtime.resolve imports the code a plan names. Nothing here imports
-the user's code: a Plan holds import paths, and the line of every field it came from (`Plan.where`), so
-that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found ...`.
+SizeSpec) are the pydantic models the file is validated with; the others are frozen dataclasses that
+harness.spec.checks builds from the file's forms. harness.runtime.resolve imports the code a plan names. Nothing
+here imports the user's code: a Plan holds import paths, and the line of every field it came from (`Plan.where`),
+so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found ...`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, Field
 
 from harness.spec.expressions import evaluate, names_in
-from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_path, one_or_list
+from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_path, many, one_or_list
 from harness.spec.vocabulary import GRANULARITIES, PHASES, VALUE_SCALES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
@@ -128,14 +128,10 @@ class Tolerance:
         return self.atol_of == "max"
 
 
-def _as_tuple(value: Any) -> tuple:
-    return tuple(value) if isinstance(value, list) else (value,)
-
-
 class SizeSpec(Section):
     """A size symbol's sizes to draw and its constraints on the other symbols."""
 
-    values: Annotated[one_or_list(PositiveInt, "the sizes to draw (positive integers)"), AfterValidator(_as_tuple)]
+    values: Annotated[one_or_list(PositiveInt, "the sizes to draw (positive integers)"), AfterValidator(many)]
     # None: numerics.awkward_sizes decides
     awkward: Optional[bool] = Field(None, description="true or false: draw odd sizes besides these "
                                     "(default: numerics.awkward_sizes)")
@@ -245,7 +241,7 @@ class Quantization(Section):
 
 
 def _sizes_as_tuples(sizes: dict) -> dict[str, tuple[int, ...]]:
-    return {sym: _as_tuple(v) for sym, v in sizes.items()}
+    return {sym: many(v) for sym, v in sizes.items()}
 
 
 class Numerics(Section):
