@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.spec.vllm_ops import integration_routes
 from harness.integration import routes as integration
 from harness.results.store import Status
 from harness.runtime.vllm_kernels import vllm_missing
@@ -35,7 +36,7 @@ def test_the_guide_adds_an_op_with_its_kernel_and_its_plan_only(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness", "validate", str(files["gelu_and_mul.yaml"])], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "its code resolves" in proc.stdout, proc.stdout + proc.stderr
-    assert integration.integration_routes(load_plan(files["gelu_and_mul.yaml"])) == ("custom_op", "plugin")
+    assert integration_routes(load_plan(files["gelu_and_mul.yaml"])) == ("custom_op", "plugin")
 
 
 @pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 import yaml
 
 from harness.runtime.check_code import plan_code_warnings
@@ -355,6 +356,8 @@ def canon(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return (type(value).__name__,) + tuple((f.name, canon(getattr(value, f.name)))
                                                 for f in dataclasses.fields(value) if f.name not in IGNORED_FIELDS)
+    if isinstance(value, BaseModel):  # its fields, not where the plan states it (a rule's private line)
+        return (type(value).__name__,) + tuple((name, canon(getattr(value, name))) for name in type(value).model_fields)
     if isinstance(value, dict):
         return tuple((k, canon(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):

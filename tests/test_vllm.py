@@ -25,7 +25,7 @@ from harness.results.store import IntegrationRecord, Status, to_json
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_kernel, vllm_missing
 from harness.rendering.plugin_source import render_plugin
-from harness.spec.vllm_ops import plugin_entry_point, plugin_module_name, provider_name
+from harness.spec.vllm_ops import integration_routes, plugin_entry_point, plugin_module_name, provider_name
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
@@ -180,8 +180,8 @@ def test_bundled_op_reaches_the_kernel_through_vllm(plan_path, route):
 
 
 def test_silu_and_mul_takes_the_custom_op_route_only():
-    assert integration.integration_routes(load_plan(SILU_PLAN)) == ("custom_op", "plugin")
-    assert integration.integration_routes(load_plan(RMS_PLAN)) == ("ir", "custom_op", "plugin")
+    assert integration_routes(load_plan(SILU_PLAN)) == ("custom_op", "plugin")
+    assert integration_routes(load_plan(RMS_PLAN)) == ("ir", "custom_op", "plugin")
 
 
 def _assert_clean(plan):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import kernels.rms_norm  # noqa: F401  triton imported here first
+from harness.spec.vllm_ops import integration_routes
 from harness.decisions.verdicts import BLOCKED, sm_verdicts
 from harness.integration import routes as integration
 from harness.rendering.plugin_source import render_plugin
@@ -156,7 +157,7 @@ def test_a_route_the_installed_vllm_lacks_fails_its_items(tmp_path, section, wor
 
 def test_a_plan_without_a_vllm_section_names_no_route(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path))
-    assert integration.integration_routes(plan) == ()
+    assert integration_routes(plan) == ()
     page = render(plan, tmp_path / "reports" / "rms_norm")[0]
     assert "vllm.ir.ops" not in page and "register_impl" not in page and "register_oot" not in page
     assert "none named (the plan has no `vllm.route`)" in page

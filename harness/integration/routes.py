@@ -50,11 +50,11 @@ from harness.runtime.runner import RunSettings, compare_judged, hypothesis_setti
 from harness.runtime.tasks import IntegrationTask
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.vllm_kernels import vllm_missing
-from harness.spec.vllm_ops import adapter_module, layer_class, plugin_module_name, plugin_route, plugin_routes, \
-    provider_name, unsupported
+from harness.spec.vllm_ops import adapter_module, layer_class, plugin_module_name, plugin_route, provider_name, \
+    unsupported
 from harness.rendering.plugin_source import render_plugin
 
-ROUTES = ("ir", "custom_op", "plugin")  # every route an item may take; a plan's own: integration_routes
+ROUTES = ("ir", "custom_op", "plugin")  # every route an item may take; a plan's own: vllm_ops.integration_routes
 # The layers take floating-point activations; quantized dtypes belong to other vLLM ops.
 LAYER_DTYPES = tuple(name for name in CELL_DTYPES if DTYPE[name].kind == "float")  # fp32, fp16, bf16
 # Drawn examples per integration item: each proves dispatch and compares, the numerics cells do the rest.
@@ -80,13 +80,6 @@ def vllm_config(custom_ops: list[str] | None = None):
     if _default_config is None:
         _default_config = VllmConfig()
     return _default_config
-
-
-def integration_routes(plan: Plan) -> tuple[str, ...]:
-    """The routes a plan's integration items take: each route its plugin registers through, then the plugin itself
-    loaded by vLLM's plugin loader. None where the harness cannot drive the plan's route (the page says why)."""
-    routes = plugin_routes(plan)
-    return (*routes, "plugin") if routes else ()
 
 
 def adapter_function(plan: Plan, name: str) -> Callable:

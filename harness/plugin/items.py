@@ -14,7 +14,7 @@ import pytest
 from harness.integration.engine import engine_profiles, engine_unsupported, run_engine_item
 from harness.integration.engine import item_name as engine_item_name
 from harness.integration.fusion import FusionTask, fusion_items, run_fusion_item
-from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, integration_routes, run_integration_item
+from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, run_integration_item
 from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
 from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status
 from harness.runtime.bench.measure import BenchOutcome, run_benchmark
@@ -33,7 +33,7 @@ from harness.runtime.workers import Fault
 from harness.spec.matrix import Cell, Decision, decide, expand
 from harness.spec.plan import Plan
 from harness.spec.vllm_fusions import FUSION_DTYPE, FusionProfile, fusion_case
-from harness.spec.vllm_ops import unsupported
+from harness.spec.vllm_ops import integration_routes, unsupported
 
 
 class PlanFile(pytest.File):

@@ -14,7 +14,7 @@ from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Pr
 from harness.spec.matrix import Cell, excluded_by, expand
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, plugin_routes
+from harness.spec.vllm_ops import ROUTE_KINDS, integration_routes
 
 # The routes of the integration items a plan's plugin gets: the routes the harness drives, and the plugin loaded.
 PLUGIN_ITEM_ROUTES = {name for name, kind in ROUTE_KINDS.items() if kind.driven} | {"plugin"}
@@ -145,8 +145,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
             untimed.append((bid, rec))
     # Integration items of a route the plan no longer takes (it moved from an IR provider to a CustomOp) are another
     # plan's results, as benchmarks of sizes it no longer times are.
-    routes = plugin_routes(plan)
-    taken = {*routes, "plugin"} if routes else set()
+    taken = integration_routes(plan)
     integration = {key: rec for key, rec in merged.integration.items()
                    if rec.route not in PLUGIN_ITEM_ROUTES or rec.route in taken}
     ignored += len(merged.integration) - len(integration)

@@ -214,9 +214,8 @@ def in_place_reason(name: str, after: torch.Tensor, before: torch.Tensor, return
                     tol: Tolerance) -> str:
     """For an in-place output that did not match: whether the call left it as drawn, and whether a tensor the
     kernel returned holds the result instead (it computed out of place)."""
-    same = after.shape == before.shape and after.dtype == before.dtype and bool(
-        torch.equal(ordered(after), ordered(before)))
-    said = (f"'{name}' was left unchanged by the call (op.mutates says the kernel writes its result into it)" if same
+    said = (f"'{name}' was left unchanged by the call (op.mutates says the kernel writes its result into it)"
+            if bits_equal(before, after)
             else f"'{name}' was written, with other values")
     for value in returned if isinstance(returned, tuple) else (returned,):
         if isinstance(value, torch.Tensor) and value.shape == expected.shape and value.dtype == expected.dtype \

@@ -316,20 +316,15 @@ def _scale_shape_fits(shape: tuple[Dim, ...], granularity: str) -> str:
 
 
 def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> tuple[Rule, ...]:
-    out = []
     for i, rule in enumerate(rules or ()):
-        match = []
-        for axis in AXES:
-            values = many(getattr(rule, axis))
+        for axis, values in rule.match:
             for v in values:
                 if v not in matrix[axis]:
                     raise w.fail((key, i, axis), f"values of matrix.{axis} ({', '.join(map(str, matrix[axis]))})", v)
-            if values:
-                match.append((axis, values))
-        if not match:
+        if not rule.match:
             raise w.fail((key, i), "at least one axis to match", rule.model_dump(exclude_none=True))
-        out.append(Rule(tuple(match), rule.why, w.line((key, i))))
-    return tuple(out)
+        rule._line = w.line((key, i))
+    return tuple(rules or ())
 
 
 # ---------------------------------------------------------------- contracts

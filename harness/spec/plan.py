@@ -2,10 +2,11 @@
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
 checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Quantization, Vllm,
-SizeSpec) are the pydantic models the file is validated with; the others are frozen dataclasses that
-harness.spec.checks builds from the file's forms. harness.runtime.resolve imports the code a plan names. Nothing
-here imports the user's code: a Plan holds import paths, and the line of every field it came from (`Plan.where`),
-so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found ...`.
+SizeSpec, the exclude and expect rules) are the pydantic models the file is validated with; the others are frozen
+dataclasses that harness.spec.checks builds from the file's forms. harness.runtime.resolve imports the code a plan
+names. Nothing here imports the user's code: a Plan holds import paths, and the line of every field it came from
+(`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found
+...`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, PrivateAttr, create_model
 
 from harness.spec.expressions import evaluate, names_in
 from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_path, many, one_or_list
-from harness.spec.vocabulary import GRANULARITIES, PHASES, VALUE_SCALES
+from harness.spec.dtypes import CELL_DTYPES
+from harness.spec.vocabulary import AXES, GRANULARITIES, GRAPH_MODES, PHASES, SM_EXPECTED, SM_PATTERN, \
+    VALUE_SCALES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
 # How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
@@ -99,16 +102,35 @@ class Arg:
         return self.shape is not None
 
 
-@dataclass(frozen=True)
-class Rule:
-    """An `exclude` or `expect` entry: axis values it matches, and why."""
+# The values each axis of the matrix takes (`matrix`, and the axes of an `exclude` or `expect` rule).
+AXIS_TYPES = {"phase": Literal[PHASES], "dtype": Literal[CELL_DTYPES], "tp": PositiveInt,
+              "graph_mode": Literal[GRAPH_MODES], "sm": Annotated[str, Field(pattern=SM_PATTERN.pattern,
+                                                                          description=SM_EXPECTED)]}
 
-    match: tuple[tuple[str, tuple], ...]
-    why: str
-    line: int
+
+class Rule(Section):
+    """An `exclude` or `expect` entry: the axis values it matches (each axis a value or a list), and why."""
+
+    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.spec.checks; not a key of the file)
+
+    @property
+    def line(self) -> int:
+        return self._line
+
+    @property
+    def match(self) -> tuple[tuple[str, tuple], ...]:
+        """(axis, values) for each axis the rule names."""
+        return tuple((axis, values) for axis in AXES if (values := getattr(self, axis)))
 
     def matches(self, cell_axes: dict[str, Any]) -> bool:
         return all(cell_axes[axis] in values for axis, values in self.match)
+
+
+# Each axis a value or a list of them, held as a tuple.
+_axes = {axis: (Optional[Annotated[one_or_list(AXIS_TYPES[axis]), AfterValidator(many)]], None) for axis in AXES}
+Exclude = create_model("Exclude", __base__=Rule, **_axes,
+                       why=(str, Field(pattern=r"\S", description="a reason as text")))
+Expect = create_model("Expect", __base__=Exclude, status=(Literal["fail"], "fail"))
 
 
 @dataclass(frozen=True)
@@ -377,8 +399,8 @@ class Plan:
     sizes: dict[str, tuple[int, ...]]
     size_specs: dict[str, SizeSpec]
     matrix: dict[str, tuple]
-    excludes: tuple[Rule, ...]
-    expects: tuple[Rule, ...]
+    excludes: tuple[Exclude, ...]
+    expects: tuple[Expect, ...]
     tolerance: dict[str, Tolerance]
     output_tolerance: dict[str, Tolerance]  # per output, over the dtype table (scales of a quantized output)
     numerics: Numerics

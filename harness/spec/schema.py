@@ -21,9 +21,8 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
 from harness.spec.fields import IMPORT_EXPECTED, MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
-from harness.spec.plan import Numerics, Quantization, SizeSpec, Vllm
-from harness.spec.vocabulary import AXES, BASELINES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
-    ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES
+from harness.spec.plan import AXIS_TYPES, Exclude, Expect, Numerics, Quantization, SizeSpec, Vllm
+from harness.spec.vocabulary import AXES, BASELINES, INITS, INTENTS, LAYOUTS, ROLES, STRUCTURED_INITS, VALUE_SCALES
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
 Text = Annotated[str, Field(description="text")]
@@ -32,8 +31,6 @@ Expression = Annotated[Union[int, float, str], Field(description="a number or a 
 Dim = Annotated[Union[Annotated[int, Field(ge=1)], str],
                 Field(description="a positive integer, a symbol or a size expression (num_heads*head_size)")]
 CellDtype = Literal[CELL_DTYPES]
-Sm = Annotated[str, Field(pattern=SM_PATTERN.pattern, description=SM_EXPECTED)]
-Axis = {"phase": Literal[PHASES], "dtype": CellDtype, "tp": PositiveInt, "graph_mode": Literal[GRAPH_MODES], "sm": Sm}
 KERNEL_EXPECTED = (f"{IMPORT_EXPECTED}, or vllm:<name> naming one of vLLM's kernels "
                    f"({', '.join(sorted(VLLM_KERNELS))})")
 KERNEL_PATTERN = rf"^(vllm:({'|'.join(sorted(VLLM_KERNELS))})|(?!vllm:)[\w.]+:[\w.]+)$"
@@ -136,11 +133,7 @@ class Op(Section):
 
 
 Matrix = create_model("Matrix", __base__=Section, **{
-    axis: (one_or_list(Axis[axis], min_length=1), ...) for axis in AXES})
-Exclude = create_model("Exclude", __base__=Section,
-                       **{axis: (Optional[one_or_list(Axis[axis])], None) for axis in AXES},
-                       why=(str, Field(pattern=r"\S", description="a reason as text")))
-Expect = create_model("Expect", __base__=Exclude, status=(Literal["fail"], "fail"))
+    axis: (one_or_list(AXIS_TYPES[axis], min_length=1), ...) for axis in AXES})
 
 
 # ---------------------------------------------------------------- tolerances and numerics

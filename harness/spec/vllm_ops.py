@@ -78,6 +78,13 @@ def plugin_routes(plan: Plan) -> tuple[str, ...]:
     return ("ir", "custom_op") if route == "ir" else (route,)
 
 
+def integration_routes(plan: Plan) -> tuple[str, ...]:
+    """The routes a plan's integration items take: each route its plugin registers through, then the plugin itself
+    loaded by vLLM's plugin loader. None where the harness cannot drive the plan's route (the page says why)."""
+    routes = plugin_routes(plan)
+    return (*routes, "plugin") if routes else ()
+
+
 def unsupported(plan: Plan) -> str:
     """Why the harness cannot put this plan's kernel into vLLM ("" when it can)."""
     if plan.vllm_kernel:
