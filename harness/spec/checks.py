@@ -60,7 +60,7 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
             raise w.fail(("matrix", axis), "values without repeats", list(values))
     numerics = _numerics(w, spec.numerics, sizes)
 
-    def contract_of(loc: Loc, c: S.Contract) -> Contract:
+    def contract_of(loc: Loc, c: Contract) -> Contract:
         return _contract(w, loc, c, args, sizes, matrix["dtype"], numerics.cpu_sizes)
 
     tolerance, output_tolerance = _tolerances(w, spec.tolerance, outputs, list((raw.get("tolerance") or {})))
@@ -330,63 +330,60 @@ def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> 
 # ---------------------------------------------------------------- contracts
 
 
-def _contract(w: Where, loc: Loc, c: S.Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
+def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
               matrix_dtypes: tuple[str, ...], cpu_sizes: dict) -> Contract:
-    """A kernel's contract (`op.contract`, or a named baseline's): known names, and something of the plan left to
-    draw under it."""
+    """A kernel's contract (`op.contract`, or a named baseline's), located: known names, and something of the plan
+    left to draw under it."""
     name = dotted(loc)
     tensors = {a.name: a for a in args if a.is_tensor}
-    contiguous = many(c.contiguous)
-    for i, t in enumerate(contiguous):
+    for i, t in enumerate(c.contiguous):
         if t not in tensors:
             raise w.fail(loc + ("contiguous", i), f"one of {', '.join(tensors)}", t)
         if "contiguous" not in tensors[t].layouts:  # nothing of the plan's would be left to draw
             raise w.fail(loc + ("contiguous", i), f"a tensor the plan draws contiguous (op.args.{t}.layout lists "
                          "contiguous)", t)
-    keys_of(w, loc + ("row_stride_multiple_of",), c.row_stride_multiple_of, tuple(tensors))
+    keys_of(w, loc + ("row_stride_multiple_of",), dict(c.row_stride_multiple_of), tuple(tensors))
     for k in ("multiple_of", "at_least", "at_most"):
-        keys_of(w, loc + (k,), getattr(c, k), tuple(sizes))
-    strides = tuple(c.row_stride_multiple_of.items())
-    for t, n in strides:
+        keys_of(w, loc + (k,), dict(getattr(c, k)), tuple(sizes))
+    for t, n in c.row_stride_multiple_of:
         at, shape = loc + ("row_stride_multiple_of", t), tensors[t].shape
         if len(shape) < 2:
             raise w.fail(at, "a tensor of 2 or more dimensions (one with rows)", f"{t}: {len(shape)}-d")
         width = shape[-1]
         if not width.names <= set(sizes):
             raise w.fail(at, "a tensor whose last dimension is made of op.sizes symbols", str(width))
-        if t in contiguous or "strided" not in tensors[t].layouts:  # its rows are its width apart
+        if t in c.contiguous or "strided" not in tensors[t].layouts:  # its rows are its width apart
             if width.coeff is None:
                 raise w.fail(at, f"a tensor whose last dimension is a number, a symbol or N*symbol, as {t} is drawn "
                              "contiguous only (its width is its row stride)", str(width))
             if width.symbol is None and width.coeff % n:
                 raise w.fail(at, f"a multiple that {t}'s width ({width.coeff}) meets, as {t} is drawn contiguous "
                              "only", n)
-    for sym, high in c.at_most.items():
-        low = c.at_least.get(sym, 1)
+    for sym, high in c.at_most:
+        low = dict(c.at_least).get(sym, 1)
         if low > high:
             raise w.fail(loc + ("at_most", sym), f"at least {name}.at_least.{sym} ({low})", high)
-    dtypes = many(c.dtypes)
-    for i, dt in enumerate(dtypes):
+    for i, dt in enumerate(c.dtypes or ()):
         if dt not in matrix_dtypes:
             raise w.fail(loc + ("dtypes", i), f"one of {', '.join(matrix_dtypes)}", dt)
-    if c.dtypes is not None and not dtypes:
+    if c.dtypes == ():
         raise w.fail(loc + ("dtypes",), "at least one dtype of matrix.dtype", [])
-    contract = Contract(contiguous, strides, *(tuple(getattr(c, k).items()) for k in ("multiple_of", "at_least",
-                        "at_most")), dtypes, c.why, w.line(loc))
     # Every constrained size keeps at least one of the plan's sizes (on a CPU machine, of numerics.cpu_sizes).
     for sym, planned in sizes.items():
         for values, where in ((planned, f"op.sizes.{sym}"), (dict(cpu_sizes).get(sym), f"numerics.cpu_sizes.{sym}")):
-            if not values or any(contract.allows_size(sym, v, args) for v in values):
+            if not values or any(c.allows_size(sym, v, args) for v in values):
                 continue
             listed = ", ".join(map(str, values))
-            k = next((k for k in ("multiple_of", "at_least", "at_most") if sym in getattr(c, k)), None)
+            k = next((k for k in ("multiple_of", "at_least", "at_most") if sym in dict(getattr(c, k))), None)
             if k:
                 raise w.fail(loc + (k, sym), f"a constraint that a size of {where} ({listed}) meets",
-                             getattr(c, k)[sym])
-            t = next(t for t, _ in strides if tensors[t].shape[-1].symbol == sym)
+                             dict(getattr(c, k))[sym])
+            t = next(t for t, _ in c.row_stride_multiple_of if tensors[t].shape[-1].symbol == sym)
             raise w.fail(loc + ("row_stride_multiple_of", t), f"a multiple that {t}'s rows ({tensors[t].shape[-1]} "
-                         f"wide, drawn contiguous only) meet for a size of {where} ({listed})", dict(strides)[t])
-    return contract
+                         f"wide, drawn contiguous only) meet for a size of {where} ({listed})",
+                         dict(c.row_stride_multiple_of)[t])
+    c._line = w.line(loc)
+    return c
 
 
 # ---------------------------------------------------------------- benchmark

@@ -170,21 +170,36 @@ class SizeSpec(Section):
                 and (self.at_most not in others or v <= others[self.at_most]))
 
 
-@dataclass(frozen=True)
-class Contract:
+def _pairs(mapping: dict) -> tuple:
+    return tuple(mapping.items())
+
+
+class Contract(Section):
     """What a kernel is written for (`op.contract`, or a named baseline's `contract`). Inputs outside it are not
     drawn for the kernel, cells of other dtypes are excluded, benchmark shapes outside it are not timed for it, and
     the kernel's vLLM plugin rejects calls outside it in supports_args (vLLM then falls back). Sizes are the plan's
     symbols as drawn (before tensor-parallel sharding); a row stride is stride(-2), in elements."""
 
-    contiguous: tuple[str, ...] = ()  # tensors that must be fully contiguous
-    row_stride_multiple_of: tuple[tuple[str, int], ...] = ()  # (tensor, N): its rows start N elements apart
-    multiple_of: tuple[tuple[str, int], ...] = ()  # (size symbol, N)
-    at_least: tuple[tuple[str, int], ...] = ()
-    at_most: tuple[tuple[str, int], ...] = ()
-    dtypes: tuple[str, ...] = ()  # the cell dtypes it supports; empty: all
-    why: str = ""
-    line: int = 0
+    # The mappings are held as (name, N) pairs, in the plan's order.
+
+    contiguous: Annotated[one_or_list(str, "tensors that must be fully contiguous"),
+                          AfterValidator(many)] = Field([], validate_default=True)
+    row_stride_multiple_of: Annotated[dict[str, PositiveInt], AfterValidator(_pairs)] = Field(
+        {}, validate_default=True, description="tensor: N, its rows N elements apart")
+    multiple_of: Annotated[dict[str, PositiveInt], AfterValidator(_pairs)] = Field(
+        {}, validate_default=True, description="size symbol: N")
+    at_least: Annotated[dict[str, PositiveInt], AfterValidator(_pairs)] = Field(
+        {}, validate_default=True, description="size symbol: N")
+    at_most: Annotated[dict[str, PositiveInt], AfterValidator(_pairs)] = Field(
+        {}, validate_default=True, description="size symbol: N")
+    # the cell dtypes it supports; None: all
+    dtypes: Optional[Annotated[one_or_list(Literal[CELL_DTYPES]), AfterValidator(many)]] = None
+    why: str = Field("", description="why the kernel has this contract (text)")
+    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.spec.checks)
+
+    @property
+    def line(self) -> int:
+        return self._line
 
     @property
     def empty(self) -> bool:

@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
 from harness.spec.fields import IMPORT_EXPECTED, MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
-from harness.spec.plan import AXIS_TYPES, Exclude, Expect, Numerics, Quantization, SizeSpec, Vllm
+from harness.spec.plan import AXIS_TYPES, Contract, Exclude, Expect, Numerics, Quantization, SizeSpec, Vllm
 from harness.spec.vocabulary import AXES, BASELINES, INITS, INTENTS, LAYOUTS, ROLES, STRUCTURED_INITS, VALUE_SCALES
 from harness.spec.vllm_schemas import VLLM_KERNELS
 
@@ -88,16 +88,6 @@ def _arg_form(value: Any) -> str:
 Arg = Annotated[Union[Annotated[TensorArg, Tag(MAPPING)], Annotated[SizeArg, Tag(VALUE)],
                       Annotated[Union[bool, int, float, str, None], Tag(ONE)]], Discriminator(_arg_form),
                 Field(description="a tensor spec mapping, {value: size expression}, a scalar or null")]
-
-
-class Contract(Section):
-    contiguous: one_or_list(str, "tensors that must be fully contiguous") = []
-    row_stride_multiple_of: dict[str, PositiveInt] = Field({}, description="tensor: N, its rows N elements apart")
-    multiple_of: dict[str, PositiveInt] = Field({}, description="size symbol: N")
-    at_least: dict[str, PositiveInt] = Field({}, description="size symbol: N")
-    at_most: dict[str, PositiveInt] = Field({}, description="size symbol: N")
-    dtypes: Optional[one_or_list(CellDtype)] = None  # the cell dtypes the kernel supports
-    why: str = Field("", description="why the kernel has this contract (text)")
 
 
 class Op(Section):
