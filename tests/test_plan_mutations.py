@@ -708,7 +708,7 @@ def test_every_bundled_plan_validates_the_same_written_back_by_yaml(tmp_path):
 CHECKS = [
     ("a @triton.jit kernel as op.kernel", "plan.yaml",
      [("kernel: kernels.rms_norm:rms_norm ", "kernel: kernels.rms_norm:_rms_norm_kernel ")], "error", "op.kernel",
-     "_rms_norm_kernel", "a @triton.jit function, not its launcher: name the Python function that launches it"),
+     "_rms_norm_kernel", "the Python function that launches the kernel (kernel[grid](...)), not the @triton.jit"),
     ("a @triton.jit kernel as op.reference", "plan.yaml",
      [("reference: kernels.rms_norm:rms_norm_ref", "reference: kernels.rms_norm:_rms_norm_kernel")], "error",
      "op.reference", "_rms_norm_kernel", "a Python function, not a @triton.jit kernel"),

@@ -241,8 +241,8 @@ def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
 # A Triton kernel (@triton.jit, @triton.autotune, @triton.heuristics) is launched with a grid, `kernel[grid](...)`:
 # called as the plan calls its functions, it raises at the first cell, and its signature (*args, **kwargs) binds
 # anything. Told by its class's module (a JITFunction, an Autotuner, ...) without importing Triton here.
-TRITON_KERNEL_EXPECTED = {"op.kernel": "a @triton.jit function, not its launcher: name the Python function that "
-                                       "launches it"}
+TRITON_KERNEL_EXPECTED = {"op.kernel": "the Python function that launches the kernel (kernel[grid](...)), not "
+                                       "the @triton.jit function itself"}
 TRITON_KERNEL_ELSE = "a Python function, not a @triton.jit kernel (which is launched with a grid, kernel[grid](...))"
 
 
