@@ -15,7 +15,7 @@ from typing import Any
 from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
-from harness.spec.fields import many
+from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
     TensorParallel, Tolerance, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
@@ -233,6 +233,8 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
             args.append(Arg(name=name, value_expr=_expr(w, loc + ("value",), spec.value, symbols), line=line))
             continue
         if not isinstance(spec, S.TensorArg):  # a scalar passed as is (eps, a flag; null: an optional tensor left out)
+            if number_as_text(spec):  # kernel and reference would both get the text
+                raise w.fail(loc, f"a number ({number_as_text(spec)}), or text that does not read as one", spec)
             args.append(Arg(name=name, value=spec, line=line))
             continue
         dims = []

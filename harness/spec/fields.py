@@ -5,6 +5,7 @@ harness.spec.plan's models (the sections a Plan holds as written) and harness.sp
 forms) are built from these, so a key, a type and an error's words are the same wherever a section is read.
 """
 
+import re
 from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
@@ -54,6 +55,20 @@ def import_path(description: str = IMPORT_EXPECTED) -> Any:
 PositiveInt = Annotated[int, Field(ge=1, description="a positive integer")]
 Symbol = Annotated[str, Field(description="a size symbol")]
 Number = Union[int, float]
+
+
+# YAML 1.1 (PyYAML's) reads a number in exponent form without a decimal point (1e-6, 5E3) as text.
+_EXPONENT_TEXT = re.compile(r"[-+]?(\d+|\d*\.\d+|\d+\.)[eE][-+]?\d+")
+
+
+def number_as_text(value: Any) -> str:
+    """What to say of a value YAML read as text although it was written as a number ("" for any other value)."""
+    if isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value.strip()):
+        mantissa, _, exponent = value.strip().lower().partition("e")
+        fixed = mantissa if "." in mantissa else f"{mantissa}.0"
+        return (f"YAML reads {value.strip()} as text, not a number: write it with a decimal point "
+                f"({fixed}e{exponent})")
+    return ""
 
 
 def many(value: Any) -> tuple:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
 from harness.spec.checks import build
-from harness.spec.fields import TAGS
+from harness.spec.fields import TAGS, number_as_text
 from harness.spec.plan import Plan, PlanError, Where
 from harness.spec.schema import PlanFile
 from harness.spec.yaml_lines import Loc, YamlError, dotted, line_of, parse
@@ -49,6 +49,8 @@ def first_error(path: str, exc: ValidationError, lines: dict[Loc, int]) -> PlanE
     errors = []
     for err in exc.errors():
         loc, at, expected, found = explain(err)
+        if number_as_text(found):
+            expected += f" ({number_as_text(found)})"
         errors.append(PlanError(path, line_of(lines, at), dotted(loc) or "(top level)", expected, found))
     return min(errors, key=lambda e: e.line or 0)
 
