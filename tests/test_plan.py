@@ -276,6 +276,8 @@ WARNED = [
      "op.paths.two_pass", "no example checks this path"),
     ("a path every example takes", '"num_tokens * hidden * act_bytes >= 192 * 2**20"', '"hidden > 0"',
      "op.paths.two_pass", "selects nothing"),
+    ("a mutated input that is not an output", "  outputs: [out]", "  outputs: [out]\n  mutates: [x]",
+     "op.mutates[0]", "x is not compared with the reference"),
 ]
 
 

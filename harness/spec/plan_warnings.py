@@ -116,6 +116,11 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
             found.append(w.fail(("op", "args", a.name, "dtype"), f"a quantized output named in quantization.outputs "
                                 f"(with its scale and granularity): {a.name} is compared as numbers with the default "
                                 f"tolerance of {a.dtype}, not in quantization steps", a.dtype))
+    for i, name in enumerate(plan.mutates):
+        if name not in plan.outputs:
+            found.append(w.fail(("op", "mutates", i), f"inputs the op writes its result into, listed in op.outputs "
+                                f"too: {name} is not compared with the reference, only let change (a scratch "
+                                "buffer)", name))
     budget = num.cpu_element_budget
     # the sizes a CPU machine draws: numerics.cpu_sizes, else the plan's own where the matrix has cpu cells
     drawn_on_cpu = [dict(num.cpu_sizes)] if num.cpu_sizes else [{}] if "cpu" in m["sm"] else []
