@@ -131,6 +131,9 @@ MALFORMED = [
     ("benchmark sizes outside op.sizes", "numerics: {examples: 5}",
      "numerics: {examples: 5}\nbenchmark:\n  decode: [1]\n  sizes:\n    - {hidden: 96}", 29,
      "benchmark.sizes[0].hidden", "one of op.sizes.hidden (64, 128)"),
+    ("benchmark sizes repeated", "numerics: {examples: 5}",
+     "numerics: {examples: 5}\nbenchmark:\n  decode: [1]\n  sizes:\n    - {hidden: 64}\n    - {hidden: 64}", 30,
+     "benchmark.sizes[1]", "size combinations without repeats"),
     ("not a mapping at all", BASE, "- just\n- a list\n", 1, "(top level)", "a mapping"),
     ("broken YAML", "  intent: drop-in", "  intent: [drop-in", 4, "(yaml)", "valid YAML"),
 ]

@@ -463,6 +463,8 @@ def _timed_sizes(w: Where, combos: list[dict[str, int]], sizes: dict, size_specs
                 raise w.fail(loc + (sym,), f"one of op.sizes.{sym} ({', '.join(map(str, sizes[sym]))})", value)
             if not size_specs[sym].allows(value, combo):
                 raise w.fail(loc + (sym,), f"a size meeting op.sizes.{sym}'s constraints on the others", value)
+        if tuple((sym, combo[sym]) for sym in sizes) in out:
+            raise w.fail(loc, "size combinations without repeats", dict(combo))
         out.append(tuple((sym, combo[sym]) for sym in sizes))
     return tuple(out)
 
@@ -516,6 +518,12 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
         if spec.units is not None and spec.units not in d.names:
             raise w.fail(loc + ("units",), f"a symbol of the dimension split ({name}'s dimension {dim}: {d}), whose "
                          "units the ranks take whole", spec.units)
+        # In a product (num_heads*head_size) the outermost factor counts the blocks that lie whole in memory: a rank
+        # given whole units of an inner one gets a slice of every block.
+        outer = re.findall(r"[A-Za-z_]\w*", d.text)
+        if spec.units is not None and "*" in d.text and not re.search(r"[-+/%(]", d.text) and spec.units != outer[0]:
+            raise w.fail(loc + ("units",), f"the outermost factor of the dimension split ({name}'s dimension {dim}: "
+                         f"{d}), {outer[0]}: its units lie whole in memory, one after another", spec.units)
         if d.symbol == "num_tokens":
             raise w.fail(loc + (key,), "a dimension other than num_tokens (tokens are split with "
                          "tp.sequence_parallel)", dim)
