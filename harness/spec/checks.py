@@ -36,6 +36,13 @@ def keys_of(w: Where, loc: Loc, mapping: dict, allowed: tuple[str, ...] | dict) 
             raise w.fail(loc + (key,), f"one of the keys {', '.join(allowed)}", key)
 
 
+def no_repeats(w: Where, loc: Loc, values: tuple) -> None:
+    """A list whose repeats would mean nothing, or something else than they read (a returned output named twice)."""
+    for i, v in enumerate(values):
+        if v in values[:i]:
+            raise w.fail(loc + (i,), f"values without repeats ({v} is listed before)", v)
+
+
 def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     """The Plan of a validated plan file (`raw`: the file's data, for the order of its tolerance keys)."""
     op = spec.op
@@ -43,6 +50,8 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
     tensor_names = tuple(a.name for a in args if a.is_tensor)
     outputs, mutates = many(op.outputs), many(op.mutates)
+    no_repeats(w, ("op", "outputs"), outputs)
+    no_repeats(w, ("op", "mutates"), mutates)
     for i, name in enumerate(mutates):
         if name not in tensor_names:
             raise w.fail(("op", "mutates", i), f"one of {', '.join(tensor_names)}", name)
@@ -249,6 +258,8 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
                              f"({', '.join(sorted(symbols))})", unknown[0])
             dims.append(dim)
         init, init_args = _init(w, loc + ("init",), spec.init, symbols, spec.dtype)
+        no_repeats(w, loc + ("layout",), many(spec.layout))
+        no_repeats(w, loc + ("value_scales",), many(spec.value_scales))
         if spec.optional and spec.role == "output":
             raise w.fail(loc + ("optional",), "an input (an output buffer is always passed)", True)
         args.append(Arg(name=name, shape=tuple(dims), dtype=spec.dtype, layouts=many(spec.layout), init=init,
@@ -403,6 +414,8 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, c
     for i, item in enumerate(many(b.baselines) if b.baselines is not None else ("native", "compiled")):
         loc = ("benchmark", "baselines", i)
         if isinstance(item, str):
+            if item in builtin:
+                raise w.fail(loc, f"values without repeats ({item} is listed before)", item)
             builtin.append(item)
             continue
         name, entry = next(iter(item.items()))
