@@ -455,6 +455,8 @@ def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, s
             if not eq or sym not in sizes or not value.isdigit() or int(value) not in sizes[sym]:
                 raise w.fail(("benchmark", "models", key), f"'symbol=value' pairs with sizes of op.sizes ({choices})",
                              key)
+            if any(p.startswith(f"{sym}=") for p in pairs):  # no shape has two values of one size
+                raise w.fail(("benchmark", "models", key), "'symbol=value' pairs naming each symbol once", key)
             pairs.append(f"{sym}={int(value)}")
         if not model.strip():
             raise w.fail(("benchmark", "models", key), "the name of the model these sizes come from", model)
