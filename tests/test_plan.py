@@ -111,9 +111,11 @@ MALFORMED = [
     ("numerics of the wrong type", "examples: 5", "examples: five", 25, "numerics.examples", "'five'"),
     # YAML 1.1 reads 1e-2 as the text '1e-2'
     ("a number YAML reads as text", "atol: 1.0e-2", "atol: 1e-2", 24, "tolerance.bf16.atol",
-     "YAML reads 1e-2 as text, not a number: write it with a decimal point (1.0e-2)"),
+     "YAML reads 1e-2 as text, not a number: write it with a decimal point and a signed exponent (1.0e-2)"),
     ("a scalar argument YAML reads as text", "eps: 1.0e-6", "eps: 1e-6", 10, "op.args.eps",
-     "a number (YAML reads 1e-6 as text, not a number: write it with a decimal point (1.0e-6))"),
+     "a number (YAML reads 1e-6 as text, not a number: write it with a decimal point and a signed exponent "
+     "(1.0e-6))"),
+    ("an exponent without its sign", "rtol: 2.0e-2", "rtol: 2.0e2", 24, "tolerance.bf16.rtol", "(2.0e+2)"),
     ("output that is not written", "outputs: [out]", "outputs: [x]", 11, "op.outputs[0]", "mutated input"),
     ("output arg not listed", "outputs: [out]", "outputs: [y]", 7, "op.args.out.role",
      "listed in op.outputs"),

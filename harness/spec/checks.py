@@ -242,8 +242,9 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
             args.append(Arg(name=name, value_expr=_expr(w, loc + ("value",), spec.value, symbols), line=line))
             continue
         if not isinstance(spec, S.TensorArg):  # a scalar passed as is (eps, a flag; null: an optional tensor left out)
-            if number_as_text(spec):  # kernel and reference would both get the text
-                raise w.fail(loc, f"a number ({number_as_text(spec)}), or text that does not read as one", spec)
+            hint = number_as_text(spec)
+            if hint:  # kernel and reference would both get the text
+                raise w.fail(loc, f"a number ({hint}), or text that does not read as one", spec)
             args.append(Arg(name=name, value=spec, line=line))
             continue
         dims = []

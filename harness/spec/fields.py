@@ -57,18 +57,20 @@ Symbol = Annotated[str, Field(description="a size symbol")]
 Number = Union[int, float]
 
 
-# YAML 1.1 (PyYAML's) reads a number in exponent form without a decimal point (1e-6, 5E3) as text.
-_EXPONENT_TEXT = re.compile(r"[-+]?(\d+|\d*\.\d+|\d+\.)[eE][-+]?\d+")
+# YAML 1.1 (PyYAML's) reads a number in exponent form as text unless it has a decimal point and a signed exponent
+# (1e-6, 1.0e5 and 5E3 are text; 1.0e-6 and 1.0e+5 are numbers).
+_EXPONENT_TEXT = re.compile(r"([-+]?(?:\d+|\d*\.\d+|\d+\.))[eE]([-+]?)(\d+)")
 
 
 def number_as_text(value: Any) -> str:
     """What to say of a value YAML read as text although it was written as a number ("" for any other value)."""
-    if isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value.strip()):
-        mantissa, _, exponent = value.strip().lower().partition("e")
-        fixed = mantissa if "." in mantissa else f"{mantissa}.0"
-        return (f"YAML reads {value.strip()} as text, not a number: write it with a decimal point "
-                f"({fixed}e{exponent})")
-    return ""
+    found = _EXPONENT_TEXT.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not found:
+        return ""
+    mantissa, sign, exponent = found.groups()
+    fixed = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{sign or '+'}{exponent}"
+    return (f"YAML reads {value.strip()} as text, not a number: write it with a decimal point and a signed exponent "
+            f"({fixed})")
 
 
 def many(value: Any) -> tuple:

@@ -49,8 +49,9 @@ def first_error(path: str, exc: ValidationError, lines: dict[Loc, int]) -> PlanE
     errors = []
     for err in exc.errors():
         loc, at, expected, found = explain(err)
-        if number_as_text(found) and ("number" in expected or "integer" in expected):
-            expected += f" ({number_as_text(found)})"
+        hint = number_as_text(found)
+        if hint and "number" in expected:  # not for an integer, which no exponent form gives
+            expected += f" ({hint})"
         errors.append(PlanError(path, line_of(lines, at), dotted(loc) or "(top level)", expected, found))
     return min(errors, key=lambda e: e.line or 0)
 
