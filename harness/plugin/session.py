@@ -32,7 +32,7 @@ from harness.runtime.device import detect, provenance
 from harness.runtime.runner import NIGHTLY_FACTOR
 from harness.runtime.vllm_kernels import LIBRARY_ENV
 from harness.spec.load import load_plan
-from harness.spec.matrix import Cell, expand, pairwise_sample
+from harness.spec.matrix import Cell, every_cell, pairwise_sample
 from harness.spec.plan import PlanError
 
 
@@ -125,10 +125,11 @@ def pytest_collection_finish(session):
         ran = "no cell: none can run here"
     elif s.cells == "all":
         ran = f"every runnable cell ({len(runnable)})"
-    elif len(cells) < len(expand(s.plan)):
+    elif len(cells) < len(every_cell(s.plan)):
         ran = f"the {len(runnable)} runnable cells selected (-k, -m, --lf or node ids; no sampling)"
-    else:
-        chosen = set(pairwise_sample([i.cell for i in runnable], s.plan.name))
+    else:  # the kernel's cells and each provider's sampled apart: each covers its own pairs
+        chosen = {c for provider in ("", *s.plan.providers)
+                  for c in pairwise_sample([i.cell for i in runnable if i.cell.provider == provider], s.plan.name)}
         sample = f"pairwise sample of {len(chosen)} of {len(runnable)} runnable cells"
         ran = f"a {sample}"
         for item in runnable:
@@ -198,9 +199,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if reports:
         terminalreporter.ensure_newline()
         terminalreporter.section(f"{s.plan.name}: numerics cells", sep="-")
-        for line in cells_summary(s.plan, [(Cell.from_id(r.plan_cell), r.plan_status, r.plan_reason)
-                                           for r in reports]):
+        cells = [(Cell.from_id(r.plan_cell), r.plan_status, r.plan_reason) for r in reports]
+        for line in cells_summary(s.plan, [c for c in cells if not c[0].provider]):
             terminalreporter.write_line(line)
+        for provider in s.plan.providers:  # its failures are findings about it, not the kernel's (the page's)
+            mine = [c for c in cells if c[0].provider == provider]
+            if mine:
+                terminalreporter.section(f"{s.plan.name}: {provider} through the same cells", sep="-")
+                for line in cells_summary(s.plan, mine):
+                    terminalreporter.write_line(line)
     if s.precompiled.startswith("precompile"):
         terminalreporter.write_line(f"benchmarks: {s.precompiled}")
     for warning in s.plan_warnings:

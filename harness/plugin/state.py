@@ -17,7 +17,7 @@ from harness.results.store import Recorder
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.runtime.runner import RunSettings
 from harness.runtime.workers import Worker, WorkerGroup
-from harness.spec.matrix import Cell
+from harness.spec.matrix import Cell, provider_view
 from harness.spec.plan import Plan
 
 
@@ -106,7 +106,7 @@ MEMCHECK_PARALLEL = 3
 
 
 def memcheck_args(s: Session, cell: Cell) -> tuple[Plan, Cell, float]:
-    return s.plan, cell, 10 * s.plan.numerics.timeout_s
+    return provider_view(s.plan, cell.provider), cell, 10 * s.plan.numerics.timeout_s
 
 
 def start_memchecks(s: Session, items: list) -> None:

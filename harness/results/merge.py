@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.results.checks_version import checks_version
 from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir
-from harness.spec.matrix import Cell, excluded_by, expand
+from harness.spec.matrix import Cell, every_cell, excluded_by, expand
 from harness.spec.plan import Plan
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, integration_routes
@@ -27,7 +27,7 @@ class Merged:
     plan: Plan
     runs: dict[str, Provenance]
     records: dict[str, CellRecord]  # cell id -> record, plan cells only
-    cells: list  # every plan cell, in plan order
+    cells: list  # every cell of the kernel under test, in plan order (`records` holds the providers' too)
     benchmarks: list[tuple[str, BenchRecord]]  # for the plan's SMs, with at least one implementation timed
     untimed: list[tuple[str, BenchRecord]]  # where nothing was timed (skipped on this machine)
     problems: list  # results that could not be used, as returned to the caller
@@ -80,6 +80,10 @@ class Merged:
         return (f"{n} stale record{'s' if n > 1 else ''} (made by other checks): re-run them{where}: "
                 f"pytest --plan {self.plan_display()} --cells all{bench}")
 
+    def provider_cells(self, provider: str) -> list:
+        """A provider's cells (harness.spec.matrix), in plan order."""
+        return expand(self.plan, provider)
+
     def cells_with(self, *statuses: Status) -> list:
         return [c for c in self.cells if self.status(c) in statuses]
 
@@ -120,7 +124,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
     for path in sorted(results_dir.glob("*.unreadable")):
         problems.append(f"{path}: a results file a run could not read and set aside; inspect it, then delete it")
     cells = expand(plan)
-    by_id = {c.id: c for c in cells}
+    by_id = {c.id: c for c in every_cell(plan)}
     records, ignored = {}, 0
     for cid, rec in merged.cells.items():
         if cid not in by_id:
@@ -158,7 +162,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
     covered, sources = defaultdict(set), defaultdict(set)
     for cid, rec in records.items():
         sm = by_id[cid].sm
-        if res.source_sm(rec) == sm:
+        if res.source_sm(rec) == sm and not by_id[cid].provider:  # the kernel's cells say what a machine covered
             covered[sm].add(rec.run)
             sources[sm].add(rec.run)
     for _, rec in benchmarks + untimed:

@@ -31,7 +31,7 @@ from harness.spec.plan import Plan
 from harness.results.store import CellRecord, InputsSeen, Status, from_json, to_json
 from harness.runtime.runner import CellCheck, Outcome, not_run, run_examples
 from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task
-from harness.runtime.vllm_kernels import KernelUnavailable
+from harness.runtime.resolve import KernelUnavailable
 
 EXAMPLES = 3  # drawn examples per memcheck cell: each costs the sanitizer's start and its slowed launches
 RUN = RunSettings(EXAMPLES, "ci", None)  # derandomized, no example database: the sanitizer's process writes nothing

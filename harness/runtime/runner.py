@@ -36,7 +36,7 @@ from harness.results.store import CellRecord, Failure, InputsSeen, Status
 from harness.spec.tolerances import output_tolerance, tolerance_for
 from harness.runtime.tasks import CellTask, RunSettings
 from harness.runtime.tf32 import fp32_dot_precision
-from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel
+from harness.runtime.providers import KernelUnavailable, load_kernel
 
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
 FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
@@ -130,7 +130,8 @@ class CellCheck:
 
     def __init__(self, plan: Plan, cell: Cell, device: str):
         self.plan, self.cell, self.device = plan, cell, device
-        self.kernel, self.reference = load_kernel(plan), resolve(plan).reference  # KernelUnavailable: not run here
+        # KernelUnavailable: not run here
+        self.kernel, self.reference = load_kernel(plan, cell.provider), resolve(plan).reference
         self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
         self.tol = tolerance_for(plan, cell.dtype)
         self.stats = Stats()
@@ -200,11 +201,14 @@ class CellCheck:
             held = {n: actual[n].clone() for n in plan.returned_outputs if isinstance(actual[n], torch.Tensor)}
             self._call(build_args(plan, self.cell, replace(ex, seed=ex.seed + 1), self.device), ex)
             for name, before in held.items():
-                if not numerics.bits_equal(before, actual[name]):
-                    changed = int((numerics.ordered(before) != numerics.ordered(actual[name])).sum())
+                after = actual[name]
+                if not numerics.bits_equal(before, after):
+                    # A buffer resized in place between the calls has no element-wise count to give.
+                    changed = f"{int((numerics.ordered(before) != numerics.ordered(after)).sum())} of " \
+                        f"{before.numel()} elements" if after.shape == before.shape else \
+                        f"its shape {tuple(before.shape)} became {tuple(after.shape)}"
                     raise Mismatch(f"output '{name}' changed when the op was called again on other inputs "
-                                   f"({changed} of {before.numel()} elements): it returns a buffer it reuses across "
-                                   "calls")
+                                   f"({changed}): it returns a buffer it reuses across calls")
 
     def compare(self, name, actual, expected, values, returned: bool) -> None:
         if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor) and actual.dim() > 0 and \
@@ -304,9 +308,9 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
         test = given(examples(plan, cell, device, tp_multiple))(test)
         for ex in required:  # past each size-selected path, at int32-overflow sizes: checked before any draw
             test = example(ex)(test)
-        # vLLM's own kernel: every distinct failure is shrunk and kept, so that one (a size it refuses) does not hide
-        # another (a strided input it reads wrong): the run is there to find what it accepts.
-        test = hypothesis_settings(run, multiple_bugs=bool(plan.vllm_kernel))(test)
+        # A provider (vLLM's own kernel, a named baseline): every distinct failure is shrunk and kept, so that one (a
+        # size it refuses) does not hide another (a strided input it reads wrong): its cells find what it accepts.
+        test = hypothesis_settings(run, multiple_bugs=bool(cell.provider))(test)
     else:
         test = partial(test, replay)
     rec = CellRecord(**cell.axes(), status=Status.PASSED)

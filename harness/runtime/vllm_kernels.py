@@ -6,8 +6,8 @@ or HARNESS_VLLM_OPS_LIBRARY (e.g. vLLM 0.26.0's `_C_stable_libtorch.abi3.so`, bu
 2.11), so a GPU machine without vLLM's Python package still measures and checks vLLM's kernels.
 
 Which kernel does an op and how it is called is data (harness.spec.vllm_schemas). `vllm_kernel(plan)` is the
-`vllm` benchmark baseline of a plan, called with the plan's arguments; `load_kernel(plan)` is the kernel
-under test, vLLM's own where `op.kernel` is `vllm:<name>`. A kernel registered here under another schema
+`vllm` benchmark baseline of a plan, called with the plan's arguments; `compiled_op` is what the plan's `vllm`
+provider runs through the numerics cells (harness.runtime.providers). A kernel registered here under another schema
 (vLLM's CPU build registers placeholders without a kernel for its fp8 quant ops) counts as not loaded.
 """
 
@@ -20,10 +20,9 @@ from typing import Callable
 import torch
 
 from harness.runtime.device import package_version
-from harness.runtime.resolve import KernelUnavailable, resolve  # KernelUnavailable: also what callers catch from here
 from harness.spec.plan import Plan
 from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
-from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel
+from harness.spec.vllm_schemas import VllmKernel
 
 LIBRARY_ENV = "HARNESS_VLLM_OPS_LIBRARY"
 VLLM_MISSING = "vllm not installed"
@@ -94,27 +93,6 @@ def compiled_op(kernel: VllmKernel) -> Callable | str:
     except (AttributeError, RuntimeError):
         return f"{_source()} registers no {kernel.call} here"
     return schema_problem(kernel, registered) or op
-
-
-def load_kernel(plan: Plan) -> Callable:
-    """The plan's kernel under test: vLLM's own (`op.kernel: vllm:<name>`), called with the plan's arguments in order,
-    else the plan's import path. Raises KernelUnavailable where vLLM's kernel, or the plan's code, cannot be loaded
-    here."""
-    resolved = resolve(plan)
-    if resolved.unavailable:  # some of the plan's code cannot be imported on this machine: no cell runs here
-        raise KernelUnavailable(next(iter(resolved.unavailable.values())))
-    if not plan.vllm_kernel:
-        return resolved.kernel
-    op = compiled_op(VLLM_KERNELS[plan.vllm_kernel])
-    if isinstance(op, str):
-        raise KernelUnavailable(op)
-    names = [a.name for a in plan.args]
-
-    def kernel(**values):  # no guard: the cells must find what vLLM's kernel gets wrong
-        return op(*[values[n] for n in names])
-
-    kernel.__name__ = plan.vllm_kernel
-    return kernel
 
 
 def vllm_kernel(plan: Plan) -> Callable | str:

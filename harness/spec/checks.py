@@ -19,6 +19,7 @@ from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
     TensorParallel, Tolerance, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
+from harness.spec.vllm_ops import baseline_unsupported
 from harness.spec.yaml_lines import Loc, dotted
 from harness.spec.plan_warnings import _never_applies, _would_mislead
 
@@ -101,7 +102,26 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         raise w.fail(("benchmark", "baselines"), f"native, compiled or named baselines (the kernel is vLLM's own "
                      f"torch.ops._C.{plan.vllm_kernel}: it is timed as the kernel)", "vllm")
     _check_models(w, plan)
+    plan = dataclasses.replace(plan, providers=_providers(w, spec.providers or [], plan))
     return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec) + _would_mislead(w, plan))
+
+
+def _providers(w: Where, names: list[str], plan: Plan) -> tuple[str, ...]:
+    """The implementations the numerics cells run beside the kernel: vLLM's kernel for the op, where its adapter maps
+    the plan's arguments, or the plan's named baselines."""
+    named = [n for n, _ in plan.benchmark.named]
+    no_repeats(w, ("providers",), names)
+    for i, name in enumerate(names):
+        if name == "vllm":
+            why = baseline_unsupported(plan)
+            if why:
+                raise w.fail(("providers", i), f"an implementation the harness can call: {why}", name)
+        elif name not in named:
+            raise w.fail(("providers", i), "vllm or a named baseline of benchmark.baselines" + (
+                f" ({', '.join(named)})" if named else "") + (" (the kernel under test and the reference run in "
+                                                              "every cell already)" if name in BASELINES or
+                                                              name == "kernel" else ""), name)
+    return tuple(names)
 
 
 # ---------------------------------------------------------------- op

@@ -1,5 +1,8 @@
 """The matrix: every phase x dtype x tp x graph_mode x sm cell of a plan, and what happens to it here.
 
+A cell runs the kernel under test; the plan's `providers` (vLLM's own kernel, a named baseline) run through the
+same cells (`Cell.provider`), so a page says what each of them accepts beside the kernel's verdict.
+
 Each cell gets exactly one decision before it runs: run it, run it expecting failure, skip it
 because the plan excludes it, or skip it because this machine cannot run it ("not run here").
 A run may then run only a pairwise sample of the cells it can run (pairwise_sample; harness.plugin.session
@@ -8,6 +11,7 @@ decides when).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 from collections import Counter
@@ -15,7 +19,8 @@ from dataclasses import dataclass
 
 from harness.spec.dtypes import DTYPE
 from harness.spec.hardware import Hardware
-from harness.spec.plan import Plan
+from harness.spec.plan import Contract, Plan
+from harness.spec.vllm_ops import vllm_kernel_for
 from harness.spec.vocabulary import AXES
 from harness.spec.status import Status
 
@@ -27,18 +32,20 @@ class Cell:
     tp: int
     graph_mode: str
     sm: str
+    provider: str = ""  # "": the kernel under test; else one of the plan's providers run through the cell
 
     @property
     def id(self) -> str:
-        return f"{self.phase}-{self.dtype}-tp{self.tp}-{self.graph_mode}-{self.sm}"
+        base = f"{self.phase}-{self.dtype}-tp{self.tp}-{self.graph_mode}-{self.sm}"
+        return f"{base}-{self.provider}" if self.provider else base
 
     def axes(self) -> dict:
         return {axis: getattr(self, axis) for axis in AXES}
 
     @classmethod
     def from_id(cls, cell_id: str) -> "Cell":
-        phase, dtype, tp, graph_mode, sm = cell_id.split("-")
-        return cls(phase, dtype, int(tp.removeprefix("tp")), graph_mode, sm)
+        phase, dtype, tp, graph_mode, sm, *provider = cell_id.split("-", 5)
+        return cls(phase, dtype, int(tp.removeprefix("tp")), graph_mode, sm, *provider)
 
 
 @dataclass(frozen=True)
@@ -68,21 +75,46 @@ def bench_graph_modes(plan: Plan) -> list[str]:
     return [m for m in BENCH_GRAPH_MODES if m in plan.matrix["graph_mode"]] or ["eager"]
 
 
-def expand(plan: Plan) -> list[Cell]:
+def expand(plan: Plan, provider: str = "") -> list[Cell]:
+    """The cells of the kernel under test, or of one of the plan's providers."""
     m = plan.matrix
-    return [Cell(*values) for values in itertools.product(m["phase"], m["dtype"], m["tp"], m["graph_mode"], m["sm"])]
+    return [Cell(*values, provider)
+            for values in itertools.product(m["phase"], m["dtype"], m["tp"], m["graph_mode"], m["sm"])]
+
+
+def every_cell(plan: Plan) -> list[Cell]:
+    """The kernel's cells, then each provider's."""
+    return [c for provider in ("", *plan.providers) for c in expand(plan, provider)]
+
+
+def contract_of(plan: Plan, provider: str) -> Contract:
+    """What the kernel under test (""), or a provider, is written for: op.contract, a named baseline's contract, or
+    the dtypes vLLM's kernel takes (harness.spec.vllm_schemas)."""
+    if not provider:
+        return plan.contract
+    if provider == "vllm":
+        kernel = vllm_kernel_for(plan)
+        return Contract(dtypes=list(kernel.dtypes), why=kernel.why) if kernel and kernel.dtypes else Contract()
+    return plan.benchmark.contract(provider) or Contract()
+
+
+def provider_view(plan: Plan, provider: str) -> Plan:
+    """The plan as a provider's cells run it: its inputs drawn within that provider's contract."""
+    return dataclasses.replace(plan, contract=contract_of(plan, provider)) if provider else plan
 
 
 def excluded_by(plan: Plan, cell: Cell) -> str | None:
-    """The plan's reason when an exclude rule matches the cell, or its dtype is not one the kernel's contract
-    supports (on every machine)."""
+    """The plan's reason when an exclude rule matches the cell, or its dtype is not one the contract of the cell's
+    kernel or provider supports (on every machine)."""
     rule = next((r for r in plan.excludes if r.matches(cell.axes())), None)
     if rule:
         return f"excluded by the plan (line {rule.line}): {rule.why}"
-    contract = plan.contract
+    contract = contract_of(plan, cell.provider)
     if contract.dtypes and cell.dtype not in contract.dtypes:
         why = f" ({contract.why})" if contract.why else ""
-        return f"outside the kernel's contract (line {contract.line}): dtypes {', '.join(contract.dtypes)}{why}"
+        whose = f"{cell.provider}'s contract" if cell.provider else "the kernel's contract"
+        line = f" (line {contract.line})" if contract.line else ""
+        return f"outside {whose}{line}: dtypes {', '.join(contract.dtypes)}{why}"
     return None
 
 
@@ -93,7 +125,7 @@ def decide(plan: Plan, cell: Cell, hw: Hardware, max_cpu_ranks: int) -> Decision
     why_not = not_runnable_here(cell, hw, max_cpu_ranks)
     if why_not:
         return Decision(Status.NOT_RUN, why_not)
-    for rule in plan.expects:
+    for rule in () if cell.provider else plan.expects:  # the plan's expected failures are its kernel's
         if rule.matches(cell.axes()):
             return Decision(Status.XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
     return Decision()

@@ -436,6 +436,8 @@ class Plan:
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # dotted field -> its line
     # The kernel's size-selected code paths (op.paths): (name, condition); each GPU cell checks one example past each.
     paths: tuple[tuple[str, str], ...] = ()
+    # Implementations run through the numerics cells beside the kernel (`providers`): vllm, named baselines.
+    providers: tuple[str, ...] = ()
 
     @property
     def native_path(self) -> str:

@@ -221,6 +221,10 @@ class PlanFile(Section):
     quantization: Optional[forms(one=Literal["none"], mapping=Quantization)] = None
     vllm: Optional[Vllm] = None
     cuda_graph: Optional[CudaGraph] = None
+    # implementations of the op run through the numerics matrix beside the kernel (harness.spec.matrix)
+    providers: Optional[list[str]] = Field(None, description=(
+        "a list: vllm (vLLM's own compiled kernel for the op) or names of named baselines, run through the "
+        "numerics cells beside the kernel; the page says what each accepts"))
 
 
 def json_schema() -> dict:

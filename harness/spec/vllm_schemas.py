@@ -63,6 +63,8 @@ class VllmKernel:
     in_tree: str  # torch.ops._C.<in_tree>
     schema: str  # as vLLM 0.26.0 registers it
     args: tuple[str, ...]  # the plan argument passed for each schema parameter, in the schema's order
+    dtypes: tuple[str, ...] = ()  # the cell dtypes it takes, where not all (its contract as a provider)
+    why: str = ""  # why, in words
 
     @property
     def params(self) -> tuple[Param, ...]:
@@ -93,7 +95,8 @@ VLLM_KERNELS = {k.in_tree: k for k in (
                "Tensor scale, float epsilon) -> ()",
                ("out", "x", "residual", "weight", "scale", "eps")),
     VllmKernel("silu_and_mul_quant", "silu_and_mul_quant",
-               "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()", ("out", "x", "scale")),
+               "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()", ("out", "x", "scale"),
+               ("fp16", "bf16"), "vLLM's kernel takes fp16 and bf16 inputs only"),
     VllmKernel("dynamic_per_token_fp8_quant", "dynamic_per_token_scaled_fp8_quant",
                "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale, Tensor? scale_ub) "
                "-> ()",

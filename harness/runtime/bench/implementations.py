@@ -16,7 +16,8 @@ from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.inputs import Example, build_args, poison_value
 from harness.runtime.resolve import named_baseline, resolve
 from harness.spec.plan import Plan
-from harness.runtime.vllm_kernels import KernelUnavailable, load_kernel, vllm_kernel
+from harness.runtime.providers import KernelUnavailable, load_kernel
+from harness.runtime.vllm_kernels import vllm_kernel
 from harness.runtime.bench.specs import BenchSpec, outside_contract
 
 CPU_KERNEL_REASON = ("not timed on a CPU machine: the kernel runs in Triton's interpreter there, whose speed says "
