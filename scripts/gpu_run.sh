@@ -7,7 +7,7 @@
 # run starts while one plan is timed and waits for its turn before its first item (HARNESS_GPU_TURN), so no
 # other process times meanwhile. LOGS=DIR keeps one log per plan there.
 # Each plan's run rewrites reports/<op>/results/<sm>-<gpu>.json and reports/<op>/PLAN.md; commit them.
-# vLLM's compiled kernels (the vllm baselines, and the kernels of kernels/plans/vllm_*.yaml) load from an
+# vLLM's compiled kernels (the vllm baselines, and the plans' `providers: [vllm]` cells) load from an
 # installed vLLM or from HARNESS_VLLM_OPS_LIBRARY=<vLLM's _C_stable_libtorch.abi3.so>; without either, those
 # baselines and cells are reported not run.
 set -uo pipefail
@@ -50,14 +50,6 @@ fi
 [ "$what" = calibrate ] && exec "$python" -m tests.calibration --jobs "$jobs" "$@"
 pids=()
 made=()  # what this script created, removed at its exit
-# One timing per call a night: a plan timing a call another plan already timed on the same inputs (vLLM's own plans
-# time native, compiled and vLLM's kernel as the bundled plans' baselines do) takes that timing
-# (harness/runtime/timing_share.py). A new folder each run, so no timing outlives the run that measured it.
-if [ "$what" = bench ] && [ -z "${HARNESS_SHARED_TIMINGS:-}" ]; then
-  HARNESS_SHARED_TIMINGS=$(mktemp -d "${TMPDIR:-/tmp}/shared-timings.XXXXXX")
-  export HARNESS_SHARED_TIMINGS
-  made+=("$HARNESS_SHARED_TIMINGS")
-fi
 # The turn on the GPU the plans' runs take one after another (harness/plugin/state.py, take_gpu_turn): the
 # interpreter start, collection, CUDA context and report of each plan, 10-20 s a plan on an H200 machine, no longer
 # add to the night, as the timed items of one plan still run with no other timing beside them.

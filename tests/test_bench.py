@@ -21,7 +21,6 @@ from harness.runtime.bench.precompile import _compile_key, precompile, precompil
 from harness.runtime.bench.records import not_run_record
 from harness.runtime.bench.specs import IMPLS, BenchSpec, bench_specs, skip_reason
 from harness.runtime import timing as timers
-from harness.runtime import timing_share
 
 from harness.rendering import performance
 from harness.spec.hardware import Hardware
@@ -32,7 +31,7 @@ from harness.results.store import NOISE_FLOOR, ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
 from harness.runtime.vllm_kernels import vllm_missing
 
-from tests.plans import cpu_machine_only, rms_norm_args, rms_norm_plan, write_plan
+from tests.plans import cpu_machine_only, rms_norm_plan, write_plan
 from tests.test_report import bench as bench_record, passed_sm90
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -650,95 +649,3 @@ def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tm
     assert "plan.yaml" not in out.stderr
     if not torch.cuda.is_available():
         assert "nothing to do on a CPU machine" in out.stdout, out.stdout
-
-
-# ---------------------------------------------------------------- timings shared between the plans of one run
-
-
-@cpu_machine_only
-def test_a_later_plan_takes_the_timing_an_earlier_plan_made_of_the_same_call_on_the_same_inputs(tmp_path,
-                                                                                            monkeypatch):
-    """As the nightly runs them (HARNESS_SHARED_TIMINGS): a second plan with the first one's reference and arguments,
-    as vLLM's own plans have, takes the first plan's native and compiled samples and says where they came from;
-    a plan whose inputs differ (eps) times its own, and so does every plan of a run without the folder."""
-    def plan(name: str, eps: float = 1.0e-6):
-        path = rms_norm_plan(tmp_path, hidden=[64], name=f"{name}.yaml", benchmark={"decode": [4]},
-                             op={"name": name, "args": {**rms_norm_args(), "eps": eps}})
-        loaded = load_plan(path)
-        return run_benchmark(BenchTask(loaded, bench_specs(loaded, "cpu")[0])).record
-
-    monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
-    first, second, other_eps = plan("first"), plan("second"), plan("other_eps", 1.0e-5)
-    for name in ("native", "compiled"):
-        assert first.impls[name].timed and first.impls[name].timed_in is None
-        assert second.impls[name].timed_in == f"first decode-fp32-eager-cpu-t4-hidden64 {name}"
-        assert (second.impls[name].median_us, second.impls[name].samples) == \
-            (first.impls[name].median_us, first.impls[name].samples)
-        assert second.impls[name].differs is None  # still checked, against its own plan's reference
-        assert other_eps.impls[name].timed and other_eps.impls[name].timed_in is None
-    assert performance.shared_note([second]).startswith("; 2 of 2 timings taken from first in the same run")
-    assert performance.shared_note([first]) == ""
-    monkeypatch.delenv(timing_share.SHARE_ENV)
-    assert plan("third").impls["native"].timed_in is None
-
-
-def test_a_shared_timing_is_keyed_by_what_is_called_and_on_what(tmp_path, monkeypatch):
-    """The key: the function and the source file it is in, the arguments (dtype, shape, strides, values) of the first
-    and last rotated set as built and how many sets there are, the graph mode."""
-    monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path))
-    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}))
-    spec = bench_specs(plan, "cpu")[0]
-    sets = input_sets(plan, spec, "cpu", 3)
-
-    def key(name="native", mode="eager", values=sets, count=3):
-        return timing_share.timing_key(plan, name, mode, timing_share.built_inputs(values), count)
-
-    assert key() == key(values=input_sets(plan, spec, "cpu", 3))  # built again: the same inputs
-    assert key() != key("compiled") and key() != key(mode="cuda_graph")
-    assert key() != key(count=2)  # fewer sets: a warmer L2
-    changed = [dict(s) for s in sets]
-    changed[-1]["x"] = changed[-1]["x"] * 2
-    assert key() != key(values=changed)
-    strided = [dict(s) for s in sets]
-    strided[0]["x"] = torch.empty(4, 128)[:, :64].copy_(sets[0]["x"])
-    assert key() != key(values=strided)
-    assert key("liger") is None  # no such baseline: nothing to share it by
-    monkeypatch.delenv(timing_share.SHARE_ENV)
-    assert key() is None
-
-
-def test_an_implementation_after_an_in_place_one_shares_by_the_inputs_as_built(tmp_path, monkeypatch):
-    """A baseline that writes into the item's inputs (here `out`) before the next one is timed does not change what
-    the next one is keyed by: the inputs are taken as built, so a plan without it still shares that timing (on a GPU,
-    vLLM's in-place fused add + RMSNorm after the bundled kernel had written its inputs)."""
-    monkeypatch.setenv(timing_share.SHARE_ENV, str(tmp_path / "shared"))
-    records = []
-    for name, named in (("writes_first", [{"scaled": "tests.baselines:rms_norm_off_by_a_tenth"},
-                                          {"into": "tests.baselines:rms_norm_into"}]),
-                        ("into_only", [{"into": "tests.baselines:rms_norm_into"}])):
-        plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], name=f"{name}.yaml", op={"name": name},
-                                       benchmark={"decode": [4], "baselines": named}))
-        records.append(run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record)
-    assert records[0].impls["into"].timed and records[0].impls["into"].timed_in is None
-    assert records[1].impls["into"].timed_in == "writes_first decode-fp32-eager-cpu-t4-hidden64 into"
-
-
-@pytest.mark.parametrize("bundled, vllms", [
-    ("plan.yaml", "kernels/plans/vllm_rms_norm.yaml"),
-    ("kernels/plans/silu_and_mul.yaml", "kernels/plans/vllm_silu_and_mul.yaml"),
-])
-def test_vllms_own_plans_time_what_the_bundled_plans_time_as_baselines(bundled, vllms, monkeypatch):
-    """Why the nightly shares timings: vLLM's plan's kernel is the bundled plan's `vllm` baseline, and their
-    native and compiled baselines are the same calls on the same inputs, at every benchmark shape."""
-    monkeypatch.setenv(timing_share.SHARE_ENV, "unused")
-    ours, theirs = load_plan(ROOT / bundled), load_plan(ROOT / vllms)
-    specs = [s for s in bench_specs(ours, "cpu") if s.num_tokens <= 8][:4]
-    assert specs
-    for spec in specs:
-        mine = timing_share.built_inputs(input_sets(ours, spec, "cpu", 2))
-        other = timing_share.built_inputs(input_sets(theirs, dataclasses.replace(spec, named=()), "cpu", 2))
-        for name, their_name in (("vllm", "kernel"), ("native", "native"), ("compiled", "compiled")):
-            assert timing_share.timing_key(ours, name, spec.graph_mode, mine, 2) == \
-                timing_share.timing_key(theirs, their_name, spec.graph_mode, other, 2), (spec.id, name)
-        assert timing_share.timing_key(ours, "kernel", spec.graph_mode, mine, 2) != \
-            timing_share.timing_key(theirs, "kernel", spec.graph_mode, other, 2)

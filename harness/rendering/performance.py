@@ -171,8 +171,7 @@ def _bench_table(res: Merged, items: list) -> list[str]:
     timers = sorted({md(r.timer) for r in recs if r.timer})
     note = (f"{'; '.join(fixed)}; copy bandwidth measured: {', '.join(copy)} GB/s"
             + (f" (read bandwidth: {', '.join(read)} GB/s)" if read else "")
-            + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs)
-            + shared_note(recs))
+            + bound_note(recs) + (f"; timer: {', '.join(timers)}" if timers else "") + l2_note(recs))
     headers = ["tokens", *symbols, *[a.replace("_", " ") for a in varying], *impls, *(f"vs {b}" for b in compared),
                *(["checks"] if any(other_checks.values()) else [])]
     return [note, "", table(rows, headers)]
@@ -189,17 +188,6 @@ def bound_note(recs: list[BenchRecord]) -> str:
         text += (f"; no bound recorded for {len(recs) - len(bounded)} of {len(recs)} items (timed before bounds were "
                  "measured, or on a CPU machine, which measures none): their % of bound is unknown")
     return text
-
-
-def shared_note(recs: list[BenchRecord]) -> str:
-    """How many figures are another plan's timing of the same call on the same inputs in the same run."""
-    shared = [impl.timed_in for r in recs for impl in r.impls.values() if impl.timed_in]
-    if not shared:
-        return ""
-    timed = sum(1 for r in recs for impl in r.impls.values() if median(impl) is not None)
-    ops = sorted({origin.split()[0] for origin in shared})
-    return (f"; {len(shared)} of {timed} timings taken from {', '.join(md(o) for o in ops)} "
-            "in the same run (the same call on the same inputs; each checked against this plan's reference)")
 
 
 def l2_note(recs: list[BenchRecord]) -> str:

@@ -188,9 +188,6 @@ class ImplFigures:
     differs: str | None = None  # a baseline whose outputs differ from the reference after timing (timing kept)
     broken: str | None = None  # a baseline timed faster than its bound: a broken timing, not used for decisions
     not_run: str | None = None
-    # "<op> <item> <implementation>": another plan of the same run timed this same call on the same inputs, and
-    # these are its samples (harness.runtime.timing_share); the check against this plan's reference is this one's.
-    timed_in: str | None = None
 
     @property
     def timed(self) -> bool:

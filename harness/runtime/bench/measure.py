@@ -42,7 +42,6 @@ from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
     read_bandwidth_gbps, rotation_count, tensor_peak_tflops, time_calls, working_set_bytes
-from harness.runtime.timing_share import built_inputs, share_timing, shared_timing, timing_key
 from harness.runtime.bench.implementations import Prepared, implementations, input_sets, timed_functions
 from harness.runtime.bench.models import bytes_moved, flops_done
 from harness.runtime.bench.records import base_record
@@ -76,14 +75,10 @@ class CheckInputs:
         return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
 
 
-def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs,
-          warmed: bool = True) -> str | None:
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
     """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
-    judged as a numerics cell judges it (the same tolerance and fp64 tie-break). `warmed`: the call already ran
-    outside a capture (its timing loop compiled, autotuned and initialised it), else it runs once before one."""
-    if spec.graph_mode == "cuda_graph" and not warmed:  # its timing was another plan's (timing_share)
-        run, arg = call.timed([inputs.fresh()]) if isinstance(call, Prepared) else (call, [inputs.fresh()])
-        run(arg[0])
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break). The call already ran outside a
+    capture (its timing loop compiled, autotuned and initialised it)."""
     values = inputs.fresh()
     run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
     actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])
@@ -182,24 +177,17 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
     returned = sum(t.numel() * t.element_size() for k, t in inputs.expected.items() if not plan.has_arg(k))
     nbytes = bytes_moved(plan, spec.dtype, spec.num_tokens, sizes, returned, sets[0])
     measure_bounds(rec, device, graph, nbytes, flops)
-    built = built_inputs(sets)  # None unless this run shares timings between plans
     for name, call in implementations(plan, device, spec).items():
         if isinstance(call, str):
             rec.impls[name] = ImplFigures(not_run=call)
             continue
         timed_sets = sets
-        shared_key = timing_key(plan, name, spec.graph_mode, built, len(sets))
-        shared = shared_timing(shared_key)
         try:
             # A prepared baseline's inputs are mapped before its timing loop (dequantized, prepacked), outside it.
-            if shared:
-                timing = shared.timing
-            else:
-                timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
-                timing = time_calls(timed, timed_sets, device, graph)
+            timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
+            timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
-            mismatch = check(plan, spec, call, inputs, warmed=not shared) \
-                if name != "native" or graph or plan.native else None
+            mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
@@ -212,17 +200,11 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
         finally:
             del timed_sets
         key = (str(plan.path), name, spec.phase, spec.dtype, spec.num_tokens, spec.sizes)
-        if shared:
-            _launches[key] = shared.launches
-        elif device == "cuda" and key not in _launches:
+        if device == "cuda" and key not in _launches:
             run, first = call.timed(sets[:1]) if isinstance(call, Prepared) else (call, sets[:1])
             _launches[key] = count_launches(run, first[0])
         launches = _launches.get(key)
         rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches, rec.bound_us)
-        if shared:
-            rec.impls[name].timed_in = shared.origin
-        else:
-            share_timing(shared_key, timing, launches, f"{plan.name} {spec.id} {name}")
         rec.timer = timing.timer
         outcome.timings[name] = timing
         too_fast = broken_timing(rec, rec.impls[name])
