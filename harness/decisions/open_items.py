@@ -19,7 +19,7 @@ from harness.spec.status import Status
 
 # In the page's order.
 OpenItemKind = Literal[
-    "results file", "stale records", "vLLM's failures", "failed", "unexpected pass", "SM without results", "not run",
+    "results file", "stale records", "failed", "unexpected pass", "SM without results", "not run",
     "no result", "expected failure", "excluded", "implementation error", "differs", "broken timing", "stale baseline",
     "check the baseline", "far from the limit", "no benchmarks", "undecided"]
 
@@ -49,9 +49,7 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
         if mine:
             bench = " --bench" if any(isinstance(r, BenchRecord) for r in mine) else ""
             items.append(OpenItem("stale records", where=sm, records=mine, command=f"{run} --cells all{bench}"))
-    if plan.vllm_kernel and failed:  # vLLM's kernel is not ours to fix: its failures are findings
-        items.append(OpenItem("vLLM's failures", cells=tuple(failed)))
-    for reason, cells in [] if plan.vllm_kernel else by_reason(res, failed):
+    for reason, cells in by_reason(res, failed):
         items.append(OpenItem("failed", why=reason, cells=tuple(cells)))
     for c in res.cells_with(Status.XPASS):
         items.append(OpenItem("unexpected pass", why=res.records[c.id].expectation or "", cells=(c,)))

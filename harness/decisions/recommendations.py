@@ -55,8 +55,8 @@ def _use(choice: str) -> str:
     return {ENABLE: "kernel", KEEP_VLLM: "vllm"}.get(choice, "native")
 
 
-def recommendations(res: Merged) -> list[Recommendation]:
-    """One decision per SM × dtype × regime × profile with benchmarks, in plan order."""
+def _groups(res: Merged) -> list[tuple[str, str, str, list]]:
+    """The plan's usable benchmark records by (SM, dtype, regime), in plan order."""
     plan = res.plan
     dtypes = list(plan.matrix["dtype"])
     groups = defaultdict(list)
@@ -64,10 +64,37 @@ def recommendations(res: Merged) -> list[Recommendation]:
         rec = usable(plan, raw)  # stale baselines and timings faster than their bound left out, with why
         dtype_key = (dtypes.index(rec.dtype), "") if rec.dtype in dtypes else (len(dtypes), str(rec.dtype))
         groups[(plan.matrix["sm"].index(rec.sm), dtype_key, REGIMES.index(regime(rec.phase)))].append(rec)
+    return [(plan.matrix["sm"][si], recs[0].dtype, REGIMES[ri], recs) for (si, _, ri), recs in sorted(groups.items())]
+
+
+def recommendations(res: Merged) -> list[Recommendation]:
+    """One decision per SM × dtype × regime × profile with benchmarks, in plan order."""
+    return [_decide(res, sm, dtype, reg, profile, baseline, recs)
+            for sm, dtype, reg, recs in _groups(res) for profile, baseline in VLLM_PROFILES]
+
+
+def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
+    """vLLM's own kernel for the op (the plan's `vllm` baseline) decided as a kernel is, per SM × dtype × regime ×
+    profile: enabled where it is faster than the profile's baseline at every shape both were timed, else the
+    profile's fallback. Seed 002's question: should vLLM turn its kernel on by default there (harness.spec.
+    vllm_defaults says whether it does)."""
     out = []
-    for (si, _, ri), recs in sorted(groups.items()):
+    for sm, dtype, reg, recs in _groups(res):
+        if sm == "cpu":  # a CPU machine's timings are not a measure of speed
+            continue
+        gpus = ", ".join(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
         for profile, baseline in VLLM_PROFILES:
-            out.append(_decide(res, plan.matrix["sm"][si], recs[0].dtype, REGIMES[ri], profile, baseline, recs))
+            pairs = [r for r in recs if valid(r.impls.get("vllm")) and valid(r.impls.get(baseline))]
+            speed = interval(spread(r.impls[baseline], r.impls["vllm"]) for r in pairs)
+            if speed is None:
+                why = f"vllm and {baseline} not both timed: {first_line(why_untimed(recs[0].impls.get('vllm')), 120)}"
+                out.append(Recommendation(sm, dtype, reg, profile, "", why, baseline, gpu=gpus))
+                continue
+            at = f"at all {speed.shapes} shapes" if speed.shapes > 1 else "at the one shape"
+            choice = ENABLE if speed.wholly_faster else FALLBACK[baseline]
+            why = f"faster than {baseline} {at}" if speed.wholly_faster else \
+                f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes"
+            out.append(Recommendation(sm, dtype, reg, profile, choice, why, baseline, speed, gpu=gpus))
     return out
 
 
@@ -82,7 +109,7 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
 
     def made(choice: str, why: str, speedup=None, others=(), timed=(), setting=None) -> Recommendation:
         # a named baseline's setting is the plan's words for a deployment, not one of vLLM's layer settings
-        default = bool(choice) and setting is None and is_vllm_default(inductor, _use(choice), plan, sm)
+        default = bool(choice) and setting is None and is_vllm_default(inductor, _use(choice))
         if setting is None:
             setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
         far = _far_from_limit(timed) if choice == ENABLE else ""
@@ -90,8 +117,8 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
                               default, ", ".join(gpus), sizes, _check_baseline(timed), far, stale_text)
 
     if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
-        return made("", "a CPU machine's benchmarks do not time the kernel" if plan.vllm_kernel else
-                        "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of speed")
+        return made("", "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of "
+                        "speed")
     failed = [r for r in recs if r.impls.get("kernel") is not None and r.impls["kernel"].error]
     if failed:
         return made("", f"the kernel failed at {len(failed)} of {len(recs)} shapes: "

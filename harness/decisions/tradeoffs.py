@@ -12,9 +12,9 @@ from harness.spec.vllm_ops import plugin_route
 
 # In the page's order: "opaque" (torch.compile cannot fuse across the op), "fusion" (Inductor may fuse the native
 # ops too), "graph padding", "TP-trivial", "sharded", the route the plugin takes ("ir", "custom_op", "quantization") or
-# "unproven route", and "CPU build of vLLM's kernel" or "CPU interpreter" (capped token counts).
+# "unproven route", and "CPU interpreter" (capped token counts).
 TradeOffKind = Literal["opaque", "fusion", "graph padding", "TP-trivial", "sharded", "ir", "custom_op", "quantization",
-                       "unproven route", "CPU build of vLLM's kernel", "CPU interpreter"]
+                       "unproven route", "CPU interpreter"]
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,10 @@ def tradeoffs(res: Merged) -> list[TradeOff]:
     if max(plan.matrix["tp"]) > 1:
         out.append(TradeOff("TP-trivial" if plan.tp.kind == "trivial" else "sharded"))
     route = plugin_route(plan)
-    if plan.vllm_kernel:
-        pass  # vLLM's own kernel: no route into vLLM to weigh
-    elif route in ("ir", "custom_op", "quantization"):
+    if route in ("ir", "custom_op", "quantization"):
         out.append(TradeOff(route))
     elif plan.vllm.route:
         out.append(TradeOff("unproven route"))
     if any(c.sm == "cpu" and c.id in res.records and res.records[c.id].facts.get("token_cap") for c in res.cells):
-        out.append(TradeOff("CPU build of vLLM's kernel" if plan.vllm_kernel else "CPU interpreter"))
+        out.append(TradeOff("CPU interpreter"))
     return out

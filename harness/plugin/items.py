@@ -356,8 +356,8 @@ FUSION_TIMEOUT_S = 600.0  # two Inductor compiles of a few layers, and vLLM's im
 
 
 def names_vllm_op(plan: Plan) -> bool:
-    """The plans the route items are collected for: a `vllm:` section naming a layer or op, not vLLM's own kernel."""
-    return bool(plan.vllm.layer or plan.vllm.ir_op or plan.vllm.custom_op) and not plan.vllm_kernel
+    """The plans the route items are collected for: a `vllm:` section naming a layer or op."""
+    return bool(plan.vllm.layer or plan.vllm.ir_op or plan.vllm.custom_op)
 
 
 def vllm_run_items(parent, plan: Plan, sm: str):

@@ -19,7 +19,6 @@ from harness.results.merge import Merged
 from harness.spec.plan import Plan
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, provider_name
-from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
 def tradeoffs_section(plan: Plan, tradeoffs: list[TradeOff]) -> str:
@@ -29,10 +28,9 @@ def tradeoffs_section(plan: Plan, tradeoffs: list[TradeOff]) -> str:
 def tradeoff_text(plan: Plan, t: TradeOff) -> str:
     match t.kind:
         case "opaque":
-            opaque = VLLM_KERNELS[plan.vllm_kernel].call if plan.vllm_kernel else custom_op_name(plan)
-            return (f"Opaque custom op: torch.compile cannot fuse across {code(opaque)} (neighbouring elementwise ops, "
-                    "a following quantization) as it fuses forward_native; the op must beat the compiled reference "
-                    "on its own.")
+            return (f"Opaque custom op: torch.compile cannot fuse across {code(custom_op_name(plan))} (neighbouring "
+                    "elementwise ops, a following quantization) as it fuses forward_native; the op must beat the "
+                    "compiled reference on its own.")
         case "fusion":
             return ("Fusion fixed in the kernel: Inductor may already fuse the unfused native ops; the `compiled` "
                     "baseline says whether the hand fusion still wins.")
@@ -59,9 +57,6 @@ def tradeoff_text(plan: Plan, t: TradeOff) -> str:
             return (f"Route {code(plan.vllm.route)}, {ROUTE_KINDS[plan.vllm.route].words}: the route this kind of op "
                     "takes into vLLM, not proven here; until an integration item proves it, the kernel's numerics "
                     "and speed are all this page shows.")
-        case "CPU build of vLLM's kernel":
-            return ("CPU results run vLLM's CPU build of the kernel, with capped token counts: they say what that "
-                    "build accepts, not what its GPU build does, and not at the largest shapes.")
         case "CPU interpreter":
             return ("CPU results run the kernel in Triton's interpreter with capped token counts: they check "
                     "numerics, not speed, and not the largest shapes.")
@@ -82,16 +77,13 @@ def open_item_text(plan: Plan, item: OpenItem) -> str:
             return f"Fix or remove a results file: {what}"
         case "stale records":
             return f"Re-run on {item.where} what other checks made ({n_records(item.records)}, stale): {command}"
-        case "vLLM's failures":
-            return (f"For a replacement: accept or refuse (`op.contract`) the inputs vLLM's kernel fails on in {n} "
-                    "(What vLLM's kernel accepts)")
         case "failed":
             return f"Fix {cells}: {why}"
         case "unexpected pass":
             return (f"{code(item.cells[0].id)} passes although the plan expects a failure: drop or narrow the "
                     f"expectation ({md(item.why or NO_RESULT)})")
         case "SM without results":
-            where = " and vLLM's kernels (an installed vLLM, or --vllm-ops-library)" if plan.vllm_kernel else ""
+            where = " and vLLM's kernels (an installed vLLM, or --vllm-ops-library)" if plan.providers else ""
             return f"Run on {item.where}: {command} on a machine with {item.where}{where} ({n})"
         case "not run":
             return f"Run {cells} ({n}): not run because {why}"

@@ -10,12 +10,11 @@ from harness.decisions.reasons import n_cells
 from harness.decisions.verdicts import SmVerdict, Verdict, grouped_verdicts
 from harness.rendering.markdown import code, fmt, md, table
 from harness.rendering.plan_words import INTENTS, capture_sizes, contract_text, quantization_text, rule_text, \
-    tp_answer, vllm_answer
+    provider_words, tp_answer, vllm_answer
 from harness.results.merge import Merged
 from harness.spec.plan import Plan
 from harness.spec.status import RAN
 from harness.spec.tolerances import tolerance_source
-from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
 def header(res: Merged, v: Verdict, per_sm: list[SmVerdict]) -> str:
@@ -72,15 +71,14 @@ def problem_breakdown(plan: Plan) -> str:
     lines.append(f"- **Kernel:** {code(signature)} from {code(plan.kernel)}; {'; '.join(effect) or 'no outputs'}.")
     lines.append(f"- **Reference:** {code(plan.reference)} (PyTorch eager; the numerics every cell is checked "
                  "against).")
-    if plan.vllm_kernel:
-        kernel = VLLM_KERNELS[plan.vllm_kernel]
-        lines.append(f"- **vLLM's own kernel:** {code(kernel.call)}, {code(kernel.schema)} (as vLLM 0.26.0 registers "
-                     "it), called with the plan's arguments in order: the contract a replacement must match or beat.")
-    elif plan.replaces:
+    if plan.replaces:
         lines.append(f"- **Replaces:** {code(plan.replaces)} ({md(INTENTS[plan.intent])}).")
     else:
         lines.append(f"- **Replaces:** nothing in vLLM ({md(INTENTS[plan.intent])}).")
     lines.append(f"- **Target phases:** {md(phases)}.")
+    for provider in plan.providers:  # what else runs through the cells (harness.rendering.support: what it accepts)
+        lines.append(f"- **Through the same cells:** {provider_words(plan, provider)}: its page section says what it "
+                     "accepts, which the kernel is read against.")
     return "\n".join(lines)
 
 

@@ -1,6 +1,7 @@
-"""The cross-op page's table "vLLM's defaults, as measured here": per plan whose kernel is vLLM's own, per SM and
-vLLM profile, what vLLM does with its kernel by default on that platform (harness.spec.vllm_defaults, with the
-file and symbol it comes from) beside what the benchmarks decide, and where the two disagree. Seed 002's question:
+"""The cross-op page's table "vLLM's defaults, as measured here": per op whose plan times vLLM's own kernel (its
+`vllm` baseline), per SM and vLLM profile, what vLLM does with its kernel by default on that platform
+(harness.spec.vllm_defaults, with the file and symbol it comes from) beside what the benchmarks decide for it
+(harness.decisions.recommendations.vllm_kernel_recommendations), and where the two disagree. Seed 002's question:
 should vLLM's own custom op be on by default, per platform and profile.
 
 Also the per-regime summary of a row of decisions that the page's main table shares (`regime_summary`)."""
@@ -12,7 +13,8 @@ from harness.decisions.speedups import REGIMES
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.results.merge import Merged
 from harness.spec.vllm_defaults import SWITCHES, default_value, switch_setting, vllm_default
-from harness.spec.vllm_schemas import VLLM_KERNELS
+from harness.spec.plan import Plan
+from harness.spec.vllm_ops import vllm_kernel_for
 
 ON, OFF = "on", "off"  # vLLM's kernel turned on or off, the words of this table
 
@@ -46,22 +48,30 @@ def _on_off(r: Recommendation) -> str:
     return ON if r.choice == ENABLE else OFF
 
 
+def has_switch(plan: Plan) -> bool:
+    """Whether the plan times vLLM's own kernel for the op, and harness.spec.vllm_defaults knows its switch."""
+    kernel = vllm_kernel_for(plan)
+    return "vllm" in plan.benchmark.baselines and kernel is not None and kernel.in_tree in SWITCHES
+
+
 def defaults_rows(res: Merged, recs: list[Recommendation]) -> list[list[str]]:
-    """One row per SM × profile of a plan whose kernel is vLLM's own."""
+    """One row per SM with results × profile of a plan timing vLLM's own kernel; `recs`: the decisions for that
+    kernel."""
     plan = res.plan
-    kernel = VLLM_KERNELS[plan.vllm_kernel]
+    kernel = vllm_kernel_for(plan)
+    name = kernel.in_tree
     rows = []
-    for sm in plan.matrix["sm"]:
+    for sm in res.sources:
         for profile, _ in VLLM_PROFILES:
-            default = vllm_default(plan.vllm_kernel, sm, profile)
+            default = vllm_default(name, sm, profile)
             mine = [r for r in recs if r.sm == sm and r.profile == profile]
             if default is None:
                 shown_default, source = "not in harness.spec.vllm_defaults", NO_RESULT
             else:
-                shown_default = f"**{ON if default.on else OFF}** ({md(default_value(plan.vllm_kernel, default))})"
+                shown_default = f"**{ON if default.on else OFF}** ({md(default_value(name, default))})"
                 source = code(default.source)
             if not mine and sm == "cpu":  # harness.runtime.bench times no kernel on a CPU machine
-                measured = "not measured: a CPU machine's benchmarks do not time the kernel"
+                measured = "not measured: a CPU machine's timings are not a measure of speed"
             elif not mine:
                 measured = f"no benchmarks from this SM yet: {code(f'pytest --plan {res.plan_display()} --bench')}"
             else:
@@ -76,12 +86,13 @@ def switch_rows(res: Merged) -> list[list[str]]:
     """The kernel's switch, stated once per plan: what vLLM runs it for, the settings that turn it on and off,
     and what else turns it on."""
     plan = res.plan
-    switch = SWITCHES[plan.vllm_kernel]
-    on, off = (code(switch_setting(plan.vllm_kernel, state, inductor=True)) for state in (True, False))
-    without_inductor = switch_setting(plan.vllm_kernel, True, inductor=False)
+    kernel = vllm_kernel_for(plan)
+    switch = SWITCHES[kernel.in_tree]
+    on, off = (code(switch_setting(kernel.in_tree, state, inductor=True)) for state in (True, False))
+    without_inductor = switch_setting(kernel.in_tree, True, inductor=False)
     if not without_inductor.startswith("--"):  # a fusion pass: nothing turns it on without Inductor
         on += f" with Inductor; without it {md(without_inductor)}"
-    return [[code(VLLM_KERNELS[plan.vllm_kernel].call), md(switch.runs_for), on, off, md(switch.note or NO_RESULT),
+    return [[code(kernel.call), md(switch.runs_for), on, off, md(switch.note or NO_RESULT),
              f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"]]
 
 
@@ -101,9 +112,9 @@ def defaults_section(rows: list[list[str]], switches: list[list[str]]) -> list[s
     if not rows:
         return []
     return ["", "## vLLM's defaults, as measured here", "",
-            "Per plan whose kernel is vLLM's own (`kernel: vllm:<name>`), SM and vLLM profile: whether vLLM turns its "
-            "kernel on by default on that platform (what the default amounts to, and the file and symbol of vLLM "
-            "0.32 it comes from: harness.spec.vllm_defaults), beside the decision its benchmarks give (on: faster "
+            "Per op whose plan times vLLM's own kernel (its `vllm` baseline), SM and vLLM profile: whether vLLM "
+            "turns its kernel on by default on that platform (what the default amounts to, and the file and symbol of "
+            "vLLM 0.32 it comes from: harness.spec.vllm_defaults), beside the decision its benchmarks give (on: faster "
             "than the profile's baseline, Inductor's code or native eager, at every shape of the regime; rules: "
             "docs/report.md), and whether they agree.", "",
             *table(rows, ["vLLM's kernel", "SM", "vLLM profile", "vLLM's default", "from", "measured here",

@@ -14,17 +14,11 @@ from harness.spec.plan import Plan
 from harness.spec.status import Status
 from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, route_lacking, unsupported
-from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
 CUDA_GRAPH_BOX = "CUDA graph: captured at the capture sizes, replayed (full for decode, piecewise for prefill)"
 
 def design(plan: Plan, integration: dict | None = None) -> str:
-    if plan.vllm_kernel:
-        return "\n".join(["## High-level design", "",
-                          f"Nothing plugs into vLLM: {code(VLLM_KERNELS[plan.vllm_kernel].call)} is the kernel vLLM's "
-                          "own layer calls (forward_cuda, or forward_cpu on a CPU). This plan measures it the way a "
-                          "replacement is measured, so a replacement's plan can be read against this page."])
     op = custom_op_name(plan)
     layer = layer_path(plan)
     layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"

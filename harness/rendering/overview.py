@@ -3,8 +3,9 @@
 Built from the same plans, merged results and decisions as each op's PLAN.md (harness.results.merge,
 harness.decisions), so the two cannot disagree: every row holds the decisions an op's page shows for one SM and
 profile, per regime and dtype with the speedup interval, and the vLLM setting that applies them; the models the
-benchmarked sizes come from (the plan's `benchmark.models`) are stated once per op, and the plans of vLLM's own
-kernels get their defaults decided (harness.rendering.defaults). The same plans and results give a byte-identical
+benchmarked sizes come from (the plan's `benchmark.models`) are stated once per op, and vLLM's own kernel for an op
+(its `vllm` baseline, its `vllm` provider) gets its default decided and what it accepts summed up
+(harness.rendering.defaults). The same plans and results give a byte-identical
 page: ops are sorted by name, and the page carries no dates.
 Plain Python, like the report: no torch, no pytest.
 """
@@ -15,16 +16,17 @@ import os
 from pathlib import Path
 
 from harness.decisions.reasons import by_reason, first_line
-from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, recommendations
+from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, recommendations, \
+    vllm_kernel_recommendations
 from harness.decisions.speedups import REGIMES
 from harness.decisions.verdicts import sm_verdicts, verdict
-from harness.rendering.defaults import defaults_rows, defaults_section, regime_summary, switch_rows
+from harness.rendering.defaults import defaults_rows, defaults_section, has_switch, regime_summary, switch_rows
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.rendering.performance import setting_text
 from harness.results.merge import collect
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_schemas import VLLM_KERNELS
+from harness.spec.vllm_ops import vllm_kernel_for
 
 PAGE = "README.md"
 
@@ -75,11 +77,11 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
         shown_plans.append(res.plan_display())
         problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
         recs = recommendations(res)
-        if plan.vllm_kernel:  # vLLM's own kernel: what it accepts, and its measured default
+        if "vllm" in plan.providers:  # vLLM's own kernel through the op's cells: what it accepts
             vllm_rows += _accepts_rows(plan, res)
-            default_rows += defaults_rows(res, recs)
+        if has_switch(plan):  # vLLM's own kernel timed as the op's vllm baseline: its measured default
+            default_rows += defaults_rows(res, vllm_kernel_recommendations(res))
             switches += switch_rows(res)
-            continue
         per_sm = sm_verdicts(res, recs)
         link = f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
         verdict_rows.append([code(plan.name), md(plan.intent), md(verdict(res, recs, per_sm).word),
@@ -121,20 +123,21 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
     lines += defaults_section(default_rows, switches)
     if vllm_rows:
         lines += ["", "## vLLM's kernels: what they accept", "",
-                  "Plans whose kernel is vLLM's own (`op.kernel: vllm:<name>`): the contract a replacement must match "
-                  "or beat. Their decisions are the defaults table above; each page's \"What vLLM's kernel "
-                  "accepts\" has the inputs that passed and every failure with its minimal input.", "",
-                  table(vllm_rows, ["plan", "vLLM's kernel", "SM", "cells passed", "failed", "not run",
+                  "vLLM's own kernel for an op, run through the op's cells (`providers: [vllm]`): the contract a "
+                  "replacement must match or beat. Each op's page, \"What vLLM's kernel accepts\", has the inputs "
+                  "that passed and every failure with its minimal input.", "",
+                  table(vllm_rows, ["op", "vLLM's kernel", "SM", "cells passed", "failed", "not run",
                                     "most common failure", "page"])]
     return "\n".join(lines) + "\n", problems
 
 
 def _accepts_rows(plan: Plan, res) -> list[list[str]]:
-    """One row per SM with results (one row saying so where none has any) for a plan testing vLLM's own kernel."""
-    kernel, link = VLLM_KERNELS[plan.vllm_kernel], f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
+    """One row per SM with results (one row saying so where none has any) for vLLM's own kernel through the op's
+    cells."""
+    kernel, link = vllm_kernel_for(plan), f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
     rows = []
     for sm in res.covered:
-        cells = [c for c in res.cells if c.sm == sm]
+        cells = [c for c in res.provider_cells("vllm") if c.sm == sm]
         count = {s: sum(1 for c in cells if res.status(c) in s) for s in
                  ((Status.PASSED, Status.XPASS), (Status.FAILED, Status.XFAIL), (Status.NOT_RUN,))}
         failed = [c for c in cells if res.status(c) in (Status.FAILED, Status.XFAIL)]

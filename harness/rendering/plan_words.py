@@ -12,8 +12,8 @@ from harness.spec.matrix import Cell
 from harness.spec.plan import Plan
 from harness.spec.vocabulary import AXES
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
-from harness.spec.vllm_schemas import VLLM_KERNELS
+from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported, \
+    vllm_kernel_for
 
 INTENTS = {
     "drop-in": "drop-in replacement: the numerics of the op it replaces, faster",
@@ -34,6 +34,15 @@ def layer_path(plan: Plan) -> str | None:
 def layer_class(plan: Plan) -> str:
     path = layer_path(plan)
     return path.split(":")[-1].split(".")[-1] if path else "the model layer"
+
+
+def provider_words(plan: Plan, provider: str) -> str:
+    """A provider of the plan (`providers`) as a page names it: vLLM's kernel with its schema, or a named baseline
+    with its import path."""
+    if provider == "vllm":
+        kernel = vllm_kernel_for(plan)
+        return f"vLLM's own kernel {code(kernel.call)}, {code(kernel.schema)} (as vLLM 0.26.0 registers it)"
+    return f"the named baseline {md(provider)}, {code(dict(plan.benchmark.named)[provider])}"
 
 
 def capture_sizes(plan: Plan) -> list[int]:
@@ -96,9 +105,7 @@ def route_words(plan: Plan) -> str:
 
 def route_proof(plan: Plan, integration: dict | None) -> str:
     """Whether the route was proven: on which vLLM, by how many integration items (calls counted, outputs compared),
-    or why not; "" for a kernel that is vLLM's own."""
-    if plan.vllm_kernel:
-        return ""
+    or why not."""
     why = unsupported(plan)
     if why:
         return f"not proven here: {md(why)}"
@@ -123,8 +130,6 @@ def route_proof(plan: Plan, integration: dict | None) -> str:
 
 
 def vllm_answer(plan: Plan, integration: dict | None = None) -> str:
-    if plan.vllm_kernel:
-        return f"none: the kernel is vLLM's own {code(VLLM_KERNELS[plan.vllm_kernel].call)}, in vLLM already"
     lacking = route_lacking(plan, integration)
     if lacking:  # name nothing of a route that vLLM lacks, beyond what its item says is missing
         return f"{md(plan.vllm.target)}; the plan's route {code(plan.vllm.route)} does not exist there: {md(lacking)}"

@@ -33,9 +33,6 @@ def custom_op_source(plan: Plan, op_fn: str | None = None, kernel_fn: str | None
         f"tuple[{', '.join(['torch.Tensor'] * len(returns))}]"
     imp = f"from {module} import {attr} as {kernel_fn}" if "." not in attr else \
         f"import {module}\n{kernel_fn} = {module}.{attr}"
-    if plan.vllm_kernel:  # vLLM's compiled kernel (harness.runtime.vllm_kernels loads it), called with the plan's order
-        plain = ", ".join(a.name for a in plan.args)
-        imp = f"def {kernel_fn}({plain}):  # vLLM's own kernel\n    torch.ops._C.{plan.vllm_kernel}({plain})"
     lines = ["import torch", "", imp, "", ""] if imports else []
     lines += [
         "@torch.library.custom_op(",

@@ -34,7 +34,8 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
     recs = recommendations(res)
     per_sm = sm_verdicts(res, recs)
     v = verdict(res, recs, per_sm)
-    accepted = accepted_inputs(res)
+    # What the kernel accepts, where the cells recorded it, then what each provider accepts (its cells' findings)
+    accepted = [a for a in (accepted_inputs(res), *(accepted_inputs(res, p) for p in plan.providers)) if a]
     sections = [
         header(res, v, per_sm),
         problem_breakdown(plan),
@@ -43,7 +44,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         interfaces(plan, res.integration),
         critical_path(plan),
         support_matrix(res),
-        *([accepted] if accepted else []),  # what the kernel accepts, where the cells recorded it
+        *accepted,
         *[s for s in (fusion_section(res), engine_section(res)) if s],  # vLLM's fusion pass, a running engine
         performance(res, op_dir, recs),
         tradeoffs_section(res.plan, tradeoffs(res)),

@@ -4,16 +4,17 @@ failure with its minimal input)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import defaultdict
 
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
 from harness.rendering.markdown import LEGEND, MARKS, NO_RESULT, code, fmt, md, table
-from harness.rendering.plan_words import axis_value, describe
+from harness.rendering.plan_words import axis_value, describe, provider_words
 from harness.results.merge import Merged
 from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen
 from harness.spec.matrix import Cell
 from harness.spec.status import RAN, Status
-from harness.spec.vllm_schemas import VLLM_KERNELS
 
 
 def mark_status(res: Merged, cell: Cell) -> Status | None:
@@ -175,21 +176,24 @@ def _seen_layouts(seen: InputsSeen) -> str:
     return "; ".join(parts) or NO_RESULT
 
 
-def accepted_inputs(res: Merged) -> str:
-    """What the kernel accepted, per SM: the inputs of the examples that passed (each cell records them), the dtypes,
-    graph modes and TP sizes of the cells that passed, then each failure with its minimal input. Titled for vLLM's own
-    kernel (`op.kernel: vllm:<name>`), whose acceptances a replacement must match; "" for other kernels until a cell
-    has recorded its inputs."""
+def accepted_inputs(res: Merged, provider: str = "") -> str:
+    """What the kernel, or a provider of the plan (`providers`), accepted, per SM: the inputs of the examples that
+    passed (each cell records them), the dtypes, graph modes and TP sizes of the cells that passed, then each failure
+    with its minimal input. A provider's section says what a replacement must accept too; the kernel's is "" until a
+    cell has recorded its inputs."""
     plan = res.plan
-    kernel = VLLM_KERNELS[plan.vllm_kernel] if plan.vllm_kernel else None
-    ran = [c for c in res.cells if res.status(c) in RAN]
-    if kernel is None and not any(res.records[c.id].passing for c in ran):
+    cells = res.provider_cells(provider) if provider else res.cells
+    ran = [c for c in cells if res.status(c) in RAN]
+    if not provider and not any(res.records[c.id].passing for c in ran):
         return ""
-    lines = ["## What vLLM's kernel accepts" if kernel else "## Inputs seen passing", ""]
-    if kernel:
-        lines += [f"{code(kernel.call)} under the matrix: the inputs it computed right are what a replacement must "
-                  "accept too; where it fails, a replacement may refuse the input (state it in `op.contract`) or do "
-                  "better.", ""]
+    lines = ["## Inputs seen passing", ""]
+    if provider:
+        words = provider_words(plan, provider)
+        title = "vLLM's kernel" if provider == "vllm" else md(provider)
+        lines = [f"## What {title} accepts", "",
+                 f"Run through the plan's cells as the kernel is: {words}. Its failures are findings about it, not "
+                 "the kernel's: the inputs it computed right are what a replacement must accept too; where it fails, "
+                 "a replacement may refuse the input (state it in `op.contract`) or do better.", ""]
     alignments = ", ".join(map(str, ALIGNMENTS))
     lines += [f"From the examples that passed in each cell (drawn by hypothesis; alignment: the largest of "
               f"{alignments} dividing a size, or a row stride in elements). Dtypes, graph modes and TP sizes: of the "
@@ -224,12 +228,12 @@ def accepted_inputs(res: Merged) -> str:
             rec = res.records[c.id]
             for reason, example in [(rec.reason, rec.minimal_example),
                                     *((f.reason, f.minimal_example) for f in rec.more_failures or ())]:
-                groups[(first_line(reason, 300), example or NO_RESULT)].append(c)
+                groups[(first_line(reason, 300), example or NO_RESULT)].append(dataclasses.replace(c, provider=""))
         rows = [[md(describe(plan, cells)), str(len(cells)), md(reason), md(example)]
                 for (reason, example), cells in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         lines += ["Where it failed (each distinct failure of a cell, with its minimal input):", "",
                   table(rows, ["cells", "count", "reason", "minimal input"]), ""]
-    not_run = [c for c in res.cells_with(Status.NOT_RUN) if c.sm in res.covered]
+    not_run = [c for c in cells if res.status(c) == Status.NOT_RUN and c.sm in res.covered]
     if not_run:
         lines += ["Not run on machines of the cells' SM:", ""]
         lines += [f"- {n_cells(len(cells))}: {md(reason)}" for reason, cells in by_reason(res, not_run)]

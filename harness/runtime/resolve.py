@@ -36,7 +36,6 @@ from typing import Any, Callable
 
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
-from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches
 from harness.spec.vllm_ops import adapter_module, plugin_routes
 
 # What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the
@@ -126,9 +125,6 @@ class Resolved:
 
     @property
     def kernel(self) -> Callable:
-        if self.plan.vllm_kernel:
-            raise ValueError(f"{self.plan.kernel} is vLLM's compiled kernel: harness.runtime.vllm_kernels.load_kernel "
-                             "loads it")
         return self._get("op.kernel", self.plan.kernel)
 
     @property
@@ -169,7 +165,7 @@ def resolve(plan: Plan) -> Resolved:
         return hit[1]
     plan_folder_on_import_path(plan)
     resolved = Resolved(plan)
-    callables = [("op.kernel", plan.kernel if not plan.vllm_kernel else None), ("op.reference", plan.reference),
+    callables = [("op.kernel", plan.kernel), ("op.reference", plan.reference),
                  ("op.native", plan.native), ("op.fake", plan.fake), ("op.generate", plan.generate)]
     for field_name, path in callables + [("op.replaces", plan.replaces), ("vllm.layer", plan.vllm.layer)]:
         if path is None or field_name in MAY_BE_VLLM and path.split(".")[0] == OPTIONAL_PACKAGE:
@@ -191,10 +187,7 @@ def resolve(plan: Plan) -> Resolved:
             raise plan.error(field_name, TRITON_KERNEL_EXPECTED.get(field_name, TRITON_KERNEL_ELSE),
                              f"{path}, a Triton {type(obj).__name__}")
     names = [a.name for a in plan.args]
-    if plan.vllm_kernel:
-        _check_vllm_schema(plan)
-    else:
-        _check_signature(resolved, "op.kernel", names)
+    _check_signature(resolved, "op.kernel", names)
     inputs = [a.name for a in plan.args if a.role != "output"]
     _check_signature(resolved, "op.reference", inputs)
     _check_signature(resolved, "op.native", inputs)  # called exactly like the reference
@@ -412,12 +405,6 @@ def _adapter_call_problem(plan: Plan, name: str, fn: Any) -> str:
     problem = _binds(fn, list(ADAPTER_CALLS[name]), positional=True)
     return f"cannot take the {len(ADAPTER_CALLS[name])} positional arguments it is called with " \
            f"({', '.join(ADAPTER_CALLS[name])}): {problem}" if problem else ""
-
-
-def _check_vllm_schema(plan: Plan) -> None:
-    """A `vllm:` kernel is called with the plan's arguments in order: they must be its schema's parameters."""
-    for index, expected, found in mismatches(VLLM_KERNELS[plan.vllm_kernel], plan.args, plan.written_args):
-        raise plan.error("op.args" if index is None else f"op.args.{plan.args[index].name}", expected, found)
 
 
 def named_baseline(plan: Plan, path: str) -> Callable | str:

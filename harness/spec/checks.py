@@ -47,6 +47,9 @@ def no_repeats(w: Where, loc: Loc, values: tuple) -> None:
 def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     """The Plan of a validated plan file (`raw`: the file's data, for the order of its tolerance keys)."""
     op = spec.op
+    if op.kernel.startswith("vllm:"):  # vLLM's own kernel is not a kernel under test but a provider of the op
+        raise w.fail(("op", "kernel"), "the import path of the kernel under test; vLLM's own kernel for the op runs "
+                     "through the same cells with `providers: [vllm]` beside it", op.kernel)
     sizes, size_specs = _sizes(w, op.sizes)
     args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
     tensor_names = tuple(a.name for a in args if a.is_tensor)
@@ -98,9 +101,6 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         lines={dotted(loc): line for loc, line in w.lines.items() if loc},
         paths=_paths(w, op.paths, sizes),
     )
-    if plan.vllm_kernel and "vllm" in plan.benchmark.baselines:
-        raise w.fail(("benchmark", "baselines"), f"native, compiled or named baselines (the kernel is vLLM's own "
-                     f"torch.ops._C.{plan.vllm_kernel}: it is timed as the kernel)", "vllm")
     _check_models(w, plan)
     plan = dataclasses.replace(plan, providers=_providers(w, spec.providers or [], plan))
     return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec) + _would_mislead(w, plan))

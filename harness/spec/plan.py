@@ -29,9 +29,6 @@ from harness.spec.yaml_lines import Loc, dotted, line_of
 # How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
 # an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
 VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention", "fusion")
-# `op.kernel: vllm:<name>`: vLLM's own compiled kernel torch.ops._C.<name> (harness.spec.vllm_schemas), loaded by
-# harness.runtime.vllm_kernels from an installed vLLM or a vLLM ops library.
-VLLM_KERNEL = "vllm:"
 
 
 class PlanError(Exception):
@@ -444,11 +441,6 @@ class Plan:
         """The function the `native` and `compiled` baselines time: op.native, else the reference."""
         return self.native or self.reference
 
-    @property
-    def vllm_kernel(self) -> str | None:
-        """The torch.ops._C name where op.kernel is vLLM's own compiled kernel (`vllm:rms_norm`), else None."""
-        return self.kernel.removeprefix(VLLM_KERNEL) if self.kernel.startswith(VLLM_KERNEL) else None
-
     def where(self, field_name: str) -> int | None:
         """The line of a dotted field (`op.kernel`, `op.args.x.shape[1]`), else of the nearest field above it."""
         name = field_name
@@ -490,10 +482,7 @@ class Plan:
 
     @property
     def op_namespace(self) -> str:
-        """The torch.library namespace of the op: the kernel's top-level package (e.g. `kernels`); `vllm_c` for
-        vLLM's compiled kernels (torch.ops.vllm is vLLM's own namespace)."""
-        if self.vllm_kernel:
-            return "vllm_c"
+        """The torch.library namespace of the op: the kernel's top-level package (e.g. `kernels`)."""
         return re.sub(r"\W", "_", self.kernel.split(":")[0].split(".")[0])
 
     @property

@@ -71,7 +71,7 @@ def _never_applies(w: Where, plan: Plan, spec: S.PlanFile) -> tuple[str, ...]:
             found.append(w.fail(("benchmark", phase), "a phase of matrix.phase", phase))
     routed = [f for f in ("layer", "ir_op", "custom_op", "provider", "adapter", "in_tree_provider", "why_not_proven")
               if getattr(plan.vllm, f) is not None]
-    if plan.vllm.route is None and routed and not plan.vllm_kernel:
+    if plan.vllm.route is None and routed:
         found.append(w.fail(("vllm",), f"a vllm.route for vllm.{', vllm.'.join(routed)} to apply (without one the "
                             "plan has no plugin and no vLLM integration item runs)", "no vllm.route",
                             field="vllm.route"))

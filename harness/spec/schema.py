@@ -19,11 +19,10 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
-from harness.spec.fields import IMPORT_EXPECTED, MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
+from harness.spec.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
 from harness.spec.plan import AXIS_TYPES, Contract, Exclude, Expect, Numerics, Quantization, SizeSpec, Vllm
 from harness.spec.vocabulary import AXES, BASELINES, INITS, INTENTS, LAYOUTS, ROLES, STRUCTURED_INITS, VALUE_SCALES
-from harness.spec.vllm_schemas import VLLM_KERNELS
 
 Text = Annotated[str, Field(description="text")]
 # A number, a symbol or arithmetic over symbols (`num_seqs + 1`); the symbols are checked against op.sizes.
@@ -31,9 +30,6 @@ Expression = Annotated[Union[int, float, str], Field(description="a number or a 
 Dim = Annotated[Union[Annotated[int, Field(ge=1)], str],
                 Field(description="a positive integer, a symbol or a size expression (num_heads*head_size)")]
 CellDtype = Literal[CELL_DTYPES]
-KERNEL_EXPECTED = (f"{IMPORT_EXPECTED}, or vllm:<name> naming one of vLLM's kernels "
-                   f"({', '.join(sorted(VLLM_KERNELS))})")
-KERNEL_PATTERN = rf"^(vllm:({'|'.join(sorted(VLLM_KERNELS))})|(?!vllm:)[\w.]+:[\w.]+)$"
 
 
 # ---------------------------------------------------------------- op
@@ -94,7 +90,7 @@ class Op(Section):
     name: str = Field(pattern=r"^[A-Za-z_]\w*$", description="an identifier (letters, digits, _)")
     intent: Literal[INTENTS]
     description: Text = ""
-    kernel: str = Field(pattern=KERNEL_PATTERN, description=KERNEL_EXPECTED)
+    kernel: import_path()
     reference: import_path()
     # What vLLM runs without the custom op, in the activation dtype (the layer's forward_native): the `native` and
     # `compiled` baselines time it; the reference stays the accuracy oracle.

@@ -89,9 +89,8 @@ def fusion_profiles(case: FusionCase) -> list[FusionProfile]:
 
 
 def fusion_case(plan: Plan) -> FusionCase | None:
-    """The fusion the plan's kernel is the fused kernel of, if any (plans of vLLM's own kernels have none: the pass
-    already rewrites into that kernel)."""
-    return None if plan.vllm_kernel else FUSION_CASES.get(plan.name)
+    """The fusion the plan's kernel is the fused kernel of, if any."""
+    return FUSION_CASES.get(plan.name)
 
 
 FUSION_DTYPE = "bf16"  # the pass's patterns are traced in bf16 (vLLM's own fusion tests run fp16 and bf16)

@@ -22,7 +22,6 @@ import re
 from dataclasses import dataclass
 
 from harness.spec.plan import Plan
-from harness.spec.vllm_defaults import INDUCTOR_OFF, INDUCTOR_ON, switch_setting, vllm_default
 from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
 
 
@@ -87,9 +86,6 @@ def integration_routes(plan: Plan) -> tuple[str, ...]:
 
 def unsupported(plan: Plan) -> str:
     """Why the harness cannot put this plan's kernel into vLLM ("" when it can)."""
-    if plan.vllm_kernel:
-        return (f"the kernel is vLLM's own {VLLM_KERNELS[plan.vllm_kernel].call}, already in vLLM: no plugin, no "
-                "integration items")
     route = plan.vllm.route
     if route is None:
         return "the plan names no route into vLLM (vllm.route)"
@@ -100,10 +96,7 @@ def unsupported(plan: Plan) -> str:
 
 
 def vllm_kernel_for(plan: Plan) -> VllmKernel | None:
-    """vLLM's compiled kernel for the plan's op: the one `op.kernel: vllm:<name>` names, else the one of the op's name
-    (or of the CustomOp it replaces)."""
-    if plan.vllm_kernel:
-        return VLLM_KERNELS[plan.vllm_kernel]
+    """vLLM's compiled kernel for the plan's op: the one of the op's name (or of the CustomOp it replaces)."""
     for key in (plan.name, plan.vllm.custom_op):
         kernel = next((k for k in VLLM_KERNELS.values() if key in (k.name, k.in_tree)), None)
         if kernel:
@@ -118,8 +111,6 @@ def baseline_unsupported(plan: Plan) -> str:
     if kernel is None:
         return (f"vLLM has no compiled kernel the harness knows for {plan.name} (harness.spec.vllm_schemas: "
                 f"{', '.join(sorted(k.name for k in VLLM_KERNELS.values()))})")
-    if plan.vllm_kernel:
-        return f"the kernel is vLLM's own {kernel.call}"
     missing = [n for n in kernel.args if not plan.has_arg(n)]
     if missing:
         return (f"{kernel.call} takes ({', '.join(kernel.args)}) from the plan's arguments; the plan has no "
@@ -183,25 +174,17 @@ def _custom_ops(entries: list[str]) -> str:
     return f"""--compilation-config '{{"custom_ops": [{", ".join(f'"{e}"' for e in entries)}]}}'"""
 
 
-def is_vllm_default(inductor: bool, use: str, plan: Plan | None = None, sm: str = "") -> bool:
-    """Whether vLLM already does this in the profile: native under Inductor, its own kernel without it; for a plan
-    whose kernel is vLLM's own, what harness.spec.vllm_defaults says vLLM does with it on that SM's platform."""
-    if plan is not None and plan.vllm_kernel:
-        default = vllm_default(plan.vllm_kernel, sm, INDUCTOR_ON if inductor else INDUCTOR_OFF)
-        return default is not None and default.on == (use == "kernel")
+def is_vllm_default(inductor: bool, use: str) -> bool:
+    """Whether vLLM already does this in the profile: native under Inductor, its own kernel without it."""
     return use == ("native" if inductor else "vllm")
 
 
 def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
     """The vLLM setting that makes the op's layer run `use` (USES) in a profile with or without Inductor; "" where
     the harness cannot put the plan's kernel into vLLM (`unsupported`). The `kernel` settings need the plan's
-    plugin installed; the `vllm` and `native` settings assume it is not (its CustomOp would take the layer). Where
-    the plan's kernel is vLLM's own, `kernel` turns vLLM's switch for it on and the others turn it off
-    (harness.spec.vllm_defaults)."""
+    plugin installed; the `vllm` and `native` settings assume it is not (its CustomOp would take the layer)."""
     if use not in USES:
         raise ValueError(f"use must be one of {', '.join(USES)}; got {use!r}")
-    if plan.vllm_kernel:  # the kernel is vLLM's own: enabling it is turning vLLM's switch for it on
-        return switch_setting(plan.vllm_kernel, use == "kernel", inductor)
     if unsupported(plan):
         return ""
     ir_op, in_tree = plan.vllm.ir_op, plan.vllm.in_tree_provider

@@ -4,13 +4,11 @@ One `VllmKernel` per kernel: its `torch.ops._C` name, its schema as vLLM 0.26.0 
 (csrc/torch_bindings.cpp; the light ops in csrc/libtorch_stable/torch_bindings.cpp, built as
 `_C_stable_libtorch.abi3.so`), and `args`, the adapter from a plan's keyword arguments to vLLM's
 positional ones: the plan argument passed for each schema parameter, as the bundled plan of that op
-names it. Two uses:
+names it. Two uses, both calling vLLM's kernel with the plan's arguments picked by `args`:
 
-- the `vllm` benchmark baseline of a plan (harness.runtime.vllm_kernels.vllm_kernel) calls vLLM's kernel with
-  the plan's arguments picked by `args`;
-- a plan whose `op.kernel` is `vllm:<name>` tests vLLM's kernel itself: its arguments, in order, are
-  the schema's parameters (any names), checked against them when the plan's code resolves
-  (harness.runtime.resolve).
+- the `vllm` benchmark baseline of a plan (harness.runtime.vllm_kernels.vllm_kernel);
+- the `vllm` provider of a plan (`providers: [vllm]`), run through the plan's numerics cells
+  (harness.runtime.providers), its `dtypes` its contract there.
 
 Where a plan's kernel goes into vLLM (layer, CustomOp, IR op, quantization method) is the plan's own `vllm:`
 section (harness.spec.vllm_ops); this table only says which compiled kernel does the op. Plain Python, at
