@@ -48,7 +48,8 @@ def test_a_correct_mutant_passes_on_a_cpu_machine(tmp_path):
 def _results(tmp_path, label: str, cells: list[dict]):
     folder = tmp_path / f"cal_{label}" / "results"
     folder.mkdir(parents=True)
-    (folder / "sm90-nvidia-h200.json").write_text(json.dumps({"cells": {str(i): c for i, c in enumerate(cells)}}))
+    cells = {f"prefill-bf16-tp{i + 1}-eager-sm90": c for i, c in enumerate(cells)}  # distinct cell ids
+    (folder / "sm90-nvidia-h200.json").write_text(json.dumps({"cells": cells}))
 
 
 def _cell(status, reason="", **readings):
@@ -66,7 +67,7 @@ def _cell(status, reason="", **readings):
 def test_the_table_says_when_a_check_gets_a_kernel_wrong(tmp_path, label, cells, holds, words):
     entry = next(e for e in corpus.CORPUS if e.label == label)
     _results(tmp_path, label, cells)
-    rows, ok = corpus.rows_of(entry, corpus.cells_ran(tmp_path, label), "row_scale")
+    rows, ok = corpus.rows_of(entry, corpus.cells_ran(tmp_path, entry), "row_scale")
     assert ok is holds and words in rows[0][-1], rows
     if any(c["readings"] for c in cells):
         assert rows[1][3].startswith("accumulation:") and rows[1][5] == "4 / 4", rows

@@ -99,8 +99,17 @@ def contract_of(plan: Plan, provider: str) -> Contract:
 
 
 def provider_view(plan: Plan, provider: str) -> Plan:
-    """The plan as a provider's cells run it: its inputs drawn within that provider's contract."""
-    return dataclasses.replace(plan, contract=contract_of(plan, provider)) if provider else plan
+    """The plan as a provider's cells run it: its inputs drawn within that provider's contract, and vLLM's kernel
+    allowed the one-fp8-step elements its rounding order gives (harness.spec.vllm_schemas)."""
+    if not provider:
+        return plan
+    view = dataclasses.replace(plan, contract=contract_of(plan, provider))
+    kernel = vllm_kernel_for(plan) if provider == "vllm" else None
+    if kernel and kernel.max_step_fraction is not None and plan.quantization is not None:
+        steps = max(kernel.max_step_fraction, plan.quantization.max_step_fraction)
+        view = dataclasses.replace(view, quantization=plan.quantization.model_copy(
+            update={"max_step_fraction": steps}))
+    return view
 
 
 def excluded_by(plan: Plan, cell: Cell) -> str | None:

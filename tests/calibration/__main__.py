@@ -40,9 +40,9 @@ class Entry:
     graph_modes: tuple[str, ...] = ("eager",)
     dtypes: tuple[str, ...] = ("bf16", "fp16")
     gpu_only: bool = False  # a broken kernel only a GPU's sizes show (the cells on a CPU machine record why)
-    # vLLM's compiled kernels, as vLLM calls them: contiguous rows of aligned widths. Their own plans
-    # (kernels/plans/vllm_*.yaml) draw strided inputs and awkward sizes on purpose, to find what they accept.
-    as_vllm_calls: bool = False
+    # A provider of the plan checked instead of its kernel (`vllm`: vLLM's compiled kernel for the op), as vLLM
+    # calls it: contiguous rows of aligned widths (the op's own plan, `providers: [vllm]`, finds what else it takes).
+    provider: str = ""
     # a broken kernel the check cannot tell from correct ones of its kind (its cells say "inconclusive for this op")
     inseparable: bool = False
 
@@ -53,9 +53,9 @@ CORPUS = (
     Entry("rms_norm_two_pass", "row reduction", "variant", "plan.yaml", f"{K}:rms_norm_two_pass"),
     Entry("rms_norm_fp32_weight", "row reduction", "variant", "plan.yaml", f"{K}:rms_norm_fp32_weight"),
     Entry("liger_rms_norm", "row reduction", "Liger-Kernel", "tests/thirdparty/liger_rms_norm.yaml"),
-    Entry("vllm_rms_norm", "row reduction", "vLLM (compiled)", "kernels/plans/vllm_rms_norm.yaml", as_vllm_calls=True),
-    Entry("vllm_fused_add_rms_norm", "row reduction", "vLLM (compiled)", "kernels/plans/vllm_fused_add_rms_norm.yaml",
-          as_vllm_calls=True),
+    Entry("vllm_rms_norm", "row reduction", "vLLM (compiled)", "plan.yaml", provider="vllm"),
+    Entry("vllm_fused_add_rms_norm", "row reduction", "vLLM (compiled)", "kernels/plans/fused_add_rms_norm.yaml",
+          provider="vllm"),
     Entry("rms_norm_bf16_accumulator", "row reduction", "broken", "plan.yaml",
           "tests.broken.rms_norm_bugs:bf16_accumulator", broken=ACCUMULATOR),
     Entry("rms_norm_fp16_square_sum", "row reduction", "broken", "plan.yaml",
@@ -67,15 +67,15 @@ CORPUS = (
     # element-wise with scales
     Entry("silu_and_mul", "element-wise", "bundled", "kernels/plans/silu_and_mul.yaml"),
     Entry("fla_swiglu", "element-wise", "flash-linear-attention", "tests/thirdparty/fla_swiglu.yaml"),
-    Entry("vllm_silu_and_mul", "element-wise", "vLLM (compiled)", "kernels/plans/vllm_silu_and_mul.yaml",
-          as_vllm_calls=True),
+    Entry("vllm_silu_and_mul", "element-wise", "vLLM (compiled)", "kernels/plans/silu_and_mul.yaml",
+          provider="vllm"),
     Entry("per_token_fp8_quant", "element-wise", "bundled", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
           graph_modes=("eager", "torch_compile")),
     Entry("torch_per_token_fp8_quant", "element-wise", "variant (plain PyTorch)",
           "kernels/plans/dynamic_per_token_fp8_quant.yaml", f"{K}:torch_per_token_fp8_quant",
           graph_modes=("eager", "torch_compile")),
     Entry("vllm_per_token_fp8_quant", "element-wise", "vLLM (compiled)",
-          "kernels/plans/vllm_dynamic_per_token_fp8_quant.yaml", as_vllm_calls=True),
+          "kernels/plans/dynamic_per_token_fp8_quant.yaml", provider="vllm"),
     Entry("fp8_quant_wrong_scale", "element-wise", "broken", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
           f"{K}:fp8_quant_wrong_scale", broken=("output 'scales'", "output 'out'")),
     Entry("silu_and_mul_unmasked_store", "element-wise", "broken", "kernels/plans/silu_and_mul.yaml",
@@ -117,7 +117,9 @@ def entry_plan(entry: Entry) -> dict:
     m = plan["matrix"]
     m.update(tp=[1], graph_mode=list(entry.graph_modes), sm=[s for s in m["sm"] if s in ("cpu", "sm90")],
              dtype=[d for d in entry.dtypes if d in m["dtype"]] or m["dtype"])
-    if entry.as_vllm_calls:
+    plan.pop("providers", None)
+    if entry.provider:
+        plan["providers"] = [entry.provider]
         for arg in plan["op"]["args"].values():
             if isinstance(arg, dict) and "layout" in arg:
                 arg["layout"] = ["contiguous"]
@@ -157,11 +159,13 @@ def run(path: Path, reports: Path, extra: list[str]) -> int:
         return subprocess.call(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
-def cells_ran(reports: Path, label: str) -> list[dict]:
-    """The entry's cells this machine ran (from every results file of its op)."""
+def cells_ran(reports: Path, entry: Entry) -> list[dict]:
+    """The entry's cells this machine ran (from every results file of its op): its provider's, else its kernel's."""
     out = []
-    for f in sorted((reports / f"cal_{label}" / "results").glob("*.json")):
-        out += [c for c in json.loads(f.read_text())["cells"].values() if c["status"] in ("passed", "failed")]
+    for f in sorted((reports / f"cal_{entry.label}" / "results").glob("*.json")):
+        out += [c for cell_id, c in json.loads(f.read_text())["cells"].items()
+                if c["status"] in ("passed", "failed")
+                and (cell_id.endswith(f"-{entry.provider}") if entry.provider else cell_id.count("-") == 4)]
     return out
 
 
@@ -214,7 +218,7 @@ def main(argv=None) -> int:
     table, holds = [], True
     for e in entries:
         reduction = entry_plan(e)["op"].get("reduction", "unknown")
-        rows, ok = rows_of(e, cells_ran(args.reports_dir, e.label), reduction)
+        rows, ok = rows_of(e, cells_ran(args.reports_dir, e), reduction)
         table += rows
         holds &= ok
     print(tabulate(table, ["kernel", "family", "author", "check", "statistic", "limit / decisive", "verdict"],
