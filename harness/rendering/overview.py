@@ -136,7 +136,7 @@ def _accepts_rows(plan: Plan, res) -> list[list[str]]:
     cells."""
     kernel, link = vllm_kernel_for(plan), f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
     rows = []
-    for sm in res.covered:
+    for sm in res.provider_sms("vllm"):
         cells = [c for c in res.provider_cells("vllm") if c.sm == sm]
         count = {s: sum(1 for c in cells if res.status(c) in s) for s in
                  ((Status.PASSED, Status.XPASS), (Status.FAILED, Status.XFAIL), (Status.NOT_RUN,))}

@@ -233,7 +233,8 @@ def accepted_inputs(res: Merged, provider: str = "") -> str:
                 for (reason, example), cells in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         lines += ["Where it failed (each distinct failure of a cell, with its minimal input):", "",
                   table(rows, ["cells", "count", "reason", "minimal input"]), ""]
-    not_run = [c for c in cells if res.status(c) == Status.NOT_RUN and c.sm in res.covered]
+    covered = res.provider_sms(provider) if provider else res.covered
+    not_run = [c for c in cells if res.status(c) == Status.NOT_RUN and c.sm in covered]
     if not_run:
         lines += ["Not run on machines of the cells' SM:", ""]
         lines += [f"- {n_cells(len(cells))}: {md(reason)}" for reason, cells in by_reason(res, not_run)]

@@ -84,6 +84,12 @@ class Merged:
         """A provider's cells (harness.spec.matrix), in plan order."""
         return expand(self.plan, provider)
 
+    def provider_sms(self, provider: str) -> list[str]:
+        """The SMs whose machines recorded a provider's cells (`covered`, for a provider)."""
+        return [sm for sm in self.plan.matrix["sm"] if any(
+            c.sm == sm and c.id in self.records and self.source_sm(self.records[c.id]) == sm
+            for c in self.provider_cells(provider))]
+
     def cells_with(self, *statuses: Status) -> list:
         return [c for c in self.cells if self.status(c) in statuses]
 

@@ -18,7 +18,7 @@ import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.spec.matrix import Cell
+from harness.spec.matrix import Cell, provider_view
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan
 from harness.runtime.bench.specs import BenchSpec
@@ -50,8 +50,10 @@ class CellTask:
 
     @classmethod
     def load(cls, plan_path: str | Path, cell_id: str, run: RunSettings) -> CellTask:
-        """A cell named as a person names it: a plan file and a cell id (`decode-bf16-tp1-eager-cpu`)."""
-        return cls(load_plan(plan_path), Cell.from_id(cell_id), run)
+        """A cell named as a person names it: a plan file and a cell id (`decode-bf16-tp1-eager-cpu`, or a provider's
+        `decode-bf16-tp1-eager-cpu-vllm`), the plan as that cell runs it."""
+        cell = Cell.from_id(cell_id)
+        return cls(provider_view(load_plan(plan_path), cell.provider), cell, run)
 
 
 @dataclass(frozen=True)
