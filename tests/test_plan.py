@@ -54,7 +54,7 @@ def test_bundled_plans_load():
     for path in [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]:
         plan = load_plan(path)
         code = resolve(plan)
-        assert (plan.vllm_kernel or code.kernel) is not None and code.reference is not None
+        assert code.kernel is not None and code.reference is not None
         assert plan.outputs
 
 
@@ -295,7 +295,7 @@ WARNED = [
 
 @pytest.mark.parametrize("what, old, new, field, words", WARNED, ids=[m[0] for m in WARNED])
 def test_a_setting_the_run_reads_otherwise_is_warned_at_its_line(tmp_path, what, old, new, field, words):
-    text = (ROOT / "plan.yaml").read_text()
+    text = (ROOT / "plan.yaml").read_text().replace("providers: [vllm]\n", "")  # vLLM's kernel mutates no input
     assert old in text, what
     path, changed = tmp_path / "plan.yaml", text.replace(old, new, 1)
     path.write_text(changed)

@@ -49,7 +49,7 @@ def test_every_driven_route_has_one_template_and_it_names_no_op(route):
 
 
 def test_the_bundled_plans_drive_the_routes_vllm_has_for_their_kind():
-    routes = {load_plan(p).name: load_plan(p).vllm.route for p in BUNDLED_PLANS if not load_plan(p).vllm_kernel}
+    routes = {load_plan(p).name: load_plan(p).vllm.route for p in BUNDLED_PLANS}
     assert routes["rms_norm"] == routes["fused_add_rms_norm"] == "ir"
     assert routes["silu_and_mul"] == routes["rotary_embedding"] == routes["dynamic_per_token_fp8_quant"] == "custom_op"
     assert routes["paged_attention"] == "attention"

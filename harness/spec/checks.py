@@ -20,6 +20,7 @@ from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Qua
     TensorParallel, Tolerance, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
 from harness.spec.vllm_ops import baseline_unsupported
+from harness.spec.vllm_schemas import VLLM_KERNELS
 from harness.spec.yaml_lines import Loc, dotted
 from harness.spec.plan_warnings import _never_applies, _would_mislead
 
@@ -81,6 +82,9 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     if vllm.provider in ("native", "unfused"):
         raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
                      "and unfused", vllm.provider)
+    if vllm.kernel is not None and vllm.kernel not in VLLM_KERNELS:
+        raise w.fail(("vllm", "kernel"), f"one of vLLM's kernels the harness knows ({', '.join(sorted(VLLM_KERNELS))})",
+                     vllm.kernel)
     for field_name in ROUTE_NEEDS.get(vllm.route, ()):
         if getattr(vllm, field_name) is None:
             raise w.fail(("vllm", "route"),
@@ -115,7 +119,7 @@ def _providers(w: Where, names: list[str], plan: Plan) -> tuple[str, ...]:
         if name == "vllm":
             why = baseline_unsupported(plan)
             if why:
-                raise w.fail(("providers", i), f"an implementation the harness can call: {why}", name)
+                raise w.fail(("providers", i), f"an implementation the harness can call (vLLM's kernel: {why})", name)
         elif name not in named:
             raise w.fail(("providers", i), "vllm or a named baseline of benchmark.baselines" + (
                 f" ({', '.join(named)})" if named else "") + (" (the kernel under test and the reference run in "

@@ -393,6 +393,9 @@ class Vllm(Section):
         "vLLM's own IR provider for the op (vllm_c)"))
     # a route the harness cannot drive yet: why, in the plan's words
     why_not_proven: Optional[str] = Field(None, description="why the route is not proven by this harness (words)")
+    # vLLM's compiled kernel for the op (its `vllm` baseline and provider), where the op's name is not its name
+    kernel: Optional[str] = Field(None, pattern=r"^\w+$", description=(
+        "vLLM's compiled kernel for the op, its torch.ops._C name (harness.spec.vllm_schemas)"))
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,10 @@ def unsupported(plan: Plan) -> str:
 
 
 def vllm_kernel_for(plan: Plan) -> VllmKernel | None:
-    """vLLM's compiled kernel for the plan's op: the one of the op's name (or of the CustomOp it replaces)."""
+    """vLLM's compiled kernel for the plan's op: the one `vllm.kernel` names, else the one of the op's name (or of the
+    CustomOp it replaces)."""
+    if plan.vllm.kernel:
+        return VLLM_KERNELS.get(plan.vllm.kernel)
     for key in (plan.name, plan.vllm.custom_op):
         kernel = next((k for k in VLLM_KERNELS.values() if key in (k.name, k.in_tree)), None)
         if kernel:

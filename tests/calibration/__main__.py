@@ -23,6 +23,9 @@ from pathlib import Path
 import yaml
 from tabulate import tabulate
 
+from harness.spec.load import load_plan
+from harness.spec.vllm_ops import vllm_kernel_for
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "calibration"
 K = "tests.calibration.kernels"
@@ -120,12 +123,15 @@ def entry_plan(entry: Entry) -> dict:
     plan.pop("providers", None)
     if entry.provider:
         plan["providers"] = [entry.provider]
+        if entry.provider == "vllm":  # the op is renamed: vLLM's kernel named as the base op's
+            plan["vllm"] = {"kernel": vllm_kernel_for(load_plan(ROOT / entry.plan)).in_tree}
         for arg in plan["op"]["args"].values():
             if isinstance(arg, dict) and "layout" in arg:
                 arg["layout"] = ["contiguous"]
         plan.setdefault("numerics", {})["awkward_sizes"] = False
         plan["numerics"]["int32_overflow"] = False
-    for section in ("benchmark", "vllm") + (("exclude", "expect") if entry.kernel else ()):
+    for section in ("benchmark",) + (() if entry.provider else ("vllm",)) + (("exclude", "expect") if entry.kernel
+                                                                           else ()):
         plan.pop(section, None)
     for section in ("exclude", "expect"):  # the rules narrowed with the matrix; a rule left matching nothing goes
         rules = []
