@@ -2,10 +2,10 @@
 or fusion that runs it, and per platform and vLLM profile whether vLLM turns it on by itself, with the file and
 symbol of the installed vLLM each default comes from.
 
-Seed 002 asks whether vLLM's own custom ops should be on by default per platform and profile. A plan whose kernel
-is vLLM's own (`kernel: vllm:<name>`) measures vLLM's kernel against native eager and Inductor; the decision it
-gets is worded through the switch here (`setting`), and reports/README.md sets it beside the default here
-(harness.rendering.defaults). The knowledge lives in one table rather than in the code that renders it, so a new
+Seed 002 asks whether vLLM's own custom ops should be on by default per platform and profile. An op's plan times
+vLLM's kernel (its `vllm` baseline) against native eager and Inductor; the decision for it
+(harness.decisions.recommendations.vllm_kernel_recommendations) is set beside the default here on reports/README.md
+(harness.rendering.defaults), with the switch that turns it on or off. The knowledge lives in one table rather than in the code that renders it, so a new
 vLLM release is one edit here; it sits in spec, beside harness.spec.vllm_ops, because decisions and pages both
 read it and neither may import the other's layer upward.
 
