@@ -64,7 +64,8 @@ def main(argv=None) -> int:
                 status = 2
                 continue
             code = "; its code resolves" if str(plan.path) in resolved else ""
-            print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells){code}")
+            also = "".join(f", and {len(expand(plan, p))} of {p}" for p in plan.providers)
+            print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells{also}){code}")
         return status
     if args.command == "overview":
         path, problems = write_overview(loaded, Path(args.reports_dir))

@@ -176,7 +176,7 @@ def test_validate_and_report_import_no_torch(tmp_path, command):
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     if command == "validate":
-        assert "plan.yaml: ok (rms_norm, 720 cells); its code resolves" in proc.stdout
+        assert "plan.yaml: ok (rms_norm, 720 cells, and 720 of vllm); its code resolves" in proc.stdout
     else:
         written = (tmp_path / "rms_norm" / "PLAN.md").read_text()
         assert written == (ROOT / "reports" / "rms_norm" / "PLAN.md").read_text()

@@ -32,7 +32,7 @@ CPU_SLICE = {"phase": ["decode", "chunked_prefill"], "dtype": ["fp32"], "tp": [1
 def narrowed(tmp_path: Path, plan: str, kernel: str | None = None, matrix: dict = CPU_SLICE, **sections) -> Path:
     """A bundled plan with another kernel and a CPU-only slice of its matrix, without its exclude rules."""
     return write_plan(tmp_path / f"{plan}.yaml", PLANS / f"{plan}.yaml", op={"kernel": kernel} if kernel else {},
-                      matrix=matrix, exclude=None, **sections)
+                      matrix=matrix, exclude=None, **{"providers": None, **sections})
 
 
 # ---------------------------------------------------------------- spec elements and their errors

@@ -178,7 +178,7 @@ def test_validate_command_reports_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr + proc.stdout
     ok = subprocess.run([sys.executable, "-m", "harness", "validate", "plan.yaml"], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and "plan.yaml: ok (rms_norm, 720 cells)" in ok.stdout
+    assert ok.returncode == 0 and "plan.yaml: ok (rms_norm, 720 cells, and 720 of vllm)" in ok.stdout
 
 
 # ---------------------------------------------------------------- plans that could not run a single cell

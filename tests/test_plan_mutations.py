@@ -1,6 +1,6 @@
 """Validation tested as a class: a plan that validates never runs silently wrong.
 
-Every field of every bundled plan (plan.yaml and kernels/plans/*.yaml, not vLLM's own kernels' vllm_*.yaml) is
+Every field of every bundled plan (plan.yaml and kernels/plans/*.yaml) is
 mutated systematically, from the parsed YAML (every key path walked): two values swapped, a range or a relation
 reversed, a number scaled by 100 and by 0.01 and negated, a boolean flipped, a field dropped, its key misspelt,
 an import path pointed at a sibling of another kind (the module's @triton.jit function instead of its launcher,
@@ -44,8 +44,7 @@ from harness.spec.load import load_plan
 from harness.spec.plan import PlanError
 
 ROOT = Path(__file__).resolve().parents[1]
-PLANS = ("plan.yaml", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kernels" / "plans").glob("*.yaml")
-                              if not p.name.startswith("vllm_")))
+PLANS = ("plan.yaml", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kernels" / "plans").glob("*.yaml")))
 DOC = ROOT / "docs" / "validation.md"
 
 # ---------------------------------------------------------------- field patterns
@@ -463,6 +462,8 @@ VLLM_NAMES = ("vLLM's names (its IR op, CustomOp and providers) for the page's s
               "a wrong one fails the items run against vLLM, or they say vLLM lacks it; one left out leaves the "
               "page's setting at vLLM's default")
 NO_ROUTE = "no vllm section: no route into vLLM, the page says so, and the numerics cells are unchanged"
+NO_PROVIDERS = ("no provider runs through the cells: vLLM's kernel is not audited beside the kernel (still timed as "
+                "its vllm baseline); the kernel's own cells check as much as before")
 VLLM_PATH = ("a path into vLLM's package, imported where it is used (vLLM may be absent where plans are validated, "
              "and its import takes seconds): a reference there that is not the op's fails every cell")
 PREPARED = ("a baseline with a prepare takes what the prepare returns, known only when it runs: one that cannot take "
@@ -474,6 +475,7 @@ UNPREPARED = ("without its prepare the baseline takes the kernel's arguments, wh
 # (field pattern, mutation kind, what changed, why the run still checks what the plan says): `*` matches anything.
 # Mutations that validate with no error and no new warning, to the same Plan, need none. Every entry must be used.
 ALLOWED: list[tuple[str, str, str, str]] = [
+    ("providers", "drop", "*", NO_PROVIDERS),
     ("benchmark", "drop", "*", TIMED),
     ("benchmark.baselines", "drop", "*", TIMED),
     ("benchmark.baselines", "reverse", "*", ORDER),
@@ -622,7 +624,7 @@ def allow_list(outcomes: list[Outcome]) -> str:
 DOC_HEAD = """# Validation, tested as a class
 
 A plan that validates never runs silently wrong. `tests/test_plan_mutations.py` mutates every field of every bundled
-plan (`plan.yaml`, `kernels/plans/*.yaml` but vLLM's own kernels' `vllm_*.yaml`), from the parsed YAML: two values
+plan (`plan.yaml`, `kernels/plans/*.yaml`), from the parsed YAML: two values
 swapped, a range or a relation reversed, a number scaled by 100 and by 0.01 and negated, a boolean flipped, a field
 dropped, its key misspelt, an import path pointed at a sibling of another kind (the module's `@triton.jit` function,
 a function of other parameters such as the reference for the kernel, a module-level constant, a module), a dtype or
@@ -796,7 +798,8 @@ CHECKS = [
      [("sizes: {hidden: [4096, 8192, 14336]}", "sizes: {hidden: [4096, 8192, 131072]}")], "warning", "op.sizes",
      "sizes: {hidden", "one token of 131072 elements"),
     ("a kernel's optional argument left out", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
-     [("    scale_ub: {shape: [1], dtype: float32, init: {uniform: [0.5, 4.0]}, optional: true}", "")], "warning",
+     [("    scale_ub: {shape: [1], dtype: float32, init: {uniform: [0.5, 4.0]}, optional: true}", ""),
+      ("providers: [vllm]\n", "")], "warning",
      "op.args", "  args:", "the kernel's optional argument scale_ub (default None) is not among the plan's arguments"),
     ("a kernel's optional argument never None", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
      [("[0.5, 4.0]}, optional: true}", "[0.5, 4.0]}}")], "warning", "op.args.scale_ub", "scale_ub:",

@@ -195,7 +195,7 @@ def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
     each example slower; a correct kernel still passes. The plan is the bundled one with a 10 s limit instead of
     300 s, so it proves it in seconds. One core and one spinning process, not every core and as many: that load
     is the same for the run, and the rest of a parallel test suite keeps the other cores."""
-    plan = write_plan(tmp_path / "plan.yaml", ROOT / "plan.yaml", numerics={"timeout_s": 10})
+    plan = write_plan(tmp_path / "plan.yaml", ROOT / "plan.yaml", numerics={"timeout_s": 10}, providers=None)
     core = {min(os.sched_getaffinity(0))}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
                              preexec_fn=lambda: os.sched_setaffinity(0, core))]

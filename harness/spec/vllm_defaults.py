@@ -5,9 +5,9 @@ symbol of the installed vLLM each default comes from.
 Seed 002 asks whether vLLM's own custom ops should be on by default per platform and profile. An op's plan times
 vLLM's kernel (its `vllm` baseline) against native eager and Inductor; the decision for it
 (harness.decisions.recommendations.vllm_kernel_recommendations) is set beside the default here on reports/README.md
-(harness.rendering.defaults), with the switch that turns it on or off. The knowledge lives in one table rather than in the code that renders it, so a new
-vLLM release is one edit here; it sits in spec, beside harness.spec.vllm_ops, because decisions and pages both
-read it and neither may import the other's layer upward.
+(harness.rendering.defaults), with the switch that turns it on or off. The knowledge lives in one table rather
+than in the code that renders it, so a new vLLM release is one edit here; it sits in spec, beside
+harness.spec.vllm_ops, because decisions and pages both read it and neither may import the other's layer upward.
 
 Read from vLLM 0.32 (the installed vllm package):
 - `custom_ops` gets its base mode in vllm/config/vllm.py `VllmConfig.__post_init__`: "none" where Inductor
