@@ -5,7 +5,6 @@ failure with its minimal input)."""
 from __future__ import annotations
 
 import dataclasses
-
 from collections import defaultdict
 
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
