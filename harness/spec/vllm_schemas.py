@@ -6,9 +6,9 @@ One `VllmKernel` per kernel: its `torch.ops._C` name, its schema as vLLM 0.26.0 
 positional ones: the plan argument passed for each schema parameter, as the bundled plan of that op
 names it. Two uses, both calling vLLM's kernel with the plan's arguments picked by `args`:
 
-- the `vllm` benchmark baseline of a plan (harness.runtime.vllm_kernels.vllm_kernel);
-- the `vllm` provider of a plan (`providers: [vllm]`), run through the plan's numerics cells
-  (harness.runtime.providers), its `dtypes` its contract there.
+- the `vllm` provider of a plan (`providers: [vllm]`), run through the plan's numerics cells, its `dtypes` its
+  contract there;
+- the `vllm` benchmark baseline of a plan, the same call timed (harness.runtime.providers.load_kernel).
 
 Where a plan's kernel goes into vLLM (layer, CustomOp, IR op, quantization method) is the plan's own `vllm:`
 section (harness.spec.vllm_ops); this table only says which compiled kernel does the op. Plain Python, at

@@ -17,7 +17,7 @@ from harness.runtime.inputs import Example, build_args, poison_value
 from harness.runtime.resolve import named_baseline, resolve
 from harness.spec.plan import Plan
 from harness.runtime.providers import KernelUnavailable, load_kernel
-from harness.runtime.vllm_kernels import vllm_kernel
+from harness.spec.vllm_ops import baseline_unsupported
 from harness.runtime.bench.specs import BenchSpec, outside_contract
 
 CPU_KERNEL_REASON = ("not timed on a CPU machine: the kernel runs in Triton's interpreter there, whose speed says "
@@ -125,9 +125,11 @@ def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> d
             impls[name] = reference_call(plan, native)
         elif name == "compiled":
             impls[name] = reference_call(plan, compiled_reference(native, spec.shape if spec else None))
-        else:
-            fn = vllm_kernel(plan)
-            impls[name] = fn if isinstance(fn, str) else kernel_call(plan, fn)
+        else:  # vLLM's kernel, as the plan's `vllm` provider calls it
+            try:
+                impls[name] = baseline_unsupported(plan) or kernel_call(plan, load_kernel(plan, "vllm"))
+            except KernelUnavailable as exc:
+                impls[name] = str(exc)
     for name, path in plan.benchmark.named:
         impls[name] = named_call(plan, name, path)
     for name in ("kernel", *(n for n, _ in plan.benchmark.named)):
