@@ -71,3 +71,26 @@ def _same_but_defaults(data: dict, again: dict, section: str) -> bool:
         if old.get("error") and any(new["error"].get(k) != v for k, v in old["error"].items()):
             return False
     return True
+
+
+def test_not_run_here_never_replaces_a_result_of_the_same_sm(tmp_path):
+    """A machine that cannot run a cell (vLLM's kernels not installed, the GPU's memory held elsewhere) records "not
+    run here"; the result an earlier run of the same SM made stands, in its own file and across files, and a new
+    result still replaces it."""
+    from harness.results.store import Provenance, Recorder, Results, fold
+
+    prov = Provenance("cpu", "cpu", "x86_64", 0, 2, host="vm", commit="abc", date="2026-12-06")
+    key = "decode-bf16-tp1-eager-cpu-vllm"
+    first = Recorder(tmp_path, "rms_norm", prov, "run-1")
+    first.record("cells", key, CellRecord("decode", "bf16", 1, "eager", "cpu", Status.FAILED, reason="NaN",
+                                          finished="2026-12-06T01:00:00Z"))
+    again = Recorder(tmp_path, "rms_norm", prov, "run-2")
+    again.record("cells", key, CellRecord("decode", "bf16", 1, "eager", "cpu", Status.NOT_RUN,
+                                          reason="vllm not installed", finished="2026-12-06T02:00:00Z"))
+    assert load(again.path, "rms_norm").cells[key].reason == "NaN"
+    other = Results("rms_norm", {"run-3": prov}, {key: CellRecord("decode", "bf16", 1, "eager", "cpu", Status.NOT_RUN,
+                                                                  finished="2026-12-06T03:00:00Z", run="run-3")})
+    assert fold(load(again.path, "rms_norm"), other).cells[key].status is Status.FAILED
+    again.record("cells", key, CellRecord("decode", "bf16", 1, "eager", "cpu", Status.PASSED,
+                                          finished="2026-12-06T04:00:00Z"))
+    assert load(again.path, "rms_norm").cells[key].status is Status.PASSED

@@ -459,16 +459,23 @@ def write_atomic(path: Path, results: Results, rendered: dict | None = None) -> 
 
 
 def fold(into: Results, other: Results) -> Results:
-    """Merge `other` into `into`: runs are unioned; per record the latest result wins, except that a machine
-    of another SM saying "not run here" never replaces a real result."""
+    """Merge `other` into `into`: runs are unioned; per record the latest result wins, except that "not run here"
+    never replaces a real result: not from a machine of another SM, and not from one of the same SM that could not
+    run it (vLLM's kernels not installed there, memory held by another process): that is the machine's, and the
+    result another machine of the SM made stands."""
     into.runs.update(other.runs)
     for name in SECTIONS:
         ours = into.section(name)
         for key, rec in other.section(name).items():
             old = ours.get(key)
-            if old is None or (into.on_own_sm(rec), rec.finished) >= (into.on_own_sm(old), old.finished):
+            if old is None or _rank(into, rec) >= _rank(into, old):
                 ours[key] = rec
     return into
+
+
+def _rank(results: Results, rec: Record) -> tuple:
+    """What makes a record win over another of the same key: made on its own SM, a result, then the latest."""
+    return results.on_own_sm(rec), getattr(rec, "status", None) is not Status.NOT_RUN, rec.finished
 
 
 def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:
@@ -512,6 +519,9 @@ class Recorder:
         the hundreds of those in a plan cost about 20 ms apiece), and for a benchmark item's record, written while
         the next item runs in its worker."""
         rec.run = self.run_id
+        old = self.results.section(section).get(key)
+        if old is not None and _rank(self.results, old) > _rank(self.results, rec):
+            return  # "not run here" where this machine made a result before: that result stands (fold's rule)
         self.results.section(section)[key] = rec
         self.rendered.pop(id(rec), None)  # a record recorded again may have changed
         self.unwritten = defer
