@@ -121,10 +121,10 @@ def _providers(w: Where, names: list[str], plan: Plan) -> tuple[str, ...]:
             if why:
                 raise w.fail(("providers", i), f"an implementation the harness can call (vLLM's kernel: {why})", name)
         elif name not in named:
-            raise w.fail(("providers", i), "vllm or a named baseline of benchmark.baselines" + (
-                f" ({', '.join(named)})" if named else "") + (" (the kernel under test and the reference run in "
-                                                              "every cell already)" if name in BASELINES or
-                                                              name == "kernel" else ""), name)
+            expected = "vllm or a named baseline of benchmark.baselines" + (f" ({', '.join(named)})" if named else "")
+            if name in ("kernel", *BASELINES):
+                expected += " (the kernel under test and the reference run in every cell already)"
+            raise w.fail(("providers", i), expected, name)
     return tuple(names)
 
 
