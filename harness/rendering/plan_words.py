@@ -59,8 +59,8 @@ def describe(plan: Plan, cells: list[Cell]) -> str:
     if not cells:
         return ""
     values = {axis: [v for v in plan.matrix[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
-    present = set(cells)
-    absent = [c.id for c in (Cell(*vs) for vs in itertools.product(*values.values())) if c not in present]
+    present = {tuple(c.axes().values()) for c in cells}  # a provider's cells are described as the kernel's are
+    absent = [Cell(*vs).id for vs in itertools.product(*values.values()) if vs not in present]
     if len(absent) > 8:
         ids = [c.id for c in cells]
         return ", ".join(ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")

@@ -4,7 +4,6 @@ failure with its minimal input)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
@@ -227,7 +226,7 @@ def accepted_inputs(res: Merged, provider: str = "") -> str:
             rec = res.records[c.id]
             for reason, example in [(rec.reason, rec.minimal_example),
                                     *((f.reason, f.minimal_example) for f in rec.more_failures or ())]:
-                groups[(first_line(reason, 300), example or NO_RESULT)].append(dataclasses.replace(c, provider=""))
+                groups[(first_line(reason, 300), example or NO_RESULT)].append(c)
         rows = [[md(describe(plan, cells)), str(len(cells)), md(reason), md(example)]
                 for (reason, example), cells in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
         lines += ["Where it failed (each distinct failure of a cell, with its minimal input):", "",

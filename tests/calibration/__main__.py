@@ -24,6 +24,7 @@ import yaml
 from tabulate import tabulate
 
 from harness.spec.load import load_plan
+from harness.spec.matrix import Cell
 from harness.spec.vllm_ops import vllm_kernel_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ def cells_ran(reports: Path, entry: Entry) -> list[dict]:
     for f in sorted((reports / f"cal_{entry.label}" / "results").glob("*.json")):
         out += [c for cell_id, c in json.loads(f.read_text())["cells"].items()
                 if c["status"] in ("passed", "failed")
-                and (cell_id.endswith(f"-{entry.provider}") if entry.provider else cell_id.count("-") == 4)]
+                and Cell.from_id(cell_id).provider == entry.provider]
     return out
 
 
