@@ -84,8 +84,7 @@ def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
             continue
         gpus = ", ".join(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
         for profile, baseline in VLLM_PROFILES:
-            pairs = [r for r in recs if valid(r.impls.get("vllm")) and valid(r.impls.get(baseline))]
-            speed = interval(spread(r.impls[baseline], r.impls["vllm"]) for r in pairs)
+            speed = _against(recs, baseline, "vllm")
             if speed is None:
                 why = f"vllm and {baseline} not both timed: {first_line(why_untimed(recs[0].impls.get('vllm')), 120)}"
                 out.append(Recommendation(sm, dtype, reg, profile, "", why, baseline, gpu=gpus))
@@ -157,7 +156,7 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     runnable = ["vllm"] + [name for name in names if plan.benchmark.setting(name)]
     better = []
     for name in runnable:
-        vs = interval(spread(r.impls[baseline], r.impls[name]) for r in pairs if valid(r.impls.get(name)))
+        vs = _against(pairs, baseline, name)
         if vs is not None and vs.shapes == len(pairs) and vs.wholly_faster:
             better.append((vs.median, name, vs))
     if better:
@@ -168,6 +167,12 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
         return made(f"leave it to {name}", "; ".join(reasons) + f"; {name} is faster than {baseline} {at} "
                     f"({vs.text()})", speed, others, timed, setting=plan.benchmark.setting(name))
     return made(FALLBACK[baseline], "; ".join(reasons), speed, others, timed)
+
+
+def _against(recs: list, baseline: str, name: str) -> Interval | None:
+    """One implementation's speedup over the profile's baseline, over the shapes where both were timed."""
+    return interval(spread(r.impls[baseline], r.impls[name]) for r in recs
+                    if valid(r.impls.get(name)) and valid(r.impls.get(baseline)))
 
 
 def _check_baseline(timed: list) -> str:
