@@ -291,3 +291,20 @@ def test_the_engine_section_shows_calls_by_step_kind_and_the_token_comparison(tm
     row = next(line for line in page.split("## A running engine")[1].splitlines() if line.startswith("| sm90"))
     assert "| ❌ rms_norm: the kernel was not called in mixed steps | a tiny Llama | 1 / 0 / 15 " in row, row
     assert "request 3, token 0" in row and "CUDA graphs" in row, row
+
+
+def test_an_engine_that_cannot_serve_without_the_plugins_is_not_run_not_failed(tmp_path, monkeypatch):
+    """vLLM that cannot serve on this machine at all (a kernel of its own missing from the build, no memory) says
+    nothing of the plan's kernel: the item is not run here, with vLLM's error, never failed."""
+    broken = EngineRun(error="NotImplementedError: _C::get_cuda_view_from_cpu_tensor is a vLLM CUDA kernel that was "
+                             "not carried")
+    monkeypatch.setattr(engine, "serve_with_and_without", lambda *a, **k: (broken, broken))
+    monkeypatch.setattr(engine, "engine_unsupported", lambda plan: "")
+    rec = engine.run_engine_item(load_plan(PLANS[0]), "cpu")
+    assert rec.status.value == "not_run", rec
+    assert rec.reason.startswith("vLLM's engine cannot serve on this machine even without the plugins: "
+                                 "NotImplementedError: _C::get_cuda_view_from_cpu_tensor"), rec.reason
+    plugged_only = EngineRun(error="ImportError: the plugin")
+    monkeypatch.setattr(engine, "serve_with_and_without", lambda *a, **k: (EngineRun(), plugged_only))
+    rec = engine.run_engine_item(load_plan(PLANS[0]), "cpu")
+    assert rec.status.value == "failed" and "the engine with the plugins failed: ImportError" in rec.reason, rec

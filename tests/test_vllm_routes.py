@@ -129,6 +129,35 @@ def test_a_failure_says_whose_code_raised(tmp_path, monkeypatch, kernel, route, 
     assert "vLLM's RMSNorm raised" not in rec.reason
 
 
+FIRST_CALL_FAILS = """
+from kernels.rms_norm import rms_norm, vllm_forward_inputs, vllm_ir_inputs, vllm_layer  # noqa: F401  the vLLM side
+
+calls = []
+
+
+def rms_norm_once_wrong(out, x, weight, eps):
+    \"\"\"Right on every call but the first (a race, a stale cache), so hypothesis's replay passes.\"\"\"
+    calls.append(1)
+    rms_norm(out, x, weight, eps)
+    if len(calls) == 1:
+        out.zero_()
+"""
+
+
+@needs_vllm
+def test_a_failure_that_does_not_recur_on_replay_is_the_kernels_said_once(tmp_path, monkeypatch):
+    """hypothesis raises FlakyFailure where the replayed example passes: the item is judged by the first failure
+    (a wrong output is the kernel's), said to have happened once, never "the harness raised FlakyFailure"."""
+    _module(tmp_path, monkeypatch, "first_call_fails", FIRST_CALL_FAILS)
+    plan = load_plan(rms_norm_plan(tmp_path, "first_call_fails:rms_norm_once_wrong", matrix={"dtype": ["bf16"]},
+                                   vllm=RMS_VLLM))
+    rec = integration.check_route(plan, CELL, "custom_op", examples=3)
+    assert rec.status == Status.FAILED, rec
+    assert "Flaky" not in rec.reason and "the harness raised" not in rec.reason, rec.reason
+    assert rec.reason.endswith("(once: the same input passed when hypothesis replayed it)"), rec.reason
+    assert "'out'" in rec.reason, rec.reason
+
+
 @needs_vllm
 def test_a_failure_in_the_generated_plugin_is_the_harnesss(tmp_path):
     plan = load_plan(rms_norm_plan(tmp_path, matrix={"dtype": ["bf16"]}, vllm=RMS_VLLM))

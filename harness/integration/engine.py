@@ -562,6 +562,11 @@ def run_engine_item(plan: Plan, sm: str, keep: Path | None = None, profile: str 
         return rec
     with engine_workdir(keep) as workdir:
         baseline, plugged = serve_with_and_without([plan], workdir, cuda_graphs, PROFILES.get(profile, True))
+    if baseline.error:  # vLLM cannot serve here at all: the machine's or vLLM's build's, never the kernel's
+        rec.status = Status.NOT_RUN
+        rec.reason = f"vLLM's engine cannot serve on this machine even without the plugins: {baseline.error}"
+        rec.duration_s = round(time.monotonic() - start, 3)
+        return rec
     problems = engine_problems([plan], baseline, plugged, cuda_graphs)
     rec.engine = engine_outcome([plan], plan, baseline, plugged, cuda_graphs, profile)
     rec.kernel_calls = sum(rec.engine.calls.values())

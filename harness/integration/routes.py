@@ -35,9 +35,10 @@ from typing import Callable
 
 import torch
 from hypothesis import given
+from hypothesis.errors import FlakyFailure
 
 from harness.runtime.calls import first_line, reference_outputs
-from harness.runtime.device import detect, package_version
+from harness.runtime.device import detect, memory_held_elsewhere, package_version
 from harness.runtime.inputs import build_args, examples as example_strategy
 from harness.spec.matrix import Cell
 from harness.runtime.numerics import Mismatch, Stats
@@ -516,14 +517,21 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
             test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__vllm_{route}_{cell.id}")
             run = RunSettings(examples=examples, profile=profile, database=database)
             test = hypothesis_settings(run)(given(example_strategy(plan, cell, device))(test))
+            once = ""
             try:
-                test()
-            except (Failure, Mismatch) as exc:
-                rec.status, rec.reason = Status.FAILED, str(exc)
-            except Exception as exc:  # the harness's own code around the call (inputs, reference, comparison)
-                rec.status = Status.FAILED
-                rec.reason = (f"the harness raised {first_line(exc)[:500]} ({_origin(exc)}) around vLLM's "
-                              f"{r.layer_class}: the harness's code, not the kernel's or vLLM's")
+                try:
+                    test()
+                except FlakyFailure as flaky:  # judged by the failure itself, said to have passed on replay
+                    once = " (once: the same input passed when hypothesis replayed it)"
+                    raise flaky.exceptions[0] from None
+            except Exception as exc:
+                held = memory_held_elsewhere(str(exc))  # out of memory others hold: the machine's, not run
+                rec.status = Status.NOT_RUN if held else Status.FAILED
+                if held or isinstance(exc, (Failure, Mismatch)):
+                    rec.reason = held or str(exc) + once
+                else:  # the harness's own code around the call (inputs, reference, comparison)
+                    rec.reason = (f"the harness raised {first_line(exc)[:500]} ({_origin(exc)}) around vLLM's "
+                                  f"{r.layer_class}{once}: the harness's code, not the kernel's or vLLM's")
             rec.kernel_calls = r.counter.calls
     rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
     rec.tolerance, rec.error, rec.vllm = Tolerance(tol.atol, tol.rtol), stats.record(), vllm_version()
