@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec.vllm_ops import integration_routes
-from harness.integration import routes as integration
+from harness.vllm.names import integration_routes
+from harness.vllm import routes as integration
 from harness.results.store import Status
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm.compiled import vllm_missing
 from harness.spec.load import load_plan
 from harness.spec.matrix import Cell
 

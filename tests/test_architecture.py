@@ -211,7 +211,7 @@ def test_harness_modules_stay_small():
 def test_the_tree_is_the_flow_plan_cells_results_decisions_pages():
     """Each kind of work in its own sub-package, and nothing of the harness's own beside them but its entry points."""
     packages = {p.name for p in HARNESS.iterdir() if (p / "__init__.py").exists()}
-    assert packages == {"spec", "results", "decisions", "rendering", "runtime", "integration", "plugin",
+    assert packages == {"spec", "results", "decisions", "rendering", "runtime", "vllm", "plugin",
                         "interpreter"}, packages
     loose = {p.name for p in HARNESS.glob("*.py")} - {"__init__.py", "__main__.py"}
     assert not loose, f"modules outside the sub-packages: {loose}"

@@ -29,7 +29,7 @@ from harness.spec.expressions import evaluate
 from harness.spec.plan import PlanError
 from harness.results.store import NOISE_FLOOR, ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm.compiled import vllm_missing
 
 from tests.plans import cpu_machine_only, rms_norm_plan, write_plan
 from tests.test_report import bench as bench_record, passed_sm90

@@ -25,8 +25,8 @@ from harness.spec.plan import PlanError
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask
-from harness.runtime.vllm_kernels import vllm_missing
-from harness.rendering.plugin_source import render_plugin
+from harness.vllm.compiled import vllm_missing
+from harness.vllm.plugin_source import render_plugin
 from tests.plans import rms_norm_args, rms_norm_plan, write_plan
 from tests.test_vllm_ops import _ruff
 

@@ -15,8 +15,7 @@ from harness.decisions.speedups import Interval
 from harness.rendering.defaults import regime_summary
 from harness.rendering.overview import render_overview
 from harness.spec.load import load_plan
-from harness.spec.vllm_defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, SWITCHES, vllm_default
-from harness.spec.vllm_schemas import VLLM_KERNELS
+from harness.vllm.defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, vllm_default
 from tests.plans import small_plan
 from tests.test_report import bench, cell, machine, render, write_results
 
@@ -150,13 +149,20 @@ def test_the_defaults_table_sets_vllms_default_beside_the_measured_decision(tmp_
     assert """`--compilation-config '{"custom_ops": ["+silu_and_mul"]}'`""" in text  # how to turn it on, once
 
 
+def _switches() -> dict:
+    """The switch of vLLM's kernel in every bundled plan naming one."""
+    plans = (load_plan(p) for p in (ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))))
+    return {plan.vllm.kernel.name: plan.vllm.kernel.switch for plan in plans if plan.vllm.kernel}
+
+
 def test_every_vllm_kernel_has_a_switch_and_a_default_per_platform_and_profile():
     assert (INDUCTOR_ON, INDUCTOR_OFF) == tuple(profile for profile, _ in VLLM_PROFILES)
-    assert set(SWITCHES) == set(VLLM_KERNELS)
-    for kernel in SWITCHES:
+    switches = _switches()
+    assert len(switches) == 8 and all(switches.values()), switches
+    for kernel, switch in switches.items():
         for sm in ("cpu", "sm90", "gfx942"):
             for profile in (INDUCTOR_ON, INDUCTOR_OFF):
-                assert vllm_default(kernel, sm, profile) is not None, (kernel, sm, profile)
+                assert vllm_default(switch, sm, profile) is not None, (kernel, sm, profile)
 
 
 def test_the_defaults_name_files_and_symbols_of_the_installed_vllm():
@@ -164,7 +170,9 @@ def test_the_defaults_name_files_and_symbols_of_the_installed_vllm():
     if spec is None or not spec.origin:
         pytest.skip("vLLM is not installed here")
     root = Path(spec.origin).parent.parent
-    sources = {d.source for d in DEFAULTS} | {s.cpu_runs_native for s in SWITCHES.values() if s.cpu_runs_native}
+    switches = _switches().values()
+    sources = {d.source for d in DEFAULTS} | {s.cpu_runs_native for s in switches if s.cpu_runs_native} | \
+        {s.note.rpartition("(")[2].rstrip(")").split(",")[0] for s in switches if s.note}
     for source in sorted(sources):
         path, symbol = source.split(" ")[:2]
         text = (root / path).read_text()

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.integration import engine, fusion
-from harness.integration.engine import EngineRun, compare_greedy, engine_problems, missing_calls, serve_with_and_without
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm import engine, fusion
+from harness.vllm.engine import EngineRun, compare_greedy, engine_problems, missing_calls, serve_with_and_without
+from harness.vllm.compiled import vllm_missing
 from harness.spec.load import load_plan
-from harness.spec.vllm_fusions import FUSION_CASES, fusion_profiles
+from harness.vllm.fusion_cases import fusion_case, fusion_profiles
 from tests.plans import cpu_machine_only, hide_vllm, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,6 +177,9 @@ def test_two_plugins_for_one_layer_cannot_share_an_engine():
     assert custom_ops == ("+SiluAndMul",)
 
 
+SILU_QUANT = fusion_case(load_plan(ROOT / "kernels/plans/silu_and_mul_quant.yaml"))
+
+
 @cpu_machine_only
 def test_without_vllm_the_engine_and_fusion_items_are_not_run(pytester, monkeypatch):
     hide_vllm(monkeypatch)
@@ -187,14 +190,12 @@ def test_without_vllm_the_engine_and_fusion_items_are_not_run(pytester, monkeypa
         # In this process (a fresh pytest process imports torch and the harness again, 8 s on a 2-core machine).
         result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "-m", marker,
                                               "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
-        result.assert_outcomes(skipped=1 if marker == "engine" else len(fusion_profiles(FUSION_CASES[
-            "silu_and_mul_quant"])))
+        result.assert_outcomes(skipped=1 if marker == "engine" else len(fusion_profiles(SILU_QUANT)))
     items = json.loads((reports / "rms_norm" / "results" / "cpu.json").read_text())["integration"]
     assert {k: (v["route"], v["status"], v["reason"]) for k, v in items.items()} == {
         "engine[tiny_llama-cpu]": ("engine", "not_run", "vllm not installed")}
     items = json.loads((reports / "silu_and_mul_quant" / "results" / "cpu.json").read_text())["integration"]
-    assert sorted(items) == sorted(fusion.item_name(p, "cpu") for p in fusion_profiles(FUSION_CASES[
-        "silu_and_mul_quant"]))
+    assert sorted(items) == sorted(fusion.item_name(p, "cpu") for p in fusion_profiles(SILU_QUANT))
     assert {v["reason"] for v in items.values()} == {"vllm not installed"}
 
 
@@ -230,9 +231,10 @@ def test_the_fusion_check_reads_the_graph_around_the_pass_and_compares_outputs()
     Inductor around a pass that rewrites nothing, so the page would say "no match" and name the ops kept."""
     import dataclasses
 
-    case = dataclasses.replace(FUSION_CASES["rms_norm_static_fp8_quant"], pass_path="tests.test_engine:NoFusion")
+    plan = load_plan(ROOT / "kernels/plans/rms_norm_static_fp8_quant.yaml")
+    case = dataclasses.replace(fusion_case(plan), pass_path="tests.test_engine:NoFusion")
     profile = fusion_profiles(case)[0]  # custom ops off
-    outcome = fusion.check_fusion(load_plan(ROOT / "kernels/plans/rms_norm_static_fp8_quant.yaml"), case, profile)
+    outcome = fusion.check_fusion(plan, case, profile)
     assert outcome.matched == 0 and outcome.fused_kernels == [], outcome
     assert fusion.describe(case, outcome).startswith("no match: the graph keeps"), outcome
 
@@ -308,3 +310,22 @@ def test_an_engine_that_cannot_serve_without_the_plugins_is_not_run_not_failed(t
     monkeypatch.setattr(engine, "serve_with_and_without", lambda *a, **k: (EngineRun(), plugged_only))
     rec = engine.run_engine_item(load_plan(PLANS[0]), "cpu")
     assert rec.status.value == "failed" and "the engine with the plugins failed: ImportError" in rec.reason, rec
+
+
+def test_a_fusion_item_whose_vllm_lacks_its_own_kernel_is_not_run(monkeypatch):
+    """Every call of a fusion item is vLLM's: its build lacking one of its kernels here (a NotImplementedError from
+    vLLM's op) says nothing of the op's kernel, so the item is not run, with vLLM's error; other errors still fail."""
+    plan = load_plan(ROOT / "kernels/plans/silu_and_mul_quant.yaml")
+    monkeypatch.setattr(fusion, "pass_unavailable", lambda case: "")
+
+    def missing(*args):
+        raise NotImplementedError("_C::silu_and_mul is a vLLM CUDA kernel that was not carried")
+
+    monkeypatch.setattr(fusion, "check_fusion", missing)
+    rec = fusion.run_fusion_item(fusion.FusionTask(plan, "all", "sm90"))
+    assert rec.status.value == "not_run", rec
+    assert rec.reason == ("vLLM cannot run its own layers here: ActivationQuantFusionPass under all raised "
+                          "NotImplementedError: _C::silu_and_mul is a vLLM CUDA kernel that was not carried")
+    monkeypatch.setattr(fusion, "check_fusion", lambda *a: 1 / 0)
+    rec = fusion.run_fusion_item(fusion.FusionTask(plan, "all", "sm90"))
+    assert rec.status.value == "failed" and "ZeroDivisionError" in rec.reason, rec

@@ -23,7 +23,7 @@ from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.checks_version import checks_version
 from harness.results.store import FORMAT, VERSION
-from harness.spec.vllm_ops import enable_setting, profile_setting
+from harness.vllm.names import enable_setting, profile_setting
 from tests.plans import read_plan, small_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -94,3 +94,32 @@ def test_not_run_here_never_replaces_a_result_of_the_same_sm(tmp_path):
     again.record("cells", key, CellRecord("decode", "bf16", 1, "eager", "cpu", Status.PASSED,
                                           finished="2026-12-06T04:00:00Z"))
     assert load(again.path, "rms_norm").cells[key].status is Status.PASSED
+
+
+def test_made_by_other_checks_the_later_record_wins_even_not_run(tmp_path):
+    """A failure the old checks reported (vLLM's build lacking one of its own kernels, once called the kernel's
+    failure) and "not run here" from the checks now: the record of the current checks stands, as "not run", in the
+    machine's own file and across files; the old failure is gone, not kept as a finding the checks no longer make."""
+    import dataclasses
+
+    from harness.results.store import IntegrationRecord, Provenance, Recorder, Results, fold
+
+    old = Provenance("sm90", "cuda", "x86_64", 1, 16, host="vm", commit="abc", date="2026-12-06",
+                     checks={"integration": "aaaa", "numerics": "nnnn"})
+    new = dataclasses.replace(old, checks={"integration": "bbbb", "numerics": "nnnn"})
+    key = "fusion[all-bf16-sm90]"
+
+    def item(status, reason, finished):
+        return IntegrationRecord(route="fusion", phase="all", dtype="bf16", tp=1, sm="sm90", status=status,
+                                 graph_mode="torch_compile", reason=reason, finished=finished)
+
+    Recorder(tmp_path, "op", old, "run-1").record("integration", key, item(Status.FAILED, "NotImplementedError",
+                                                                          "2026-12-06T01:00:00Z"))
+    again = Recorder(tmp_path, "op", new, "run-2")
+    again.record("integration", key, item(Status.NOT_RUN, "vLLM cannot run its own layers here",
+                                          "2026-12-06T02:00:00Z"))
+    assert load(again.path, "op").integration[key].status is Status.NOT_RUN
+    stale = Results("op", {"run-0": old}, integration={key: dataclasses.replace(
+        item(Status.FAILED, "NotImplementedError", "2026-12-06T00:30:00Z"), run="run-0")})
+    assert fold(stale, load(again.path, "op")).integration[key].status is Status.NOT_RUN
+    assert fold(load(again.path, "op"), stale).integration[key].status is Status.NOT_RUN

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kernels.rms_norm  # noqa: F401  triton imported here first, not inside a pytester run
-from harness.integration import routes as integration
+from harness.vllm import routes as integration
 from harness.runtime.calls import reference_outputs
 from harness.runtime.inputs import Example, build_args
 from harness.runtime.resolve import resolve
@@ -24,9 +24,9 @@ from harness.rendering.design import plugin_markdown
 from harness.results.store import IntegrationRecord, Status, to_json
 from harness.spec.tolerances import tolerance_for
 from harness.runtime.providers import KernelUnavailable, load_kernel
-from harness.runtime.vllm_kernels import vllm_missing
-from harness.rendering.plugin_source import render_plugin
-from harness.spec.vllm_ops import integration_routes, plugin_entry_point, plugin_module_name, provider_name
+from harness.vllm.compiled import vllm_missing
+from harness.vllm.plugin_source import render_plugin
+from harness.vllm.names import integration_routes, plugin_entry_point, plugin_module_name, provider_name
 from harness.spec.matrix import Cell
 from harness.spec.load import load_plan
 from harness.spec.plan import PlanError

@@ -26,37 +26,43 @@ from harness.runtime.runner import RunSettings, example_layouts, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime import providers
 from harness.runtime.providers import load_kernel
-from harness.runtime.vllm_kernels import compiled_op, schema_problem
-from harness.spec.vllm_ops import baseline_unsupported, vllm_kernel_for
-from harness.spec.vllm_schemas import VLLM_KERNELS, mismatches, parse_schema
+from harness.spec.plan import VllmKernel
+from harness.vllm.compiled import compiled_op, registered_params, schema_problem
+from harness.vllm.names import baseline_unsupported
+from harness.vllm.kernels import SCHEMAS, Param, args_problem, kernel_schema, mismatches, parse_schema
 from tests.plans import cpu_machine_only, read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
-# The bundled plan of each op vLLM has a kernel for.
-BUNDLED = {k.name: (ROOT / "plan.yaml" if k.name == "rms_norm" else PLANS / f"{k.name}.yaml")
-           for k in VLLM_KERNELS.values()}
+# The bundled plans naming vLLM's kernel for their op.
+BUNDLED = {path.stem: path for path in (ROOT / "plan.yaml", *sorted(PLANS.glob("*.yaml")))
+           if (read_plan(path).get("vllm") or {}).get("kernel")}
 
 
 # ---------------------------------------------------------------- the table and its adapter (no vLLM needed)
 
 
+def test_the_bundled_plans_name_vllms_kernel_for_each_op_it_has_one_for():
+    assert len(BUNDLED) == len(SCHEMAS) == 8
+    assert {load_plan(path).vllm.kernel.name for path in BUNDLED.values()} == set(SCHEMAS)
+
+
 @pytest.mark.parametrize("name", sorted(BUNDLED))
 def test_each_bundled_op_maps_onto_vllms_schema(name):
     plan = load_plan(BUNDLED[name])
-    kernel = vllm_kernel_for(plan)
-    assert kernel is not None and kernel.name == name
-    _, params = parse_schema(kernel.schema)
-    assert len(params) == len(kernel.args)
+    kernel = plan.vllm.kernel
+    _, params = parse_schema(kernel_schema(kernel))
+    assert kernel.signature is None and len(params) == len(kernel.args)  # vLLM 0.26.0's schema, pinned
     assert baseline_unsupported(plan) == ""
-    assert mismatches(kernel, [plan.arg(n) for n in kernel.args], plan.written_args) == []
+    assert mismatches(kernel.name, params, [plan.arg(n) for n in kernel.args], plan.written_args) == []
     assert "vllm" in plan.benchmark.baselines and plan.providers == ("vllm",)
+    assert kernel.switch is not None  # the cross-op page sets it beside vLLM's default
 
 
 @pytest.mark.parametrize("plan", ["paged_attention", "int8_linear_column", "int8_linear_row"])
 def test_ops_without_a_like_for_like_vllm_kernel_say_why(plan):
     loaded = load_plan(PLANS / f"{plan}.yaml")
-    assert baseline_unsupported(loaded).startswith("vLLM has no compiled kernel the harness knows")
+    assert baseline_unsupported(loaded).startswith("the plan names no vLLM kernel for the op (vllm.kernel: ")
     assert "vllm" not in loaded.benchmark.baselines
     assert "No vllm baseline: vLLM 0.26's _C has no like-for-like kernel" in loaded.raw_text
 
@@ -71,7 +77,8 @@ def reordered(path: Path, args: dict | None = None, **op) -> Path:
                                 "reference": "tests.plans:any_call", "args": args, "outputs": ["out"],
                                 "sizes": {"hidden": [64]}, **op},
                       matrix={"phase": ["decode"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["eager"],
-                              "sm": ["cpu"]})
+                              "sm": ["cpu"]},
+                      vllm={"kernel": {"name": "rms_norm", "args": ["out", "x", "weight", "eps"]}})
 
 
 def test_the_adapter_passes_the_plans_arguments_in_vllms_order(tmp_path, monkeypatch):
@@ -80,33 +87,56 @@ def test_the_adapter_passes_the_plans_arguments_in_vllms_order(tmp_path, monkeyp
     plan = load_plan(path)
     assert baseline_unsupported(plan) == ""
     calls = []
-    monkeypatch.setattr(providers, "compiled_op", lambda kernel: lambda *args: calls.append((kernel.in_tree, args)))
+    monkeypatch.setattr(providers, "compiled_op",
+                        lambda plan: lambda *args: calls.append((plan.vllm.kernel.name, args)))
     load_kernel(plan, "vllm")(x="X", weight="W", eps=1e-6, out="O")
     assert calls == [("rms_norm", ("O", "X", "W", 1e-6))]
     args = read_plan(path)["op"]["args"]
     del args["eps"]
     reordered(path, args)
-    assert baseline_unsupported(load_plan(path)) == \
-        "torch.ops._C.rms_norm takes (out, x, weight, eps) from the plan's arguments; the plan has no eps"
+    with pytest.raises(PlanError, match=r"vllm.kernel.args\[3\]: expected an argument of the plan \(x, weight, out\); "
+                                        "found 'eps'"):
+        load_plan(path)
     reordered(path, outputs=["out", "weight"], mutates=["weight"])
-    assert "the plan's 'weight' cannot be torch.ops._C.rms_norm's: expected a tensor the op only reads" in \
-        baseline_unsupported(load_plan(path))
+    with pytest.raises(PlanError, match="vllm.kernel.args: expected the plan arguments vLLM's kernel takes \\(the "
+                                        "plan's 'weight' cannot be torch.ops._C.rms_norm's: expected a tensor the op "
+                                        "only reads"):
+        load_plan(path)
+
+
+def _kernel(name: str) -> tuple[VllmKernel, str]:
+    return VllmKernel(name=name, args=[]), SCHEMAS[name]
 
 
 def test_registered_schemas_are_checked_against_the_table():
-    rope, quant = VLLM_KERNELS["rotary_embedding"], VLLM_KERNELS["dynamic_per_token_scaled_fp8_quant"]
+    rope, quant = _kernel("rotary_embedding"), _kernel("dynamic_per_token_scaled_fp8_quant")
     newer = torch._C.parse_schema("_C::rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, "
                                   "int head_size, Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, "
                                   "bool inverse=False) -> ()")
-    assert schema_problem(rope, newer) == ""  # later parameters with defaults: called as before
+    assert schema_problem(*rope, newer) == ""  # later parameters with defaults: called as before
     cpu_weight = torch._C.parse_schema("_C::rms_norm(Tensor(a!) out, Tensor input, Tensor? weight, float eps) -> ()")
-    assert schema_problem(VLLM_KERNELS["rms_norm"], cpu_weight) == ""  # an optional tensor takes a tensor
+    assert schema_problem(*_kernel("rms_norm"), cpu_weight) == ""  # an optional tensor takes a tensor
     placeholder = torch._C.parse_schema("_C::dynamic_per_token_scaled_fp8_quant() -> ()")
-    assert "(a placeholder without a kernel), not as vLLM's `dynamic_per_token_scaled_fp8_quant(Tensor! result" in \
-        schema_problem(quant, placeholder)
+    assert "(a placeholder without a kernel), not as `dynamic_per_token_scaled_fp8_quant(Tensor! result" in \
+        schema_problem(*quant, placeholder)
     other = torch._C.parse_schema("_C::rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, "
                                   "Tensor cos_sin_cache, int head_size, bool is_neox) -> ()")
-    assert schema_problem(rope, other).endswith("no such kernel here")
+    assert schema_problem(*rope, other).endswith("no such kernel here")
+
+
+def test_a_kernel_the_table_lacks_is_checked_against_the_schema_vllm_registers(tmp_path):
+    """vLLM's kernel for an op added after vLLM 0.26.0: nothing pinned in the harness, the plan's arguments read
+    against the schema the installed vLLM registers, with the same words as at load time."""
+    registered = torch._C.parse_schema("_C::gelu_and_mul(Tensor(a!) out, Tensor input, float approx=0.0) -> ()")
+    assert registered_params(registered) == (Param("out", "Tensor", True), Param("input", "Tensor"),
+                                             Param("approx", "float", default="0.0"))
+    plan = load_plan(reordered(tmp_path / "plan.yaml"))
+    kernel = VllmKernel(name="gelu_and_mul", args=["out", "x"])
+    assert args_problem(kernel, registered_params(registered), [plan.arg("out"), plan.arg("x")], ["out"]) == ""
+    swapped = VllmKernel(name="gelu_and_mul", args=["x", "out"])
+    assert args_problem(swapped, registered_params(registered), [plan.arg("x"), plan.arg("out")], ["out"]) == (
+        "the plan's 'x' cannot be torch.ops._C.gelu_and_mul's: expected a tensor the op writes (role: output, or "
+        "listed in op.mutates), for vLLM's `Tensor! out` (gelu_and_mul parameter 1); found tensor")
 
 
 # ---------------------------------------------------------------- `providers: [vllm]`: vLLM's kernel through the cells
@@ -132,6 +162,8 @@ matrix:
   graph_mode: [eager]
   sm: [cpu]
 benchmark: {decode: [8], baselines: [native, compiled, vllm]}
+vllm:
+  kernel: {name: rms_norm, args: [out, x, weight, eps]}
 providers: [vllm]
 """
 
@@ -154,13 +186,17 @@ def test_a_provider_runs_through_the_kernels_cells_and_loads_without_vllm(tmp_pa
 @pytest.mark.parametrize("what, old, new, line, field, words", [
     ("vLLM's kernel as the kernel under test", "kernel: kernels.rms_norm:rms_norm", "kernel: vllm:rms_norm", 4,
      "op.kernel", "vLLM's own kernel for the op runs through the same cells with `providers: [vllm]`"),
-    ("an argument vLLM's kernel needs missing", "    eps: 1.0e-6\n", "", 19, "providers[0]",
-     "torch.ops._C.rms_norm takes (out, x, weight, eps) from the plan's arguments; the plan has no eps"),
-    ("a name that is no provider", "providers: [vllm]", "providers: [vllm, liger]", 20, "providers[1]",
+    ("an argument vLLM's kernel needs missing", "    eps: 1.0e-6\n", "", 20, "vllm.kernel.args[3]",
+     "an argument of the plan (out, x, weight)"),
+    ("vLLM's kernel not named", "vllm:\n  kernel: {name: rms_norm, args: [out, x, weight, eps]}\n", "", 20,
+     "providers[0]", "the plan names no vLLM kernel for the op (vllm.kernel: "),
+    ("a schema that is none", "args: [out, x, weight, eps]}", "args: [out, x, weight, eps], signature: rms_norm}",
+     21, "vllm.kernel.signature", "a schema 'name(Tensor! out, Tensor x, float eps) -> ()'"),
+    ("a name that is no provider", "providers: [vllm]", "providers: [vllm, liger]", 22, "providers[1]",
      "vllm or a named baseline of benchmark.baselines"),
-    ("the reference as a provider", "providers: [vllm]", "providers: [native]", 20, "providers[0]",
+    ("the reference as a provider", "providers: [vllm]", "providers: [native]", 22, "providers[0]",
      "the kernel under test and the reference run in every cell already"),
-    ("a provider twice", "providers: [vllm]", "providers: [vllm, vllm]", 20, "providers[1]", "values without repeats"),
+    ("a provider twice", "providers: [vllm]", "providers: [vllm, vllm]", 22, "providers[1]", "values without repeats"),
 ])
 def test_provider_errors_name_file_line_and_field(tmp_path, what, old, new, line, field, words):
     path = provider_plan(tmp_path, old, new)
@@ -393,7 +429,7 @@ def test_the_overview_lists_vllms_kernels_apart_from_the_decisions(tmp_path):
 
 
 def _cpu_kernels_missing() -> str:
-    op = compiled_op(VLLM_KERNELS["rms_norm"])
+    op = compiled_op(load_plan(ROOT / "plan.yaml"))
     return op if isinstance(op, str) else ""
 
 

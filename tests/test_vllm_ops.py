@@ -11,11 +11,11 @@ from string import Template
 
 import pytest
 
-from harness.rendering.plugin_source import TEMPLATES, plugin_template, render_plugin
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm.plugin_source import TEMPLATES, plugin_template, render_plugin
+from harness.vllm.compiled import vllm_missing
 from harness.spec.load import load_plan
 from harness.spec.tolerances import tolerance_for
-from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
+from harness.vllm.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_route, provider_name, unsupported
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 import kernels.rms_norm  # noqa: F401  triton imported here first
-from harness.spec.vllm_ops import integration_routes
+from harness.vllm.names import integration_routes
 from harness.decisions.verdicts import BLOCKED, sm_verdicts
-from harness.integration import routes as integration
-from harness.rendering.plugin_source import render_plugin
+from harness.vllm import routes as integration
+from harness.vllm.plugin_source import render_plugin
 from harness.rendering.report import render
 from harness.results.merge import collect
 from harness.results.store import IntegrationRecord, Status
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm.compiled import vllm_missing
 from harness.spec.load import load_plan
 from harness.spec.matrix import Cell
 from tests.plans import read_plan, rms_norm_plan, write_plan

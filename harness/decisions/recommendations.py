@@ -14,7 +14,7 @@ from harness.decisions.speedups import REGIMES, Interval, baselines, impl_order,
 from harness.results.merge import Merged
 from harness.spec.hardware import Hardware
 from harness.spec.matrix import Cell, bench_graph_modes, decide
-from harness.spec.vllm_ops import is_vllm_default, profile_setting
+from harness.vllm.names import is_vllm_default, profile_setting
 
 ENABLE, INDUCTOR, NATIVE, KEEP_VLLM = ("enable the custom op", "leave it to Inductor", "keep native",
                                       "keep vLLM's kernel")

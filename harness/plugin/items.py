@@ -11,10 +11,10 @@ import os
 
 import pytest
 
-from harness.integration.engine import engine_profiles, engine_unsupported, run_engine_item
-from harness.integration.engine import item_name as engine_item_name
-from harness.integration.fusion import FusionTask, fusion_items, run_fusion_item
-from harness.integration.routes import LAYER_DTYPES, MAX_EXAMPLES, run_integration_item
+from harness.vllm.engine import engine_profiles, engine_unsupported, run_engine_item
+from harness.vllm.engine import item_name as engine_item_name
+from harness.vllm.fusion import FusionTask, fusion_items, run_fusion_item
+from harness.vllm.routes import LAYER_DTYPES, MAX_EXAMPLES, run_integration_item
 from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
 from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status
 from harness.runtime.bench.measure import BenchOutcome, run_benchmark
@@ -28,12 +28,12 @@ from harness.runtime.shrinking import shrink_fault
 from harness.runtime.tasks import BenchTask, CellTask, IntegrationTask
 from harness.runtime.timing import Timing
 from harness.runtime.tp import run_cell_on_rank, tp_multiples
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm.compiled import vllm_missing
 from harness.runtime.workers import Fault
 from harness.spec.matrix import Cell, Decision, decide, every_cell, provider_view
 from harness.spec.plan import Plan
-from harness.spec.vllm_fusions import FUSION_DTYPE, FusionProfile, fusion_case
-from harness.spec.vllm_ops import integration_routes, unsupported
+from harness.vllm.fusion_cases import FUSION_DTYPE, FusionProfile, fusion_case
+from harness.vllm.names import integration_routes, unsupported
 
 
 class PlanFile(pytest.File):

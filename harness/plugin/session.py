@@ -30,7 +30,7 @@ from harness.runtime.check_code import plan_code_warnings
 from harness.interpreter import make_faithful, switch_on
 from harness.runtime.device import detect, provenance
 from harness.runtime.runner import NIGHTLY_FACTOR
-from harness.runtime.vllm_kernels import LIBRARY_ENV
+from harness.vllm.compiled import LIBRARY_ENV
 from harness.spec.load import load_plan
 from harness.spec.matrix import Cell, every_cell, pairwise_sample
 from harness.spec.plan import PlanError

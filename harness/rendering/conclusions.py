@@ -18,7 +18,7 @@ from harness.rendering.support import mark_status
 from harness.results.merge import Merged
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, provider_name
+from harness.vllm.names import ROUTE_KINDS, provider_name
 
 
 def tradeoffs_section(plan: Plan, tradeoffs: list[TradeOff]) -> str:

@@ -1,6 +1,6 @@
 """The cross-op page's table "vLLM's defaults, as measured here": per op whose plan times vLLM's own kernel (its
 `vllm` baseline), per SM and vLLM profile, what vLLM does with its kernel by default on that platform
-(harness.spec.vllm_defaults, with the file and symbol it comes from) beside what the benchmarks decide for it
+(harness.vllm.defaults, with the file and symbol it comes from) beside what the benchmarks decide for it
 (harness.decisions.recommendations.vllm_kernel_recommendations), and where the two disagree. Seed 002's question:
 should vLLM's own custom op be on by default, per platform and profile.
 
@@ -12,9 +12,8 @@ from harness.decisions.recommendations import ENABLE, VLLM_PROFILES, Recommendat
 from harness.decisions.speedups import REGIMES
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.results.merge import Merged
-from harness.spec.vllm_defaults import SWITCHES, default_value, switch_setting, vllm_default
+from harness.vllm.defaults import default_value, switch_setting, vllm_default
 from harness.spec.plan import Plan
-from harness.spec.vllm_ops import vllm_kernel_for
 
 ON, OFF = "on", "off"  # vLLM's kernel turned on or off, the words of this table
 
@@ -49,26 +48,25 @@ def _on_off(r: Recommendation) -> str:
 
 
 def has_switch(plan: Plan) -> bool:
-    """Whether the plan times vLLM's own kernel for the op, and harness.spec.vllm_defaults knows its switch."""
-    kernel = vllm_kernel_for(plan)
-    return "vllm" in plan.benchmark.baselines and kernel is not None and kernel.in_tree in SWITCHES
+    """Whether the plan times vLLM's own kernel for the op, and names the switch that turns it on."""
+    kernel = plan.vllm.kernel
+    return "vllm" in plan.benchmark.baselines and kernel is not None and kernel.switch is not None
 
 
 def defaults_rows(res: Merged, recs: list[Recommendation]) -> list[list[str]]:
     """One row per SM with results × profile of a plan timing vLLM's own kernel; `recs`: the decisions for that
     kernel."""
     plan = res.plan
-    kernel = vllm_kernel_for(plan)
-    name = kernel.in_tree
+    kernel = plan.vllm.kernel
     rows = []
     for sm in res.sources:
         for profile, _ in VLLM_PROFILES:
-            default = vllm_default(name, sm, profile)
+            default = vllm_default(kernel.switch, sm, profile)
             mine = [r for r in recs if r.sm == sm and r.profile == profile]
             if default is None:
-                shown_default, source = "not in harness.spec.vllm_defaults", NO_RESULT
+                shown_default, source = "not in harness.vllm.defaults", NO_RESULT
             else:
-                shown_default = f"**{ON if default.on else OFF}** ({md(default_value(name, default))})"
+                shown_default = f"**{ON if default.on else OFF}** ({md(default_value(kernel.switch, default))})"
                 source = code(default.source)
             if not mine and sm == "cpu":  # harness.runtime.bench times no kernel on a CPU machine
                 measured = "not measured: a CPU machine's timings are not a measure of speed"
@@ -86,10 +84,10 @@ def switch_rows(res: Merged) -> list[list[str]]:
     """The kernel's switch, stated once per plan: what vLLM runs it for, the settings that turn it on and off,
     and what else turns it on."""
     plan = res.plan
-    kernel = vllm_kernel_for(plan)
-    switch = SWITCHES[kernel.in_tree]
-    on, off = (code(switch_setting(kernel.in_tree, state, inductor=True)) for state in (True, False))
-    without_inductor = switch_setting(kernel.in_tree, True, inductor=False)
+    kernel = plan.vllm.kernel
+    switch = kernel.switch
+    on, off = (code(switch_setting(switch, state, inductor=True)) for state in (True, False))
+    without_inductor = switch_setting(switch, True, inductor=False)
     if not without_inductor.startswith("--"):  # a fusion pass: nothing turns it on without Inductor
         on += f" with Inductor; without it {md(without_inductor)}"
     return [[code(kernel.call), md(switch.runs_for), on, off, md(switch.note or NO_RESULT),
@@ -114,7 +112,7 @@ def defaults_section(rows: list[list[str]], switches: list[list[str]]) -> list[s
     return ["", "## vLLM's defaults, as measured here", "",
             "Per op whose plan times vLLM's own kernel (its `vllm` baseline), SM and vLLM profile: whether vLLM "
             "turns its kernel on by default on that platform (what the default amounts to, and the file and symbol of "
-            "vLLM 0.32 it comes from: harness.spec.vllm_defaults), beside the decision its benchmarks give (on: faster "
+            "vLLM 0.32 it comes from: harness.vllm.defaults), beside the decision its benchmarks give (on: faster "
             "than the profile's baseline, Inductor's code or native eager, at every shape of the regime; rules: "
             "docs/report.md), and whether they agree.", "",
             *table(rows, ["vLLM's kernel", "SM", "vLLM profile", "vLLM's default", "from", "measured here",

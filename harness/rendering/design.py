@@ -7,12 +7,12 @@ from __future__ import annotations
 from harness.rendering.markdown import code, md, mm
 from harness.rendering.plan_words import capture_sizes, custom_op_name, layer_class, layer_path, route_proof, \
     route_words
-from harness.rendering.plugin_source import ADAPTER_FUNCTIONS, render_plugin
+from harness.vllm.plugin_source import ADAPTER_FUNCTIONS, render_plugin
 from harness.rendering.python_source import custom_op_source
 from harness.results.store import IntegrationRecord
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
+from harness.vllm.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, route_lacking, unsupported
 
 

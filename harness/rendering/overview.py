@@ -26,7 +26,6 @@ from harness.rendering.performance import setting_text
 from harness.results.merge import collect
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import vllm_kernel_for
 
 PAGE = "README.md"
 
@@ -134,7 +133,7 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
 def _accepts_rows(plan: Plan, res) -> list[list[str]]:
     """One row per SM with results (one row saying so where none has any) for vLLM's own kernel through the op's
     cells."""
-    kernel, link = vllm_kernel_for(plan), f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
+    kernel, link = plan.vllm.kernel, f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
     rows = []
     for sm in res.provider_sms("vllm"):
         cells = [c for c in res.provider_cells("vllm") if c.sm == sm]

@@ -19,7 +19,7 @@ from harness.results.merge import Merged
 from harness.results.store import BenchRecord, ImplFigures, finite_number
 from harness.spec.plan import Plan
 from harness.spec.vocabulary import PHASES
-from harness.spec.vllm_ops import VLLM_DEFAULT
+from harness.vllm.names import VLLM_DEFAULT
 
 # Eager figures are back-to-back device time; where an isolated, launch-inclusive call differs by more than
 # this fraction, both are shown.

@@ -12,8 +12,8 @@ from harness.spec.matrix import Cell
 from harness.spec.plan import Plan
 from harness.spec.vocabulary import AXES
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported, \
-    vllm_kernel_for
+from harness.vllm.kernels import PINNED_VLLM, SCHEMAS
+from harness.vllm.names import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 
 INTENTS = {
     "drop-in": "drop-in replacement: the numerics of the op it replaces, faster",
@@ -40,8 +40,13 @@ def provider_words(plan: Plan, provider: str) -> str:
     """A provider of the plan (`providers`) as a page names it: vLLM's kernel with its schema, or a named baseline
     with its import path."""
     if provider == "vllm":
-        kernel = vllm_kernel_for(plan)
-        return f"vLLM's own kernel {code(kernel.call)}, {code(kernel.schema)} (as vLLM 0.26.0 registers it)"
+        kernel = plan.vllm.kernel
+        if kernel.signature:
+            return f"vLLM's own kernel {code(kernel.call)}, {code(kernel.signature)} (as the plan states it)"
+        if kernel.name in SCHEMAS:
+            return f"vLLM's own kernel {code(kernel.call)}, {code(SCHEMAS[kernel.name])} (as vLLM {PINNED_VLLM} " \
+                   "registers it)"
+        return f"vLLM's own kernel {code(kernel.call)} (called as the vLLM that ran it registers it)"
     return f"the named baseline {md(provider)}, {code(dict(plan.benchmark.named)[provider])}"
 
 

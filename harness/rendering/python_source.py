@@ -1,5 +1,5 @@
 """Python source generated from a plan: the kernel as an opaque torch.library custom op (shown in Key interfaces, and
-the first part of the plan's vLLM plugin, harness.rendering.plugin_source)."""
+the first part of the plan's vLLM plugin, harness.vllm.plugin_source)."""
 
 from __future__ import annotations
 

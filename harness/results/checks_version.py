@@ -19,9 +19,9 @@ CHECKED_MODULES = {
     "numerics": tuple(f"runtime/{name}.py" for name in (
         "accumulation", "numerics", "runner", "modes", "inputs", "calls", "tp", "memcheck", "required_examples",
         "upcast", "shrinking", "check_code", "tf32")) + ("spec/tolerances.py",),
-    "integration": ("integration/routes.py", "integration/fusion.py", "integration/engine.py",
-                    "integration/engine_probe.py", "rendering/plugin_source.py",
-                    *(f"rendering/plugin_templates/{t}.py.tmpl" for t in ("custom_op", "ir", "quantization")),
+    "integration": (*(f"vllm/{name}.py" for name in ("routes", "fusion", "fusion_cases", "engine", "engine_probe",
+                                                       "plugin_source")),
+                    *(f"vllm/plugin_templates/{t}.py.tmpl" for t in ("custom_op", "ir", "quantization")),
                     "runtime/numerics.py", "spec/tolerances.py"),
     "bench": (*(f"runtime/bench/{name}.py" for name in (
         "specs", "models", "implementations", "precompile", "measure", "records")),

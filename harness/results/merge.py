@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results.checks_version import checks_version
-from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir
+from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir, record_kind
 from harness.spec.matrix import Cell, every_cell, excluded_by, expand
 from harness.spec.plan import Plan
 from harness.spec.status import Status
-from harness.spec.vllm_ops import ROUTE_KINDS, integration_routes
+from harness.vllm.names import ROUTE_KINDS, integration_routes
 
 # The routes of the integration items a plan's plugin gets: the routes the harness drives, and the plugin loaded.
 PLUGIN_ITEM_ROUTES = {name for name, kind in ROUTE_KINDS.items() if kind.driven} | {"plugin"}
@@ -57,8 +57,7 @@ class Merged:
         prov = self.source(rec)
         if prov is None or prov.sm != rec.sm or getattr(rec, "status", None) is Status.EXCLUDED:
             return ""
-        kind = "bench" if isinstance(rec, BenchRecord) else "integration" if isinstance(rec, IntegrationRecord) \
-            else "numerics"
+        kind = record_kind(rec)
         made, now = (prov.checks or {}).get(kind), self.checks.get(kind)
         return "" if made == now else f"made by other checks ({made or 'unstamped'} ≠ {now})"
 

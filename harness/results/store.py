@@ -257,9 +257,9 @@ class BenchRecord:
 
 @dataclass
 class FusionOutcome:
-    """A fusion item: vLLM's fusion pass over vLLM's layer sequence under one profile (harness.integration.fusion)."""
+    """A fusion item: vLLM's fusion pass over vLLM's layer sequence under one profile (harness.vllm.fusion)."""
 
-    profile: str  # harness.spec.vllm_fusions.FusionProfile.id
+    profile: str  # harness.vllm.fusion_cases.FusionProfile.id
     custom_ops: list[str] = field(default_factory=list)
     ir_priority: dict[str, list[str]] = field(default_factory=dict)
     pass_name: str = ""
@@ -271,7 +271,7 @@ class FusionOutcome:
 
 @dataclass
 class EngineOutcome:
-    """An engine item: vLLM's engine serving requests with the plugins loaded (harness.integration.engine)."""
+    """An engine item: vLLM's engine serving requests with the plugins loaded (harness.vllm.engine)."""
 
     model: str = ""
     requests: int = 0
@@ -468,14 +468,31 @@ def fold(into: Results, other: Results) -> Results:
         ours = into.section(name)
         for key, rec in other.section(name).items():
             old = ours.get(key)
-            if old is None or _rank(into, rec) >= _rank(into, old):
+            if old is None or _replaces(into, rec, old):
                 ours[key] = rec
     return into
 
 
-def _rank(results: Results, rec: Record) -> tuple:
-    """What makes a record win over another of the same key: made on its own SM, a result, then the latest."""
-    return results.on_own_sm(rec), getattr(rec, "status", None) is not Status.NOT_RUN, rec.finished
+def record_kind(rec: Record) -> str:
+    """The kind of checks that made a record (harness.results.checks_version)."""
+    return "bench" if isinstance(rec, BenchRecord) else "integration" if isinstance(rec, IntegrationRecord) \
+        else "numerics"
+
+
+def _replaces(results: Results, new: Record, old: Record) -> bool:
+    """Whether a record wins over another of the same key: made on its own SM, then a result over "not run here" (a
+    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM by other
+    checks: the latest, whatever it says (the other is stale: its checks are not the ones running now)."""
+    def checks(rec):
+        return (results.provenance(rec).checks or {}).get(record_kind(rec))
+
+    if results.on_own_sm(new) and results.on_own_sm(old) and checks(new) != checks(old):
+        return new.finished >= old.finished
+
+    def rank(rec):
+        return results.on_own_sm(rec), getattr(rec, "status", None) is not Status.NOT_RUN, rec.finished
+
+    return rank(new) >= rank(old)
 
 
 def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:
@@ -520,7 +537,7 @@ class Recorder:
         the next item runs in its worker."""
         rec.run = self.run_id
         old = self.results.section(section).get(key)
-        if old is not None and _rank(self.results, old) > _rank(self.results, rec):
+        if old is not None and not _replaces(self.results, rec, old):
             return  # "not run here" where this machine made a result before: that result stands (fold's rule)
         self.results.section(section)[key] = rec
         self.rendered.pop(id(rec), None)  # a record recorded again may have changed

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Callable
 
 from harness.runtime.resolve import KernelUnavailable, named_baseline, resolve
-from harness.runtime.vllm_kernels import compiled_op
+from harness.vllm.compiled import compiled_op
 from harness.spec.plan import Plan
-from harness.spec.vllm_ops import vllm_kernel_for
 
 __all__ = ["KernelUnavailable", "load_kernel"]  # KernelUnavailable: what callers catch from here
 
@@ -23,15 +22,15 @@ def load_kernel(plan: Plan, provider: str = "") -> Callable:
     if not provider:
         return resolved.kernel
     if provider == "vllm":
-        spec = vllm_kernel_for(plan)
-        op = compiled_op(spec)
+        spec = plan.vllm.kernel
+        op = compiled_op(plan)
         if isinstance(op, str):
             raise KernelUnavailable(op)
 
         def kernel(**values):  # no guard: the cells must find what vLLM's kernel gets wrong
             return op(*[values[n] for n in spec.args])
 
-        kernel.__name__ = spec.in_tree
+        kernel.__name__ = spec.name
         return kernel
     fn = named_baseline(plan, dict(plan.benchmark.named)[provider])
     prepare = named_baseline(plan, plan.benchmark.prepare(provider)) if plan.benchmark.prepare(provider) else None

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
-from harness.spec.vllm_ops import adapter_module, plugin_routes
+from harness.vllm.names import adapter_module, plugin_routes
 
 # What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the
 # plan is wrong: a plan's code failing to import with one of these makes its cells "not run here", not an invalid plan.
@@ -380,7 +380,7 @@ ADAPTER_LEAST = {"vllm_forward_inputs": ("layer", "the forward's first argument"
 def _adapter_call_problem(plan: Plan, name: str, fn: Any) -> str:
     """Why an adapter function cannot take the call made to it ("" where it can): `vllm_layer(layer_class, **named)`
     gets the layer class, then each of its parameters that names a plan argument (or quant_config); the others
-    (harness.integration.routes, the plugin templates) get vLLM's positional arguments."""
+    (harness.vllm.routes, the plugin templates) get vLLM's positional arguments."""
     if is_triton_kernel(fn):
         return "is a @triton.jit kernel, not a Python function"
     try:

@@ -67,7 +67,7 @@ class BenchTask:
 @dataclass(frozen=True)
 class IntegrationTask:
     """One vLLM integration item: the kernel registered through `route`, vLLM's layer called on drawn inputs
-    (harness.integration.routes.run_integration_item)."""
+    (harness.vllm.routes.run_integration_item)."""
 
     plan: Plan
     cell: Cell

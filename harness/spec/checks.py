@@ -19,8 +19,8 @@ from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
     TensorParallel, Tolerance, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
-from harness.spec.vllm_ops import baseline_unsupported
-from harness.spec.vllm_schemas import VLLM_KERNELS
+from harness.vllm.names import baseline_unsupported
+from harness.vllm.kernels import parse_schema
 from harness.spec.yaml_lines import Loc, dotted
 from harness.spec.plan_warnings import _never_applies, _would_mislead
 
@@ -82,9 +82,6 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     if vllm.provider in ("native", "unfused"):
         raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
                      "and unfused", vllm.provider)
-    if vllm.kernel is not None and vllm.kernel not in VLLM_KERNELS:
-        raise w.fail(("vllm", "kernel"), f"one of vLLM's kernels the harness knows ({', '.join(sorted(VLLM_KERNELS))})",
-                     vllm.kernel)
     for field_name in ROUTE_NEEDS.get(vllm.route, ()):
         if getattr(vllm, field_name) is None:
             raise w.fail(("vllm", "route"),
@@ -106,8 +103,33 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
         paths=_paths(w, op.paths, sizes),
     )
     _check_models(w, plan)
+    _vllm_kernel(w, plan)
     plan = dataclasses.replace(plan, providers=_providers(w, spec.providers or [], plan))
     return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec) + _would_mislead(w, plan))
+
+
+def _vllm_kernel(w: Where, plan: Plan) -> None:
+    """vLLM's kernel for the op called with the plan's arguments its `args` name, as its schema takes them (where the
+    schema is known before a run); a fusion produces that kernel and is switched by its pass's flag."""
+    kernel, fusion = plan.vllm.kernel, plan.vllm.fusion
+    if fusion is not None and (kernel is None or kernel.switch is None or kernel.switch.kind != "fusion_pass"):
+        raise w.fail(("vllm", "fusion"), "vllm.kernel beside it, the kernel the pass rewrites into, with switch "
+                     "{kind: fusion_pass, name: <the pass_config flag>}", "a fusion without that kernel")
+    if kernel is None:
+        return
+    if kernel.signature:
+        try:
+            parse_schema(kernel.signature)
+        except ValueError as exc:
+            raise w.fail(("vllm", "kernel", "signature"), "a schema 'name(Tensor! out, Tensor x, float eps) -> ()'",
+                         str(exc)) from None
+    for i, name in enumerate(kernel.args):
+        if not plan.has_arg(name):
+            names = ", ".join(a.name for a in plan.args)
+            raise w.fail(("vllm", "kernel", "args", i), f"an argument of the plan ({names})", name)
+    why = baseline_unsupported(plan)
+    if why:
+        raise w.fail(("vllm", "kernel", "args"), f"the plan arguments vLLM's kernel takes ({why})", kernel.args)
 
 
 def _providers(w: Where, names: list[str], plan: Plan) -> tuple[str, ...]:

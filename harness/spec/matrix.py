@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from harness.spec.dtypes import DTYPE
 from harness.spec.hardware import Hardware
 from harness.spec.plan import Contract, Plan
-from harness.spec.vllm_ops import vllm_kernel_for
 from harness.spec.vocabulary import AXES
 from harness.spec.status import Status
 
@@ -89,22 +88,22 @@ def every_cell(plan: Plan) -> list[Cell]:
 
 def contract_of(plan: Plan, provider: str) -> Contract:
     """What the kernel under test (""), or a provider, is written for: op.contract, a named baseline's contract, or
-    the dtypes vLLM's kernel takes (harness.spec.vllm_schemas)."""
+    the dtypes vLLM's kernel takes (vllm.kernel.dtypes)."""
     if not provider:
         return plan.contract
     if provider == "vllm":
-        kernel = vllm_kernel_for(plan)
+        kernel = plan.vllm.kernel
         return Contract(dtypes=list(kernel.dtypes), why=kernel.why) if kernel and kernel.dtypes else Contract()
     return plan.benchmark.contract(provider) or Contract()
 
 
 def provider_view(plan: Plan, provider: str) -> Plan:
     """The plan as a provider's cells run it: its inputs drawn within that provider's contract, and vLLM's kernel
-    allowed the one-fp8-step elements its rounding order gives (harness.spec.vllm_schemas)."""
+    allowed the one-fp8-step elements its rounding order gives (vllm.kernel.max_step_fraction)."""
     if not provider:
         return plan
     view = dataclasses.replace(plan, contract=contract_of(plan, provider))
-    kernel = vllm_kernel_for(plan) if provider == "vllm" else None
+    kernel = plan.vllm.kernel if provider == "vllm" else None
     if kernel and kernel.max_step_fraction is not None and plan.quantization is not None:
         steps = max(kernel.max_step_fraction, plan.quantization.max_step_fraction)
         view = dataclasses.replace(view, quantization=plan.quantization.model_copy(

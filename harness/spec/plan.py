@@ -26,7 +26,7 @@ from harness.spec.vocabulary import AXES, GRANULARITIES, GRAPH_MODES, PHASES, SM
     VALUE_SCALES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
-# How a kernel goes into vLLM, by the kind of op (harness.spec.vllm_ops.ROUTE_KINDS says what each needs):
+# How a kernel goes into vLLM, by the kind of op (harness.vllm.names.ROUTE_KINDS says what each needs):
 # an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
 VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention", "fusion")
 
@@ -374,8 +374,55 @@ class TensorParallel:
     merged_outputs: tuple[tuple[str, int], ...] = ()
 
 
+class VllmSwitch(Section):
+    """How a deployment turns vLLM's kernel for the op on or off; set beside vLLM's default for that kind of switch
+    per platform and profile (harness.vllm.defaults)."""
+
+    kind: Literal["ir", "custom_op", "fusion_pass"] = Field(description=(
+        "ir (an IR op's provider priority), custom_op (a compilation_config.custom_ops entry) or fusion_pass (a "
+        "pass_config flag)"))
+    name: str = Field(pattern=r"^\w+$", description="the IR op, the CustomOp's registry name or the pass_config flag")
+    runs_for: str = Field(description="what vLLM runs the kernel for, in words")
+    note: Optional[str] = Field(None, description="what else turns it on by itself, with where vLLM decides it")
+    cpu_runs_native: Optional[str] = Field(None, description=(
+        "where the layer's forward_cpu is its forward_native (a CPU machine never runs vLLM's kernel): that symbol"))
+
+
+class VllmKernel(Section):
+    """vLLM's own compiled kernel for the op, torch.ops._C.<name>: the plan's `vllm` provider (run through its
+    numerics cells) and `vllm` benchmark baseline, called with the plan's arguments that `args` picks."""
+
+    name: str = Field(pattern=r"^\w+$", description="its torch.ops._C name")
+    args: list[str] = Field(description="the plan argument passed for each parameter of its schema, in order")
+    signature: Optional[str] = Field(None, description=(
+        "its schema as vLLM registers it, 'name(Tensor! out, Tensor x, float eps) -> ()', where harness.vllm.kernels"
+        "'s table lacks it (an installed vLLM's registered schema is read at run time)"))
+    dtypes: Optional[list[Literal[CELL_DTYPES]]] = Field(None, description="the cell dtypes it takes, where not all")
+    why: Optional[str] = Field(None, description="why those dtypes only (words)")
+    # As a provider: the fraction of a quantized output's elements allowed one fp8 step from the reference's, where
+    # vLLM's kernel rounds in another order than the op's native path (None: the plan's quantization's).
+    max_step_fraction: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(None, description="a fraction in [0, 1]")
+    switch: Optional[VllmSwitch] = None
+
+    @property
+    def call(self) -> str:
+        return f"torch.ops._C.{self.name}"
+
+
+class VllmFusion(Section):
+    """vLLM's fusion pass that rewrites a sequence of its layers into the op's kernel (vllm.kernel, whose switch is
+    the pass's flag); the fusion items run it under each profile (harness.vllm.fusion_cases)."""
+
+    layers: str = Field(description="vLLM's layer sequence the pass rewrites, in words")
+    pass_path: import_path() = Field(description="module:Class of vLLM's pass")
+    layer_custom_op: str = Field(pattern=r"^\w+$", description="the first layer's CustomOp name")
+    ir_ops: list[str] = Field([], description="the vLLM IR ops the first layer dispatches through")
+    residual: bool = Field(False, description="true: the norm takes a residual (fused add)")
+
+
 class Vllm(Section):
-    """The route the kernel takes into vLLM, and the names vLLM knows the op by (harness.spec.vllm_ops)."""
+    """The route the kernel takes into vLLM, the names vLLM knows the op by (harness.vllm.names), and vLLM's own
+    kernel for the op with the fusion that produces it: every fact of vLLM about this op, beside the op."""
 
     target: Literal["v1"] = "v1"
     route: Optional[Literal[VLLM_ROUTES]] = None  # None: the plan names no route into vLLM
@@ -386,16 +433,15 @@ class Vllm(Section):
     provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
         "a provider name of lowercase letters, digits and _ other than native and unfused"))
     # the module holding the op's vLLM side (how vLLM's calls map onto the kernel's arguments): the kernel's own
-    # module unless the plan names another (harness.spec.vllm_ops.adapter_module)
+    # module unless the plan names another (harness.vllm.names.adapter_module)
     adapter: Optional[str] = Field(None, pattern=r"^[\w.]+$", description=(
         "a module 'package.module' holding the op's vLLM side (vllm_layer, vllm_forward_inputs, vllm_ir_inputs)"))
     in_tree_provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
         "vLLM's own IR provider for the op (vllm_c)"))
     # a route the harness cannot drive yet: why, in the plan's words
     why_not_proven: Optional[str] = Field(None, description="why the route is not proven by this harness (words)")
-    # vLLM's compiled kernel for the op (its `vllm` baseline and provider), where the op's name is not its name
-    kernel: Optional[str] = Field(None, pattern=r"^\w+$", description=(
-        "vLLM's compiled kernel for the op, its torch.ops._C name (harness.spec.vllm_schemas)"))
+    kernel: Optional[VllmKernel] = None
+    fusion: Optional[VllmFusion] = None
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,7 @@ from pathlib import Path
 import yaml
 from tabulate import tabulate
 
-from harness.spec.load import load_plan
 from harness.spec.matrix import Cell
-from harness.spec.vllm_ops import vllm_kernel_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "calibration"
@@ -124,8 +122,8 @@ def entry_plan(entry: Entry) -> dict:
     plan.pop("providers", None)
     if entry.provider:
         plan["providers"] = [entry.provider]
-        if entry.provider == "vllm":  # the op is renamed: vLLM's kernel named as the base op's
-            plan["vllm"] = {"kernel": vllm_kernel_for(load_plan(ROOT / entry.plan)).in_tree}
+        if entry.provider == "vllm":  # vLLM's kernel as the base plan names it, and no route into vLLM
+            plan["vllm"] = {"kernel": plan["vllm"]["kernel"]}
         for arg in plan["op"]["args"].values():
             if isinstance(arg, dict) and "layout" in arg:
                 arg["layout"] = ["contiguous"]

@@ -17,7 +17,7 @@ from harness.runtime.inputs import Example, build_args, poison_value
 from harness.runtime.resolve import named_baseline, resolve
 from harness.spec.plan import Plan
 from harness.runtime.providers import KernelUnavailable, load_kernel
-from harness.spec.vllm_ops import baseline_unsupported
+from harness.vllm.names import baseline_unsupported
 from harness.runtime.bench.specs import BenchSpec, outside_contract
 
 CPU_KERNEL_REASON = ("not timed on a CPU machine: the kernel runs in Triton's interpreter there, whose speed says "

@@ -5,10 +5,11 @@ registers the ops), or a compiled vLLM ops library the user names with `--vllm-o
 or HARNESS_VLLM_OPS_LIBRARY (e.g. vLLM 0.26.0's `_C_stable_libtorch.abi3.so`, built for torch
 2.11), so a GPU machine without vLLM's Python package still measures and checks vLLM's kernels.
 
-Which kernel does an op and how it is called is data (harness.spec.vllm_schemas); `compiled_op` is what a plan's
-`vllm` provider runs through the numerics cells and its `vllm` baseline times (harness.runtime.providers). A kernel
-registered here under another schema (vLLM's CPU build registers placeholders without a kernel for its fp8 quant
-ops) counts as not loaded.
+Which kernel does an op and how it is called is the plan's `vllm.kernel`; `compiled_op` is what a plan's `vllm`
+provider runs through the numerics cells and its `vllm` baseline times (harness.runtime.providers). A kernel
+registered here under another schema than the plan's or vLLM 0.26.0's (vLLM's CPU build registers placeholders
+without a kernel for its fp8 quant ops) counts as not loaded; one whose schema is known only to the installed vLLM
+is checked against the schema it registers.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Callable
 import torch
 
 from harness.runtime.device import package_version
-from harness.spec.vllm_schemas import VllmKernel
+from harness.spec.plan import Plan
+from harness.vllm.kernels import Param, args_problem, kernel_schema, parse_schema
 
 LIBRARY_ENV = "HARNESS_VLLM_OPS_LIBRARY"
 VLLM_MISSING = "vllm not installed"
@@ -68,26 +70,44 @@ def _same_kind(ours, theirs) -> bool:
     return kind == ours.type
 
 
-def schema_problem(kernel: VllmKernel, registered) -> str:
-    """Why a registered op (a torch FunctionSchema) cannot be called as `kernel.schema` says ("" when it can):
-    fewer parameters, other kinds, or more parameters without defaults."""
-    theirs, ours = list(registered.arguments), kernel.params
+def schema_problem(kernel, schema: str, registered) -> str:
+    """Why a registered op (a torch FunctionSchema) cannot be called as `schema` says ("" when it can): fewer
+    parameters, other kinds, or more parameters without defaults."""
+    theirs, ours = list(registered.arguments), parse_schema(schema)[1]
     if len(theirs) >= len(ours) and all(_same_kind(p, a) for p, a in zip(ours, theirs)) \
             and all(a.has_default_value() for a in theirs[len(ours):]):
         return ""
     what = " (a placeholder without a kernel)" if not theirs else ""
-    return (f"{_source()} registers {kernel.call} as `{registered}`{what}, not as vLLM's `{kernel.schema}`: no such "
-            "kernel here")
+    return (f"{_source()} registers {kernel.call} as `{registered}`{what}, not as `{schema}`: no such kernel here")
 
 
-def compiled_op(kernel: VllmKernel) -> Callable | str:
-    """vLLM's compiled op for `kernel`, loaded from the named library or an installed vLLM, or why it cannot be."""
+def registered_params(registered) -> tuple[Param, ...]:
+    """A registered op's parameters (a torch FunctionSchema's) in the terms of harness.vllm.kernels."""
+    params = []
+    for a in registered.arguments:
+        kind = str(a.type)
+        optional = kind.startswith("Optional[")
+        kind = kind.removeprefix("Optional[").removesuffix("]") if optional else kind
+        params.append(Param(a.name, {"SymInt": "int"}.get(kind, kind), bool(a.alias_info and a.alias_info.is_write),
+                            optional, str(a.default_value) if a.has_default_value() else None))
+    return tuple(params)
+
+
+def compiled_op(plan: Plan) -> Callable | str:
+    """vLLM's compiled op for the plan's `vllm.kernel`, loaded from the named library or an installed vLLM, or why
+    it cannot be called with the plan's arguments here."""
     why = load_vllm_ops()
     if why:
         return why
+    kernel = plan.vllm.kernel
     try:
-        op = getattr(torch.ops._C, kernel.in_tree)  # dir(torch.ops._C) lists nothing; attribute access loads
+        op = getattr(torch.ops._C, kernel.name)  # dir(torch.ops._C) lists nothing; attribute access loads
         registered = op.default._schema
     except (AttributeError, RuntimeError):
         return f"{_source()} registers no {kernel.call} here"
-    return schema_problem(kernel, registered) or op
+    schema = kernel_schema(kernel)
+    if schema:
+        return schema_problem(kernel, schema, registered) or op
+    # A kernel whose schema only the installed vLLM knows: the plan's arguments against the one it registers.
+    args = [plan.arg(n) for n in kernel.args]
+    return args_problem(kernel, registered_params(registered), args, plan.written_args) or op

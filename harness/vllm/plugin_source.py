@@ -20,7 +20,7 @@ from harness.rendering.markdown import py_tuple
 from harness.rendering.python_source import custom_op_source
 from harness.spec.dtypes import DTYPE
 from harness.spec.plan import Plan
-from harness.spec.vllm_ops import adapter_module, enable_setting, layer_class, plugin_entry_point, plugin_route, \
+from harness.vllm.names import adapter_module, enable_setting, layer_class, plugin_entry_point, plugin_route, \
     plugin_routes, provider_name, unsupported
 
 TEMPLATES = Path(__file__).parent / "plugin_templates"

@@ -1,14 +1,14 @@
-"""vLLM's fusion passes for the fused ops, as data: which of vLLM's layer sequences a pass rewrites into which kernel,
-and the vLLM profiles (custom ops and IR priorities) its pattern is checked under.
+"""vLLM's fusion passes for a fused op: the plan's `vllm.fusion` (which of vLLM's layer sequences a pass rewrites
+into its kernel) with the vLLM profiles (custom ops and IR priorities) its pattern is checked under.
 
 A fused op's kernel reaches vLLM two ways: as a layer of its own, or through the compilation pass that
 finds the unfused layers in the compiled graph and rewrites them into one call. vLLM's passes match
 the layers' ops as they appear in the graph, and that depends on the profile: whether the layers'
 CustomOps are enabled (their compiled kernels appear) or not (their torch code appears), and, for
-vLLM IR ops, the IR priority. The fusion items (harness.integration.fusion) run the pass under each
+vLLM IR ops, the IR priority. The fusion items (harness.vllm.fusion) run the pass under each
 profile and record whether the pattern matched and which kernel the fused node calls.
 
-Names are vLLM 0.32's (vllm/compilation/passes/fusion/). Plain Python: nothing here imports torch or vLLM.
+Profiles are vLLM 0.32's (vllm/compilation/passes/fusion/). Plain Python: nothing here imports torch or vLLM.
 """
 
 from __future__ import annotations
@@ -37,20 +37,8 @@ class FusionCase:
 
 
 QUANT_CUSTOM_OP = "quant_fp8"
-_RMS_QUANT = "vllm.compilation.passes.fusion.rms_quant_fusion:RMSNormQuantFusionPass"
 
-FUSION_CASES = {case.op: case for case in (
-    FusionCase("rms_norm_static_fp8_quant", "RMSNorm → QuantFP8 (static per-tensor fp8)", _RMS_QUANT,
-               "fuse_norm_quant", "rms_norm", ("rms_norm",), "_C.rms_norm_static_fp8_quant"),
-    FusionCase("fused_add_rms_norm_static_fp8_quant", "RMSNorm with residual → QuantFP8 (static per-tensor fp8)",
-               _RMS_QUANT, "fuse_norm_quant", "rms_norm", ("fused_add_rms_norm",),
-               "_C.fused_add_rms_norm_static_fp8_quant", residual=True),
-    FusionCase("silu_and_mul_quant", "SiluAndMul → QuantFP8 (static per-tensor fp8)",
-               "vllm.compilation.passes.fusion.act_quant_fusion:ActivationQuantFusionPass", "fuse_act_quant",
-               "silu_and_mul", (), "_C.silu_and_mul_quant"),
-)}
-
-# vLLM IR's provider names (as in harness.spec.vllm_ops): vLLM's own kernel, and torch code.
+# vLLM IR's provider names (as in harness.vllm.names): vLLM's own kernel, and torch code.
 _VLLM_C, _NATIVE = "vllm_c", "native"
 
 
@@ -89,8 +77,13 @@ def fusion_profiles(case: FusionCase) -> list[FusionProfile]:
 
 
 def fusion_case(plan: Plan) -> FusionCase | None:
-    """The fusion the plan's kernel is the fused kernel of, if any."""
-    return FUSION_CASES.get(plan.name)
+    """The fusion the plan's kernel is the fused kernel of, if any: the plan's `vllm.fusion`, rewriting into its
+    `vllm.kernel` when the pass its switch names is on."""
+    fusion, kernel = plan.vllm.fusion, plan.vllm.kernel
+    if fusion is None:
+        return None
+    return FusionCase(plan.name, fusion.layers, fusion.pass_path, kernel.switch.name, fusion.layer_custom_op,
+                      tuple(fusion.ir_ops), f"_C.{kernel.name}", fusion.residual)
 
 
 FUSION_DTYPE = "bf16"  # the pass's patterns are traced in bf16 (vLLM's own fusion tests run fp16 and bf16)

@@ -8,9 +8,9 @@ steps, and compares the greedy tokens with a run of the same engine without the 
 The plugins reach the engine's processes as vLLM expects of an installed package: each generated
 plugin module, with a `vllm.general_plugins` entry point in a `.dist-info` beside it, lies in a
 folder on the engine's PYTHONPATH, and VLLM_PLUGINS names the plugins to load. A second plugin,
-harness.integration.engine_probe, counts the kernel's calls in those processes, by forward step.
+harness.vllm.engine_probe, counts the kernel's calls in those processes, by forward step.
 
-Each engine runs in a Python process of its own (`python -m harness.integration.engine SPEC`): vLLM
+Each engine runs in a Python process of its own (`python -m harness.vllm.engine SPEC`): vLLM
 starts its engine core by spawn, which needs a main module of its own, and a fresh process keeps
 this one's imports and plugins out of it. One start serves every op whose plugin it loads.
 """
@@ -32,14 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.integration.engine_probe import PROBE_ENV
-from harness.rendering.plugin_source import render_plugin
+from harness.vllm.engine_probe import PROBE_ENV
+from harness.vllm.plugin_source import render_plugin
 from harness.results.store import EngineOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, package_version
-from harness.runtime.vllm_kernels import vllm_missing
+from harness.vllm.compiled import vllm_missing
 from harness.spec.plan import Plan
-from harness.spec.vllm_defaults import INDUCTOR_OFF, INDUCTOR_ON
-from harness.spec.vllm_ops import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
+from harness.vllm.defaults import INDUCTOR_OFF, INDUCTOR_ON
+from harness.vllm.names import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
 
 # A Llama small enough to start in about 40 s on a 2-core CPU machine (the heads and sizes of a real one, scaled
 # down). Its weights are drawn from a seed and written beside the config (write_model): vLLM's own dummy weights
@@ -384,7 +384,7 @@ def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: f
             _write_distribution(plugin_dir, module, plan.name, f"{module}:register", render_plugin(plan))
             plugins.append(plan.name)
             probe_ops[module] = plan.name
-        _write_distribution(plugin_dir, "", PROBE_PLUGIN, "harness.integration.engine_probe:register", None)
+        _write_distribution(plugin_dir, "", PROBE_PLUGIN, "harness.vllm.engine_probe:register", None)
         plugins.append(PROBE_PLUGIN)
     priority, custom_ops = selection(plans)
     # Each plan's own folder, where its kernel module lies (the harness puts it on the import path the same way).
@@ -397,7 +397,7 @@ def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: f
     (workdir / "spec.json").write_text(json.dumps(asdict(spec)))
     with open(workdir / "engine.log", "w") as log:
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.integration.engine", str(workdir / "spec.json")],
+            proc = subprocess.run([sys.executable, "-m", "harness.vllm.engine", str(workdir / "spec.json")],
                                   env=engine_env(spec), stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return EngineRun(error=f"the engine did not finish within {timeout_s:.0f} s (its log: "

@@ -1,13 +1,13 @@
-"""vLLM's own defaults for its own kernels, as data: per kernel, the switch that turns it on or off for the layer
-or fusion that runs it, and per platform and vLLM profile whether vLLM turns it on by itself, with the file and
-symbol of the installed vLLM each default comes from.
+"""vLLM's own defaults for its own kernels, as data: per kind of switch (a plan's vllm.kernel.switch says which
+its kernel has), per platform and vLLM profile, whether vLLM turns it on by itself, with the file and symbol of the
+installed vLLM each default comes from.
 
 Seed 002 asks whether vLLM's own custom ops should be on by default per platform and profile. An op's plan times
 vLLM's kernel (its `vllm` baseline) against native eager and Inductor; the decision for it
 (harness.decisions.recommendations.vllm_kernel_recommendations) is set beside the default here on reports/README.md
 (harness.rendering.defaults), with the switch that turns it on or off. The knowledge lives in one table rather
-than in the code that renders it, so a new vLLM release is one edit here; it sits in spec, beside
-harness.spec.vllm_ops, because decisions and pages both read it and neither may import the other's layer upward.
+than in the code that renders it, so a new vLLM release is one edit here; it sits at the plan's layer, beside
+harness.vllm.names, because decisions and pages both read it and neither may import the other's layer upward.
 
 Read from vLLM 0.32 (the installed vllm package):
 - `custom_ops` gets its base mode in vllm/config/vllm.py `VllmConfig.__post_init__`: "none" where Inductor
@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.spec.plan import VllmSwitch
+
 # The switches vLLM has for one of its kernels: an IR op's provider priority, a CustomOp's `custom_ops` entry, a
 # fusion pass's `pass_config` flag.
 IR, CUSTOM_OP, FUSION_PASS = "ir", "custom_op", "fusion_pass"
@@ -43,40 +45,6 @@ IR, CUSTOM_OP, FUSION_PASS = "ir", "custom_op", "fusion_pass"
 CUDA, ROCM, CPU = "CUDA", "ROCm", "CPU"
 INDUCTOR_ON, INDUCTOR_OFF = "Inductor on", "Inductor off"  # harness.decisions.recommendations.VLLM_PROFILES
 NOT_REACHABLE = "none: vLLM runs its fusion passes inside Inductor only"
-
-
-@dataclass(frozen=True)
-class VllmSwitch:
-    """How a deployment turns one of vLLM's kernels on or off."""
-
-    kernel: str  # harness.spec.vllm_schemas.VLLM_KERNELS key: torch.ops._C.<kernel>
-    kind: str  # IR, CUSTOM_OP or FUSION_PASS
-    name: str  # the IR op, the CustomOp registry name, or the pass_config flag
-    runs_for: str  # what vLLM runs the kernel for
-    note: str = ""  # what else turns it on by itself
-    # where the layer's forward_cpu is its forward_native, so a CPU machine never runs vLLM's kernel: that symbol
-    cpu_runs_native: str = ""
-
-
-SWITCHES = {s.kernel: s for s in (
-    VllmSwitch("rms_norm", IR, "rms_norm", "RMSNorm without a residual (vllm.ir.ops.rms_norm)"),
-    VllmSwitch("fused_add_rms_norm", IR, "fused_add_rms_norm",
-               "RMSNorm with a residual (vllm.ir.ops.fused_add_rms_norm)"),
-    VllmSwitch("silu_and_mul", CUSTOM_OP, "silu_and_mul", "SiluAndMul",
-               cpu_runs_native="vllm/model_executor/layers/activation.py SiluAndMul.forward_cpu (but on POWER)"),
-    VllmSwitch("rotary_embedding", CUSTOM_OP, "rotary_embedding", "RotaryEmbedding",
-               "the ROCm AITER RoPE fusions turn it on (vllm/config/compilation.py CompilationConfig.__post_init__)"),
-    VllmSwitch("dynamic_per_token_scaled_fp8_quant", CUSTOM_OP, "quant_fp8", "QuantFP8, dynamic per-token",
-               "models with block-quantized weights turn it on (vllm/config/vllm.py VllmConfig.__post_init__, "
-               "has_blocked_weights)",
-               cpu_runs_native="vllm/model_executor/custom_op.py CustomOp.forward_cpu (QuantFP8 has none of its own)"),
-    VllmSwitch("rms_norm_static_fp8_quant", FUSION_PASS, "fuse_norm_quant",
-               "RMSNorm then static fp8 quant, fused by RMSNormQuantFusionPass"),
-    VllmSwitch("fused_add_rms_norm_static_fp8_quant", FUSION_PASS, "fuse_norm_quant",
-               "fused add + RMSNorm then static fp8 quant, fused by RMSNormQuantFusionPass"),
-    VllmSwitch("silu_and_mul_quant", FUSION_PASS, "fuse_act_quant",
-               "SiluAndMul then static fp8 quant, fused by ActivationQuantFusionPass"),
-)}
 
 
 @dataclass(frozen=True)
@@ -113,11 +81,9 @@ def platform_of(sm: str) -> str:
     return CPU if sm == "cpu" else ROCM if sm.startswith("gfx") else CUDA
 
 
-def vllm_default(kernel: str, sm: str, profile: str) -> VllmDefault | None:
-    """vLLM's default for one of its kernels on the platform of `sm` in a profile; None where this table has none."""
-    switch = SWITCHES.get(kernel)
-    if switch is None:
-        return None
+def vllm_default(switch: VllmSwitch, sm: str, profile: str) -> VllmDefault | None:
+    """vLLM's default for a switch of one of its kernels (a plan's vllm.kernel.switch) on the platform of `sm` in a
+    profile; None where this table has none."""
     if switch.cpu_runs_native and platform_of(sm) == CPU:
         return VllmDefault(switch.kind, CPU, profile, False, switch.cpu_runs_native,
                            "forward_cpu runs forward_native, whatever custom_ops says")
@@ -125,10 +91,8 @@ def vllm_default(kernel: str, sm: str, profile: str) -> VllmDefault | None:
                 None)
 
 
-def default_value(kernel: str, default: VllmDefault) -> str:
-    """What vLLM's default amounts to for the kernel's switch: the IR priority, the custom_ops base mode, the pass
-    flag."""
-    switch = SWITCHES[kernel]
+def default_value(switch: VllmSwitch, default: VllmDefault) -> str:
+    """What vLLM's default amounts to for the switch: the IR priority, the custom_ops base mode, the pass flag."""
     if default.value:
         return default.value
     if switch.kind == IR:
@@ -142,12 +106,8 @@ def _ir_priority(ir_op: str, providers: list[str]) -> str:
     return f"""--ir-op-priority '{{"{ir_op}": [{", ".join(f'"{p}"' for p in providers)}]}}'"""
 
 
-def switch_setting(kernel: str, on: bool, inductor: bool) -> str:
-    """The setting that turns vLLM's kernel on (or off) for its layer in a profile; "" for a kernel without a
-    switch here."""
-    switch = SWITCHES.get(kernel)
-    if switch is None:
-        return ""
+def switch_setting(switch: VllmSwitch, on: bool, inductor: bool) -> str:
+    """The setting that turns vLLM's kernel on (or off) for its layer in a profile."""
     if switch.kind == IR:
         return _ir_priority(switch.name, ["vllm_c", "native"] if on else ["native"])
     if switch.kind == CUSTOM_OP:  # vLLM adds the profile's base mode ("none" / "all") to a list without one

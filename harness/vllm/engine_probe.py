@@ -1,4 +1,4 @@
-"""A vLLM general plugin that counts the kernel's calls inside a running engine (harness.integration.engine).
+"""A vLLM general plugin that counts the kernel's calls inside a running engine (harness.vllm.engine).
 
 vLLM loads it, like the op's own generated plugin, in every process it starts (the engine core, the
 workers), through the `vllm.general_plugins` entry point of a temporary distribution. It wraps the

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from harness.spec.plan import Plan
-from harness.spec.vllm_schemas import VLLM_KERNELS, VllmKernel, mismatches
+from harness.vllm.kernels import args_problem, kernel_schema, parse_schema
 
 
 @dataclass(frozen=True)
@@ -95,35 +95,22 @@ def unsupported(plan: Plan) -> str:
     return ""
 
 
-def vllm_kernel_for(plan: Plan) -> VllmKernel | None:
-    """vLLM's compiled kernel for the plan's op: the one `vllm.kernel` names, else the one of the op's name (or of the
-    CustomOp it replaces)."""
-    if plan.vllm.kernel:
-        return VLLM_KERNELS.get(plan.vllm.kernel)
-    for key in (plan.name, plan.vllm.custom_op):
-        kernel = next((k for k in VLLM_KERNELS.values() if key in (k.name, k.in_tree)), None)
-        if kernel:
-            return kernel
-    return None
-
-
 def baseline_unsupported(plan: Plan) -> str:
-    """Why vLLM's kernel cannot be the plan's `vllm` baseline ("" when it can): no kernel for the op, or the plan's
-    arguments do not map onto the kernel's schema through its adapter (VllmKernel.args)."""
-    kernel = vllm_kernel_for(plan)
+    """Why vLLM's kernel cannot be the plan's `vllm` provider or baseline ("" when it can): the plan names none, or
+    its arguments do not map onto the kernel's schema through `vllm.kernel.args` (where the schema is known before
+    the run: harness.vllm.kernels)."""
+    kernel = plan.vllm.kernel
     if kernel is None:
-        return (f"vLLM has no compiled kernel the harness knows for {plan.name} (harness.spec.vllm_schemas: "
-                f"{', '.join(sorted(k.name for k in VLLM_KERNELS.values()))})")
+        return ("the plan names no vLLM kernel for the op (vllm.kernel: its torch.ops._C name and the plan argument "
+                "passed for each of its parameters)")
     missing = [n for n in kernel.args if not plan.has_arg(n)]
     if missing:
         return (f"{kernel.call} takes ({', '.join(kernel.args)}) from the plan's arguments; the plan has no "
                 f"{', '.join(missing)}")
-    bad = mismatches(kernel, [plan.arg(n) for n in kernel.args], plan.written_args)
-    if bad:
-        index, expected, found = bad[0]
-        where = "its arguments" if index is None else f"'{kernel.args[index]}'"
-        return f"the plan's {where} cannot be {kernel.call}'s: expected {expected}; found {found}"
-    return ""
+    schema = kernel_schema(kernel)
+    if not schema:  # checked against the installed vLLM's registered schema when it runs (harness.vllm.compiled)
+        return ""
+    return args_problem(kernel, parse_schema(schema)[1], [plan.arg(n) for n in kernel.args], plan.written_args)
 
 
 # ---------------------------------------------------------------- the plugin and its names
@@ -139,7 +126,7 @@ def plugin_module_name(plan: Plan) -> str:
     return re.sub(r"\W", "_", plan.name.lower()) + "_vllm_plugin"
 
 
-# How an integration item says the installed vLLM lacks what the plan's route needs (harness.integration.routes
+# How an integration item says the installed vLLM lacks what the plan's route needs (harness.vllm.routes
 # .missing_in_vllm): "vLLM 0.32.0 has no vllm.ir.ops.x", "... registers no provider", "vLLM 0.32.0's X is not a ...".
 LACKS_ROUTE = re.compile(r"^vLLM \S+?( has no | registers no |'s \S+ is not )")
 

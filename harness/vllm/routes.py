@@ -15,7 +15,7 @@ A failure says whose code raised: the kernel's, the op's adapter's, the generate
 vLLM's.
 
 vLLM is optional: it is imported here only when an item runs (`vllm_missing()` says whether it can
-be). Every name a deployment types comes from harness.spec.vllm_ops.
+be). Every name a deployment types comes from harness.vllm.names.
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from harness.results.store import IntegrationRecord, Status
 from harness.runtime.runner import RunSettings, compare_judged, hypothesis_settings
 from harness.runtime.tasks import IntegrationTask
 from harness.spec.tolerances import tolerance_for
-from harness.runtime.vllm_kernels import vllm_missing
-from harness.spec.vllm_ops import adapter_module, layer_class, plugin_module_name, plugin_route, provider_name, \
+from harness.vllm.compiled import vllm_missing
+from harness.vllm.names import adapter_module, layer_class, plugin_module_name, plugin_route, provider_name, \
     unsupported
-from harness.rendering.plugin_source import render_plugin
+from harness.vllm.plugin_source import render_plugin
 
 ROUTES = ("ir", "custom_op", "plugin")  # every route an item may take; a plan's own: vllm_ops.integration_routes
 # The layers take floating-point activations; quantized dtypes belong to other vLLM ops.
