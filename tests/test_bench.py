@@ -384,7 +384,8 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)  # the run below is not an xdist worker, whatever runs this test
     plan = rms_norm_plan(pytester.path, matrix={"graph_mode": ["eager", "cuda_graph"]}, hidden=[64],
-                         benchmark={"decode": [4], "baselines": ["native", "compiled", "vllm"]})
+                         benchmark={"decode": [4], "baselines": ["native", "compiled", "vllm"]},
+                         vllm={"kernel": {"name": "rms_norm", "args": ["out", "x", "weight", "eps"]}})
     reports = pytester.path / "reports"
     # Another plan's run holds the GPU turn (scripts/gpu_run.sh bench): this run times nothing until it is given up.
     turn = pytester.path / "gpu-turn"

@@ -352,11 +352,9 @@ IGNORED_FIELDS = {"path", "raw_text", "lines", "warnings", "line"}
 
 def canon(value: Any) -> Any:
     """A loaded plan as plain data, without where it came from (path, text, lines)."""
-    if dataclasses.is_dataclass(value):
-        return (type(value).__name__,) + tuple((f.name, canon(getattr(value, f.name)))
-                                                for f in dataclasses.fields(value) if f.name not in IGNORED_FIELDS)
     if isinstance(value, BaseModel):  # its fields, not where the plan states it (a rule's private line)
-        return (type(value).__name__,) + tuple((name, canon(getattr(value, name))) for name in type(value).model_fields)
+        return (type(value).__name__,) + tuple((name, canon(getattr(value, name))) for name in type(value).model_fields
+                                                if name not in IGNORED_FIELDS)
     if isinstance(value, dict):
         return tuple((k, canon(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):
@@ -466,6 +464,16 @@ NO_PROVIDERS = ("no provider runs through the cells: vLLM's kernel is not audite
                 "its vllm baseline); the kernel's own cells check as much as before")
 VLLM_PATH = ("a path into vLLM's package, imported where it is used (vLLM may be absent where plans are validated, "
              "and its import takes seconds): a reference there that is not the op's fails every cell")
+VLLM_SWITCH = ("how a deployment turns vLLM's own kernel on, in words and settings on the cross-op page beside vLLM's "
+               "default (a plan without one gets no row there): nothing a cell or item checks")
+VLLM_KERNEL_ARGS = ("which plan argument vLLM's kernel takes for each parameter: checked against its schema's kinds; "
+                    "two of one kind exchanged give outputs unlike the reference's, failing vLLM's cells, loudly")
+VLLM_KERNEL_DTYPES = ("the dtypes vLLM's kernel takes: outside them its cells fail, loudly, as findings about vLLM's "
+                      "kernel, never the kernel's verdict")
+FUSION_GONE = ("no fusion: vLLM's pass is not checked and the page shows no fusion section; the numerics cells and "
+               "vLLM's kernel's cells are unchanged")
+FUSION_LAYERS = ("which of vLLM's layer sequences the fusion items build: the page names the kernel the fused node "
+                 "calls (or that nothing matched), beside the one the plan names")
 PREPARED = ("a baseline with a prepare takes what the prepare returns, known only when it runs: one that cannot take "
             "it is reported not run, with what it raised, and one that computes otherwise is marked 'differs' at its "
             "re-check against the reference")
@@ -569,6 +577,16 @@ ALLOWED: list[tuple[str, str, str, str]] = [
     ("vllm.in_tree_provider", "drop", "*", VLLM_NAMES),
     ("vllm.provider", "drop", "*", VLLM_NAMES + " (the default name is <op>_kernel)"),
     ("vllm.why_not_proven", "drop", "*", WORDS + " (why a route is not proven; the route kind's own words stand in)"),
+    ("vllm.kernel.switch*", "*", "*", VLLM_SWITCH),
+    ("vllm.kernel.args", "swap", "*", VLLM_KERNEL_ARGS),
+    ("vllm.kernel.max_step_fraction", "drop", "*", STRICTER + " (the plan's quantization.max_step_fraction)"),
+    ("vllm.kernel.max_step_fraction", "x0.01", "*", STRICTER),
+    ("vllm.kernel.dtypes", "drop", "*", VLLM_KERNEL_DTYPES),
+    ("vllm.kernel.dtypes", "reverse", "*", ORDER),
+    ("vllm.kernel.why", "drop", "*", WORDS + " (why vLLM's kernel takes those dtypes only)"),
+    ("vllm.fusion", "drop", "*", FUSION_GONE),
+    ("vllm.fusion.ir_ops", "drop", "*", VLLM_NAMES),
+    ("vllm.fusion.residual", "*", "*", FUSION_LAYERS),
 ]
 
 
@@ -782,7 +800,7 @@ CHECKS = [
      [("fp16: {atol: 2.0e-3, rtol: 2.0e-3}", "fp16: {atol: 2.0e-2, rtol: 1.6e-2}")], "warning", "tolerance.fp16",
      "fp16: {atol", "a tolerance for fp16 tighter than bf16's (atol 0.016, rtol 0.016)"),
     ("vLLM's names without a route", "plan.yaml",
-     [("vllm: {target: v1, route: ir, layer:", "vllm: {target: v1, layer:")], "warning", "vllm.route", "vllm:",
+     [("  route: ir\n", "")], "warning", "vllm.route", "vllm:",
      "a vllm.route for vllm.layer, vllm.ir_op"),
     ("a quantized output compared as numbers", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
      [("quantization:\n  outputs:\n    out: {scale: scales, granularity: per_token}\n", "quantization: none\n")],
@@ -799,7 +817,10 @@ CHECKS = [
      "sizes: {hidden", "one token of 131072 elements"),
     ("a kernel's optional argument left out", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
      [("    scale_ub: {shape: [1], dtype: float32, init: {uniform: [0.5, 4.0]}, optional: true}", ""),
-      ("providers: [vllm]\n", "")], "warning",
+      ("providers: [vllm]\n", ""),
+      ("args: [out, x, scales, scale_ub]", "args: [out, x, scales]\n    signature: \"dynamic_per_token_scaled_fp8_quant"
+                                           "(Tensor! result, Tensor input, Tensor! scale) -> ()\"")],
+     "warning",
      "op.args", "  args:", "the kernel's optional argument scale_ub (default None) is not among the plan's arguments"),
     ("a kernel's optional argument never None", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
      [("[0.5, 4.0]}, optional: true}", "[0.5, 4.0]}}")], "warning", "op.args.scale_ub", "scale_ub:",
@@ -854,7 +875,7 @@ def vllm_forward_inputs(layer):
 def test_adapter_functions_that_cannot_take_their_calls_are_warned_about(tmp_path):
     name = f"adapter_{tmp_path.name.replace('-', '_')}"
     (tmp_path / f"{name}.py").write_text(ADAPTER)
-    path, line = _changed(tmp_path, "plan.yaml", [("adapter: kernels.rms_norm}", f"adapter: {name}}}")], "adapter:")
+    path, line = _changed(tmp_path, "plan.yaml", [("adapter: kernels.rms_norm ", f"adapter: {name} ")], "adapter:")
     warned = validate(path)[1]
     assert [w.partition(": its vLLM")[0] for w in warned] == [
         f"{path}:{line}: vllm.adapter: {name}.vllm_ir_inputs takes 0 positional arguments; it is called with at least "

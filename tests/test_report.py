@@ -261,7 +261,7 @@ def test_generated_custom_op_registers_and_runs(tmp_path):
     del args["out"]  # the reference as the kernel: it returns y
     functional = write_plan(tmp_path / "functional.yaml", ROOT / "plan.yaml",
                             op={"name": "rms_norm_functional", "kernel": "kernels.rms_norm:rms_norm_ref", "args": args,
-                                "outputs": ["y"]}, providers=None)  # vLLM's kernel writes `out`: not this op
+                                "outputs": ["y"]}, providers=None, vllm={"kernel": None})  # vLLM's writes `out`
     blocks = []
     for plan in (RMS, load_plan(functional)):
         text, _ = report.render(plan, tmp_path / "reports" / plan.name)

@@ -108,7 +108,7 @@ def test_the_stamp_covers_the_modules_that_decide_a_record_and_the_plan(tmp_path
     (copy / "runtime" / "numerics.py").write_text("# another comparison\n")
     numerics_changed = cv.checks_version(plan.path)
     assert numerics_changed["numerics"] != before["numerics"] and numerics_changed["bench"] == before["bench"]
-    (copy / "integration" / "fusion.py").write_text("# another pass check\n")
+    (copy / "vllm" / "fusion.py").write_text("# another pass check\n")
     integration_changed = cv.checks_version(plan.path)
     assert integration_changed["integration"] != numerics_changed["integration"]
     assert integration_changed["numerics"] == numerics_changed["numerics"]  # the cells stay current

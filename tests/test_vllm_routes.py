@@ -302,7 +302,8 @@ def test_a_kernel_returning_a_tuple_goes_through_the_custom_op_route(tmp_path, m
     args = {name: arg for name, arg in read_plan(bundled)["op"]["args"].items()
             if name not in ("out", "scales")}  # its outputs, returned
     plan = load_plan(write_plan(tmp_path / "quant.yaml", bundled,
-                                op={"kernel": "quant_returning:quant_returning", "args": args}, providers=None))
+                                op={"kernel": "quant_returning:quant_returning", "args": args}, providers=None,
+                                vllm={"kernel": None}))  # vLLM's kernel writes `out` and `scales`: not this op
     assert plan.returned_outputs == ("out", "scales")
     assert "    out, scales = kernel_op(x, scale_ub)\n    return out, scales" in render_plugin(plan)
     rec = integration.check_route(plan, CELL, "custom_op", examples=2)

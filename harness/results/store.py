@@ -352,10 +352,15 @@ def from_json(cls: type, data: Any, where: str) -> Any:
     try:
         return _adapter(cls).validate_python(data)
     except ValidationError as exc:
-        errors = exc.errors()
-        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0]["loc"])
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ResultsError(f"{where}{loc}: {errors[0]['msg']}{more}") from None
+        raise ResultsError(f"{where}{_misfit(exc)}") from None
+
+
+def _misfit(exc: ValidationError) -> str:
+    """A validation's first error: its place (`.cells.<key>.more_failures[0].reason`) and pydantic's words."""
+    errors = exc.errors()
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0]["loc"])
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{loc}: {errors[0]['msg']}{more}"
 
 
 # ---------------------------------------------------------------- the file
@@ -416,10 +421,10 @@ def load(path: Path, op: str | None = None) -> Results:
     for key in ("runs", *SECTIONS):
         if not isinstance(data.get(key, {}), dict):
             raise ResultsError(f"{path}: missing or malformed '{key}'")
-    res = Results(data["op"], {k: from_json(Provenance, v, f"{path}: runs.{k}") for k, v in data["runs"].items()})
-    for name, cls in SECTIONS.items():
-        res.section(name).update({k: from_json(cls, v, f"{path}: {name}.{k}") for k, v in data.get(name, {}).items()})
-    return res
+    try:  # the file as a whole through pydantic: records named by section and key where one does not fit
+        return _adapter(Results).validate_python({k: data[k] for k in ("op", "runs", *SECTIONS) if k in data})
+    except ValidationError as exc:
+        raise ResultsError(f"{path}: {_misfit(exc)[1:]}") from None
 
 
 class Rendered(str):

@@ -8,7 +8,6 @@ PlanError at the line of the field it names (harness.spec.plan.Where). Nothing h
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
@@ -17,7 +16,7 @@ from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
-    TensorParallel, Tolerance, Vllm, Where
+    TensorParallel, Vllm, Where
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import parse_schema
@@ -104,8 +103,8 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
     )
     _check_models(w, plan)
     _vllm_kernel(w, plan)
-    plan = dataclasses.replace(plan, providers=_providers(w, spec.providers or [], plan))
-    return dataclasses.replace(plan, warnings=_never_applies(w, plan, spec) + _would_mislead(w, plan))
+    plan = plan.model_copy(update={"providers": _providers(w, spec.providers or [], plan)})
+    return plan.model_copy(update={"warnings": _never_applies(w, plan, spec) + _would_mislead(w, plan)})
 
 
 def _vllm_kernel(w: Where, plan: Plan) -> None:
@@ -220,15 +219,15 @@ def _paths(w: Where, paths: dict[str, str], sizes: dict) -> tuple[tuple[str, str
 
 def _dim(entry: int | str) -> Dim | None:
     if isinstance(entry, int):
-        return Dim(str(entry), entry, None)
+        return Dim(text=str(entry), coeff=entry)
     m = re.fullmatch(r"\s*(?:(\d+)\s*\*\s*)?([A-Za-z_]\w*)\s*", entry)
     if m:
-        return Dim(entry.strip(), int(m.group(1) or 1), m.group(2))
+        return Dim(text=entry.strip(), coeff=int(m.group(1) or 1), symbol=m.group(2))
     try:
         names_in(entry)
     except ValueError:
         return None
-    return Dim(entry.strip())
+    return Dim(text=entry.strip())
 
 
 def _expr(w: Where, loc: Loc, value: int | float | str, symbols: set[str]) -> str:
@@ -327,16 +326,11 @@ def _numerics(w: Where, n: Numerics | None, sizes: dict) -> Numerics:
     return n
 
 
-def _tolerance(t: S.Tolerance) -> Tolerance:
-    return Tolerance(float(t.atol), float(t.rtol), t.atol_of)
-
-
 def _tolerances(w: Where, t: Any, outputs: tuple[str, ...], order: list) -> tuple[dict, dict]:
     if t is None:
         return {}, {}
     keys_of(w, ("tolerance", "outputs"), t.outputs, outputs)
-    return ({dt: _tolerance(getattr(t, dt)) for dt in order if dt != "outputs" and getattr(t, dt) is not None},
-            {o: _tolerance(v) for o, v in t.outputs.items()})
+    return ({dt: getattr(t, dt) for dt in order if dt != "outputs" and getattr(t, dt) is not None}, t.outputs)
 
 
 def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> Quantization:
@@ -625,5 +619,5 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
                 raise w.fail(("tp", "outputs") if ("tp", "outputs") in w.lines else ("tp", "kind"),
                              "how ranks' outputs combine for kind 'sharded' (replicated, sum or "
                              "{gather: dim})", "nothing", field=f"tp.outputs.{name}")
-    return TensorParallel(t.kind, tuple(shard), tuple(combine), sp, merged_outputs=tuple(merged_outputs),
-                          units=tuple(units), replicate=tuple(replicate))
+    return TensorParallel(kind=t.kind, shard=shard, combine=combine, sequence_parallel=sp,
+                          merged_outputs=merged_outputs, units=units, replicate=replicate)

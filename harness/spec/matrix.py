@@ -11,7 +11,6 @@ decides when).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 from collections import Counter
@@ -102,12 +101,12 @@ def provider_view(plan: Plan, provider: str) -> Plan:
     allowed the one-fp8-step elements its rounding order gives (vllm.kernel.max_step_fraction)."""
     if not provider:
         return plan
-    view = dataclasses.replace(plan, contract=contract_of(plan, provider))
+    view = plan.model_copy(update={"contract": contract_of(plan, provider)})
     kernel = plan.vllm.kernel if provider == "vllm" else None
     if kernel and kernel.max_step_fraction is not None and plan.quantization is not None:
         steps = max(kernel.max_step_fraction, plan.quantization.max_step_fraction)
-        view = dataclasses.replace(view, quantization=plan.quantization.model_copy(
-            update={"max_step_fraction": steps}))
+        view = view.model_copy(update={"quantization": plan.quantization.model_copy(
+            update={"max_step_fraction": steps})})
     return view
 
 

@@ -1,9 +1,10 @@
 """The plan model: a loaded plan, frozen (the language's words are harness.spec.vocabulary's).
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
-checks of harness.spec.checks). The sections a Plan holds as the file states them (Numerics, Quantization, Vllm,
-SizeSpec, the exclude and expect rules) are the pydantic models the file is validated with; the others are frozen
-dataclasses that harness.spec.checks builds from the file's forms. harness.runtime.resolve imports the code a plan
+checks of harness.spec.checks). Every part of a Plan is a frozen pydantic model: the sections it
+holds as the file states them (Numerics, Quantization, Vllm, SizeSpec, Tolerance, the exclude and expect rules) are
+the models the file is validated with; the others (Parts: the Plan, its arguments, benchmark and TP split) are
+what harness.spec.checks builds from the file's forms. harness.runtime.resolve imports the code a plan
 names. Nothing here imports the user's code: a Plan holds import paths, and the line of every field it came from
 (`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found
 ...`.
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, Field, PrivateAttr, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, create_model
 
 from harness.spec.expressions import evaluate, names_in
 from harness.spec.fields import Number, PositiveInt, Section, Symbol, import_path, many, one_or_list
@@ -56,8 +56,14 @@ class Where:
 # ---------------------------------------------------------------- the model
 
 
-@dataclass(frozen=True)
-class Dim:
+class Part(BaseModel):
+    """A part of a loaded plan that harness.spec.checks builds (not a section as the file states it): frozen, its
+    fields' types checked when built."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class Dim(Part):
     """One entry of a symbolic shape: an arithmetic expression over size symbols (`num_heads*head_size`,
     `num_seqs + 1`). `coeff` and `symbol` are set where it is `N*symbol`, `symbol` or a constant."""
 
@@ -76,8 +82,7 @@ class Dim:
         return self.text
 
 
-@dataclass(frozen=True)
-class Arg:
+class Arg(Part):
     """One argument of the op's call, in call order."""
 
     name: str
@@ -89,10 +94,10 @@ class Arg:
     role: str = "input"
     value: Any = None  # scalars only (None: an optional tensor left out)
     value_expr: str | None = None  # a scalar computed from the sizes (`head_size`)
-    pad: float = 0  # what CUDA-graph padding rows hold (a value valid for the op: a position, a length)
+    pad: Number = 0  # what CUDA-graph padding rows hold (a value valid for the op: a position, a length)
     optional: bool = False  # an input the kernel also takes as None: drawn with and without a value
     value_scales: tuple[str, ...] = VALUE_SCALES  # the value scales this input is drawn at (others: normal)
-    line: int = 0
+    line: int | None = 0
 
     @property
     def is_tensor(self) -> bool:
@@ -130,17 +135,21 @@ Exclude = create_model("Exclude", __base__=Rule, **_axes,
 Expect = create_model("Expect", __base__=Exclude, status=(Literal["fail"], "fail"))
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """How close an output must be: |actual - expected| <= atol + rtol * |expected|. The one tolerance type: a
-    plan's, vLLM's defaults (harness.spec.tolerances) and the one a result records (harness.results.store)."""
+class Tolerance(Section):
+    """How close an output must be: |actual - expected| <= atol + rtol * |expected|."""
 
-    atol: float
-    rtol: float
-    # "max": atol as a fraction of the output's largest magnitude (the plan's `atol_of: max`), for reductions (a
-    # GEMM, attention), whose outputs cancel to near zero while their rounding error follows the size of what was
-    # summed. None (left out of results files): atol as it is.
-    atol_of: str | None = None
+    # The one tolerance type: a plan's (`tolerance`), vLLM's defaults (harness.spec.tolerances) and the one a result
+    # records (harness.results.store). Built as Tolerance(atol, rtol) there; numbers held as floats.
+    atol: Annotated[Number, Field(ge=0, description="a number >= 0"), AfterValidator(float)]
+    rtol: Annotated[Number, Field(ge=0, description="a number >= 0"), AfterValidator(float)]
+    # "max": atol as a fraction of the output's largest magnitude, for reductions (a GEMM, attention), whose outputs
+    # cancel to near zero while their rounding error follows the size of what was summed. None (left out of results
+    # files): atol as it is.
+    atol_of: Optional[Literal["max"]] = Field(None, description="max: atol as a fraction of the output's largest "
+                                              "magnitude")
+
+    def __init__(self, *args: Any, **fields: Any):  # Tolerance(atol, rtol) as well as by name
+        super().__init__(**dict(zip(("atol", "rtol", "atol_of"), args)), **fields)
 
     @property
     def of_max(self) -> bool:
@@ -304,8 +313,7 @@ class Numerics(Section):
     int32_overflow: bool = Field(False, description="true or false")
 
 
-@dataclass(frozen=True)
-class Benchmark:
+class Benchmark(Part):
     decode: tuple[int, ...] = ()
     prefill: tuple[int, ...] = ()
     chunked_prefill: tuple[int, ...] = ()
@@ -356,8 +364,7 @@ class Benchmark:
         return best[1] if best else None
 
 
-@dataclass(frozen=True)
-class TensorParallel:
+class TensorParallel(Part):
     """How the op runs on N ranks. `trivial`: every rank gets the full inputs (replicated)."""
 
     kind: str = "trivial"
@@ -444,8 +451,7 @@ class Vllm(Section):
     fusion: Optional[VllmFusion] = None
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Part):
     path: Path
     name: str
     intent: str
@@ -473,13 +479,13 @@ class Plan:
     capture_sizes: tuple[int, ...] | None
     accumulation: str
     reduction: str  # op.reduction: what the accumulation check can tell (harness.runtime.accumulation)
-    raw_text: str = field(repr=False, default="")
+    raw_text: str = Field("", repr=False)
     warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
     contract: Contract = Contract()  # the kernel's preconditions (op.contract)
     # What vLLM runs without the custom op, in the activation dtype (op.native: the layer's forward_native; for a
     # quantized linear, dequantize to the activation dtype and F.linear); None: the reference is that too
     native: str | None = None
-    lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)  # dotted field -> its line
+    lines: dict[str, int] = Field({}, repr=False)  # dotted field -> its line
     # The kernel's size-selected code paths (op.paths): (name, condition); each GPU cell checks one example past each.
     paths: tuple[tuple[str, str], ...] = ()
     # Implementations run through the numerics cells beside the kernel (`providers`): vllm, named baselines.

@@ -9,8 +9,8 @@ the JSON Schema, committed as plan.schema.json (`# yaml-language-server: $schema
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
 picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
-written. What a Plan holds as written (numerics, quantization, vllm, a size's constraints) are harness.spec.plan's
-models, used here as they are.
+written. What a Plan holds as written (numerics, quantization, vllm, tolerances, a size's constraints) are
+harness.spec.plan's models, used here as they are.
 """
 
 import json
@@ -21,7 +21,8 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
 from harness.spec.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
-from harness.spec.plan import AXIS_TYPES, Contract, Exclude, Expect, Numerics, Quantization, SizeSpec, Vllm
+from harness.spec.plan import AXIS_TYPES, Contract, Exclude, Expect, Numerics, Quantization, SizeSpec, Tolerance, \
+    Vllm
 from harness.spec.vocabulary import AXES, BASELINES, INITS, INTENTS, LAYOUTS, ROLES, STRUCTURED_INITS, VALUE_SCALES
 
 Text = Annotated[str, Field(description="text")]
@@ -123,13 +124,6 @@ Matrix = create_model("Matrix", __base__=Section, **{
 
 
 # ---------------------------------------------------------------- tolerances and numerics
-
-
-class Tolerance(Section):
-    atol: Number = Field(ge=0, description="a number >= 0")
-    rtol: Number = Field(ge=0, description="a number >= 0")
-    atol_of: Optional[Literal["max"]] = Field(None, description="max: atol as a fraction of the output's largest "
-                                              "magnitude")
 
 
 Tolerances = create_model("Tolerances", __base__=Section,
