@@ -62,25 +62,6 @@ def _source() -> str:
     return f"the vLLM ops library {library}" if library else f"vLLM {package_version('vllm') or '?'}"
 
 
-def _same_kind(ours, theirs) -> bool:
-    """One schema parameter of ours against the registered one: the same kind (an optional tensor takes a tensor)."""
-    kind = str(theirs.type)
-    if ours.type == "Tensor":
-        return kind == "Optional[Tensor]" if ours.optional else kind in ("Tensor", "Optional[Tensor]")
-    return kind == ours.type
-
-
-def schema_problem(kernel, schema: str, registered) -> str:
-    """Why a registered op (a torch FunctionSchema) cannot be called as `schema` says ("" when it can): fewer
-    parameters, other kinds, or more parameters without defaults."""
-    theirs, ours = list(registered.arguments), parse_schema(schema)[1]
-    if len(theirs) >= len(ours) and all(_same_kind(p, a) for p, a in zip(ours, theirs)) \
-            and all(a.has_default_value() for a in theirs[len(ours):]):
-        return ""
-    what = " (a placeholder without a kernel)" if not theirs else ""
-    return (f"{_source()} registers {kernel.call} as `{registered}`{what}, not as `{schema}`: no such kernel here")
-
-
 def registered_params(registered) -> tuple[Param, ...]:
     """A registered op's parameters (a torch FunctionSchema's) in the terms of harness.vllm.kernels."""
     params = []
@@ -91,6 +72,25 @@ def registered_params(registered) -> tuple[Param, ...]:
         params.append(Param(a.name, {"SymInt": "int"}.get(kind, kind), bool(a.alias_info and a.alias_info.is_write),
                             optional, str(a.default_value) if a.has_default_value() else None))
     return tuple(params)
+
+
+def _same_kind(ours: Param, theirs: Param) -> bool:
+    """One parameter of a schema we know against the registered one: the same kind (an optional tensor takes a
+    tensor)."""
+    if ours.type != theirs.type:
+        return False
+    return theirs.optional if ours.optional else ours.type == "Tensor" or not theirs.optional
+
+
+def schema_problem(kernel, schema: str, registered) -> str:
+    """Why a registered op (a torch FunctionSchema) cannot be called as `schema` says ("" when it can): fewer
+    parameters, other kinds, or more parameters without defaults."""
+    theirs, ours = registered_params(registered), parse_schema(schema)[1]
+    if len(theirs) >= len(ours) and all(_same_kind(p, t) for p, t in zip(ours, theirs)) \
+            and all(t.default is not None for t in theirs[len(ours):]):
+        return ""
+    what = " (a placeholder without a kernel)" if not theirs else ""
+    return f"{_source()} registers {kernel.call} as `{registered}`{what}, not as `{schema}`: no such kernel here"
 
 
 def compiled_op(plan: Plan) -> Callable | str:
