@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import harness.runtime.bench.implementations as hi  # noqa: E402
 import harness.runtime.bench.measure as hm  # noqa: E402
 import harness.runtime.bench.specs as hs  # noqa: E402
+from harness.decisions.speedups import baselines, shape_speedup  # noqa: E402
 from harness.runtime.device import detect  # noqa: E402
 from harness.spec.load import load_plan  # noqa: E402
 import harness.runtime.timing as ht  # noqa: E402
@@ -141,7 +142,8 @@ def main() -> int:
     for spec in specs:
         t = time.perf_counter()
         out = hm.run_benchmark(BenchTask(plan, spec))
-        records[spec.id] = {k: [v.value, v.low, v.high] for k, v in out.record.speedup.items() if v.value}
+        shapes = {k: shape_speedup(out.record, k) for k in baselines(out.record)}
+        records[spec.id] = {k: [v.value, v.low, v.high] for k, v in shapes.items() if v is not None}
         per_item.append((time.perf_counter() - t, spec.id))
     total = time.perf_counter() - start
     print(f"total {total:.1f} s for {len(specs)} items")

@@ -4,6 +4,7 @@ baseline", "far from the hardware limit" and results from before either existed.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from harness.decisions import bounds
+from harness.decisions.speedups import not_used, ratio, usable
 from harness.results.store import BenchRecord, ImplFigures
 from harness.runtime.bench import measure
 from harness.runtime.bench.measure import run_benchmark
@@ -142,27 +144,33 @@ def test_the_bound_is_the_largest_of_bytes_flops_and_the_launch_floor():
     assert which == bounds.PEAK and us == pytest.approx(99.6, abs=0.1)
     assert bounds.physical_bound(64.0, 4251.0, None, None, 2.0) == (2.0, bounds.LAUNCH)
     assert bounds.physical_bound(None, None, None, None, None) == (None, None)
-    assert bounds.pct_of_bound(13.8, 96.6) == pytest.approx(14.29, abs=0.01)
-    rec = BenchRecord("decode", "bf16", "sm90", "eager", 1, bytes=int(58.7e6), copy_bw_gbps=4251.0, bound_us=13.81,
-                      bound=bounds.COPY)
-    assert not bounds.faster_than_bound(rec, ImplFigures(median_us=13.5, pct_of_bound=102.3))  # inside the 3% slack
-    assert bounds.faster_than_bound(rec, ImplFigures(median_us=13.0, pct_of_bound=106.2))
+    rec = BenchRecord("decode", "bf16", "sm90", "eager", 1, bytes=int(58.7e6), copy_bw_gbps=4251.0,
+                      launch_floor_us=2.0)
+    assert bounds.bound(rec) == (pytest.approx(13.81, abs=0.01), bounds.COPY)
+    slow = bounds.throughput(rec, ImplFigures(median_us=96.6))
+    assert slow.pct_of_bound == pytest.approx(14.29, abs=0.01) and slow.gbps == pytest.approx(607.7, abs=0.1)
+    assert slow.pct_copy_bw == pytest.approx(14.29, abs=0.01) and slow.tflops is None  # no flop model
+    assert not bounds.faster_than_bound(rec, ImplFigures(median_us=13.5))  # 102.3% of its bound: inside the slack
+    assert bounds.faster_than_bound(rec, ImplFigures(median_us=13.0))
+    # a CPU machine measures no launch floor: its host-clock timings have no bound to be set against
+    assert bounds.bound(dataclasses.replace(rec, launch_floor_us=None)) == (None, None)
 
 
 def test_a_call_that_mostly_reads_may_beat_the_copy_bandwidth_but_not_the_read_bandwidth():
     """SiLU-and-mul quantizing fp32 to fp8 on an H200: 604 MB, 537 of them read, in 137.8 µs, 3.5% faster than a
     copy at 4232 GB/s allows; a read runs faster than a copy. Beyond the read bandwidth the timing is broken."""
     rec = BenchRecord("prefill", "fp32", "sm90", "cuda_graph", 8192, bytes=604_000_000, copy_bw_gbps=4232.0,
-                      read_bw_gbps=4560.0, bound_us=142.7, bound=bounds.COPY, launch_floor_us=1.1)
-    assert not bounds.broken_timing(rec, ImplFigures(median_us=137.8, pct_of_bound=103.6))
+                      read_bw_gbps=4560.0, launch_floor_us=1.1)
+    assert bounds.throughput(rec, ImplFigures(median_us=137.8)).pct_of_bound == pytest.approx(103.6, abs=0.1)
+    assert not bounds.broken_timing(rec, ImplFigures(median_us=137.8))
     assert bounds.fastest_possible_us(rec) == pytest.approx(132.4, abs=0.1)
-    why = bounds.broken_timing(rec, ImplFigures(median_us=125.0, pct_of_bound=114.2))
+    why = bounds.broken_timing(rec, ImplFigures(median_us=125.0))
     assert why.startswith("broken timing: 125 µs is faster than its bound of 132.5 µs") and "read bandwidth 4560" in why
     small = BenchRecord("decode", "fp32", "sm90", "cuda_graph", 1, bytes=4_400_000, copy_bw_gbps=4232.0,
-                        read_bw_gbps=4560.0, bound_us=1.04, bound=bounds.COPY, launch_floor_us=1.0)
+                        read_bw_gbps=4560.0, launch_floor_us=1.0)
     assert bounds.fastest_possible_us(small) == 1.0  # at the read bandwidth the launch floor is the larger
     rec.read_bw_gbps = None  # older results: the copy bandwidth alone
-    assert bounds.broken_timing(rec, ImplFigures(median_us=137.8, pct_of_bound=103.6))
+    assert bounds.broken_timing(rec, ImplFigures(median_us=137.8))
 
 
 
@@ -189,7 +197,7 @@ def test_a_cpu_machine_measures_no_peak_and_no_launch_floor():
     assert timing.tensor_peak_tflops("cpu", torch.bfloat16) is None and timing.launch_floor_us("cpu", False) is None
 
 
-def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_left_out(tmp_path, monkeypatch):
+def test_a_timing_faster_than_its_bound_is_broken_and_decisions_leave_it_out(tmp_path, monkeypatch):
     """A bound of one second: every host-clock timing is faster. The kernel is the reference in kernel style."""
     plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={
         "decode": [4], "baselines": ["native", {"into": "tests.baselines:rms_norm_into"}]}))
@@ -200,27 +208,26 @@ def test_a_kernel_timed_faster_than_its_bound_fails_the_item_and_a_baseline_is_l
         return {**impls, "kernel": impls["into"]}
 
     def one_second(rec, device, graph, nbytes, flops):
-        rec.bytes, rec.flops, rec.bound_us, rec.bound = nbytes, flops, 1e6, bounds.LAUNCH
+        rec.bytes, rec.flops, rec.launch_floor_us = nbytes, flops, 1e6
 
     monkeypatch.setattr(measure, "implementations", with_a_kernel)
     monkeypatch.setattr(measure, "measure_bounds", one_second)
-    outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
-    assert outcome.failures["kernel"].startswith("broken timing: ") and "faster than its bound of 1e+06 µs" in \
-        outcome.failures["kernel"]
-    native = outcome.record.impls["native"]
-    assert native.timed and native.broken.startswith("broken timing") and native.pct_of_bound > 100
-    assert outcome.record.speedup["native"].not_run.startswith("native: broken timing")
+    rec = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record  # the figures as measured
+    why = bounds.broken_timing(rec, rec.impls["kernel"])
+    assert why.startswith("broken timing: ") and "faster than its bound of 1e+06 µs (launch floor)" in why
+    native = rec.impls["native"]
+    assert native.timed and bounds.throughput(rec, native).pct_of_bound > 100
+    assert not_used(plan, rec, "native").short == "broken timing (faster than its bound)"
+    used = usable(plan, rec)  # what decisions see: no speedup over a baseline timed faster than its bound
+    assert not used.impls["native"].timed and used.impls["kernel"].error == why and ratio(used, "native") is None
 
 
 DECODE_64 = {"decode": [64], "baselines": ["native", "compiled"]}
 
 
 def _bounded(rec: dict, bound_us: float) -> dict:
-    """A benchmark record with a bound recorded and each implementation's share of it."""
-    rec.update(bound_us=bound_us, bound=bounds.COPY, bytes=int(bound_us * 4250e3), launch_floor_us=2.0)
-    for impl in rec["impls"].values():
-        if "median_us" in impl:
-            impl["pct_of_bound"] = round(100 * bound_us / impl["median_us"], 2)
+    """A benchmark record whose bytes at its copy bandwidth (4250 GB/s) take `bound_us`, above its launch floor."""
+    rec.update(bytes=int(bound_us * 4250e3), launch_floor_us=2.0)
     return rec
 
 

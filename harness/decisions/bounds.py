@@ -10,6 +10,8 @@ the read bandwidth, where that is the higher: a call that mostly reads can beat 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from harness.results.store import BenchRecord, ImplFigures, finite_number
 
 # A figure may beat its bound by this much before its timing counts as broken: the timer's run-to-run noise.
@@ -39,11 +41,36 @@ def physical_bound(nbytes: float | None, bandwidth_gbps: float | None, flops: fl
     return us, which
 
 
-def pct_of_bound(bound_us: float | None, median_us: float | None) -> float | None:
-    """The bound over a median, in % (100: as fast as the hardware allows)."""
-    if not (finite_number(bound_us) and finite_number(median_us)) or median_us <= 0:
-        return None
-    return 100 * bound_us / median_us
+def bound(rec: BenchRecord) -> tuple[float | None, str | None]:
+    """(µs, which limit) of the record's call, from what its run measured. (None, None) where the run measured no
+    launch floor: a CPU machine, whose host clock times only native against compiled, measures no bound."""
+    if not finite_number(rec.launch_floor_us):
+        return None, None
+    return physical_bound(rec.bytes, rec.copy_bw_gbps, rec.flops, rec.peak_tflops, rec.launch_floor_us)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """What one timing reaches: bytes per second (the plan's byte model), its share of the copy bandwidth, flops per
+    second (where the plan has a flop model) and its share of the call's bound (100: as fast as the hardware
+    allows; None where a term was not measured)."""
+
+    gbps: float | None = None
+    pct_copy_bw: float | None = None
+    tflops: float | None = None
+    pct_of_bound: float | None = None
+
+
+def throughput(rec: BenchRecord, impl: ImplFigures | None) -> Throughput:
+    if impl is None or not impl.timed or impl.median_us <= 0:
+        return Throughput()
+    seconds = impl.median_us * 1e-6
+    gbps = rec.bytes / seconds / 1e9 if finite_number(rec.bytes) else None
+    ok_bw = gbps is not None and finite_number(rec.copy_bw_gbps) and rec.copy_bw_gbps > 0
+    us = bound(rec)[0]
+    return Throughput(gbps, 100 * gbps / rec.copy_bw_gbps if ok_bw else None,
+                      rec.flops / seconds / 1e12 if finite_number(rec.flops) else None,
+                      100 * us / impl.median_us if us is not None else None)
 
 
 def fastest_possible_us(rec: BenchRecord) -> float | None:
@@ -51,11 +78,9 @@ def fastest_possible_us(rec: BenchRecord) -> float | None:
     bandwidth where that is above the copy bandwidth. A copy reads and writes alike; a call that mostly reads (SiLU
     and mul quantizing fp32 to fp8 reads 8 bytes per byte written) moves its bytes faster than a copy does, and is
     shown above 100% of its bound rather than failed."""
-    if not finite_number(rec.bound_us):
-        return None
-    if not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps)
-            and rec.read_bw_gbps > rec.copy_bw_gbps):
-        return rec.bound_us
+    if bound(rec)[0] is None or not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps)
+                                     and rec.read_bw_gbps > rec.copy_bw_gbps):
+        return bound(rec)[0]
     # The same bound with the bytes at the read bandwidth: still no faster than the flops or the launch floor allow.
     return physical_bound(rec.bytes, rec.read_bw_gbps, rec.flops, rec.peak_tflops, rec.launch_floor_us)[0]
 
@@ -68,12 +93,12 @@ def faster_than_bound(rec: BenchRecord, impl: ImplFigures | None) -> bool:
             and impl.median_us * (1 + BOUND_SLACK) < floor)
 
 
-def broken_timing(rec: BenchRecord, impl: ImplFigures) -> str:
+def broken_timing(rec: BenchRecord, impl: ImplFigures | None) -> str:
     """Why an implementation's figure is a broken timing ("" where it is not)."""
     if not faster_than_bound(rec, impl):
         return ""
     return (f"broken timing: {impl.median_us:.4g} µs is faster than its bound of {fastest_possible_us(rec):.4g} µs "
-            f"({rec.bound or 'bound'}) by more than {BOUND_SLACK:.0%}: {limit_words(rec)}")
+            f"({bound(rec)[1]}) by more than {BOUND_SLACK:.0%}: {limit_words(rec)}")
 
 
 def limit_words(rec: BenchRecord) -> str:
@@ -94,17 +119,18 @@ def limit_words(rec: BenchRecord) -> str:
     return "; ".join(parts) or "no bound recorded"
 
 
-def weak_baseline(rec: BenchRecord, speedup: float | None, best: str | None) -> bool:
-    """The kernel over CHECK_SPEEDUP x faster than the best baseline at a shape, where that baseline reaches under
-    WEAK_PCT % of its bound: a question about the baseline before it is a result about the kernel."""
-    impl = rec.impls.get(best) if best else None
-    return (finite_number(speedup) and speedup > CHECK_SPEEDUP and impl is not None
-            and finite_number(impl.pct_of_bound) and impl.pct_of_bound < WEAK_PCT)
+def weak_baseline(rec: BenchRecord, speedup: float | None, best: str | None) -> float | None:
+    """The best baseline's % of its bound where the kernel is over CHECK_SPEEDUP x faster than it at a shape and it
+    reaches under WEAK_PCT % of its bound (a question about the baseline before it is a result about the kernel);
+    None where not."""
+    pct = throughput(rec, rec.impls.get(best)).pct_of_bound if best else None
+    weak = finite_number(speedup) and speedup > CHECK_SPEEDUP and pct is not None and pct < WEAK_PCT
+    return pct if weak else None
 
 
-def far_from_limit(impls: list[ImplFigures]) -> tuple[int, float, float] | None:
-    """(shapes under FAR_PCT % of the bound, the lowest %, the highest %) over a kernel's figures; None where it
-    reaches FAR_PCT % everywhere its bound was recorded, or no bound was recorded."""
-    pcts = [i.pct_of_bound for i in impls if i is not None and finite_number(i.pct_of_bound)]
+def far_from_limit(recs: list[BenchRecord]) -> tuple[int, float, float] | None:
+    """(shapes under FAR_PCT % of the bound, the lowest %, the highest %) over the kernel's timings; None where it
+    reaches FAR_PCT % everywhere its bound was measured, or no bound was measured."""
+    pcts = [p for p in (throughput(r, r.impls.get("kernel")).pct_of_bound for r in recs) if p is not None]
     low = [p for p in pcts if p < FAR_PCT]
     return (len(low), min(pcts), max(pcts)) if low else None

@@ -8,6 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
+from harness.decisions.bounds import broken_timing
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line
 from harness.decisions.recommendations import Recommendation, pairs_text, undecided, wanted
 from harness.decisions.speedups import stale
@@ -69,7 +70,8 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
     stale_baselines = defaultdict(list)  # (implementation, why) -> the benchmarks that timed it on another function
     for bid, rec in res.benchmarks:
         for impl, t in sorted(rec.impls.items()):
-            for kind, text in (("implementation error", t.error), ("differs", t.differs), ("broken timing", t.broken)):
+            broken = broken_timing(rec, t)
+            for kind, text in (("implementation error", t.error), ("differs", t.differs), ("broken timing", broken)):
                 if text:
                     items.append(OpenItem(kind, what=impl, why=first_line(text), benchmarks=(bid,)))
             if impl != "kernel" and t.timed and stale(plan, rec, impl):

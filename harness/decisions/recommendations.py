@@ -186,8 +186,9 @@ def _check_baseline(timed: list) -> str:
             continue
         best = min(timed_baselines, key=lambda n: (rec.impls[n].median_us, impl_order(n)))
         speedup = rec.impls[best].median_us / kernel.median_us
-        if weak_baseline(rec, speedup, best):
-            flagged.append((best, speedup, rec.impls[best].pct_of_bound))
+        pct = weak_baseline(rec, speedup, best)
+        if pct is not None:
+            flagged.append((best, speedup, pct))
     if not flagged:
         return ""
     names = ", ".join(sorted({name for name, _, _ in flagged}, key=impl_order))
@@ -199,7 +200,7 @@ def _check_baseline(timed: list) -> str:
 
 def _far_from_limit(timed: list) -> str:
     """"far from the hardware limit" where the kernel reaches under FAR_PCT % of its bound at some shape."""
-    far = far_from_limit([rec.impls["kernel"] for rec in timed])
+    far = far_from_limit(timed)
     if far is None:
         return ""
     n, low, high = far

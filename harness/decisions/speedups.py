@@ -1,5 +1,6 @@
 """The kernel against its baselines, from the benchmark records: valid timings, the speedup at one shape with its
-interval (the run-to-run noise floor included), and the interval over a regime's shapes. Plain Python."""
+interval (both q20/q80 spreads, widened by the run-to-run noise floor), and the interval over a regime's shapes.
+Plain Python."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import statistics
 from dataclasses import dataclass
 
 from harness.decisions.bounds import broken_timing
-from harness.results.store import NOISE_FLOOR, BenchRecord, ImplFigures, finite_number
+from harness.results.store import BenchRecord, ImplFigures, finite_number
 from harness.spec.plan import Plan
 
 REGIMES = ("decode-sized", "prefill-sized")
+# Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise: every
+# speedup interval is widened by it.
+NOISE_FLOOR = 0.02
 IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
 
 
@@ -80,7 +84,7 @@ def not_used(plan: Plan, rec: BenchRecord, name: str) -> Unused | None:
     impl = rec.impls.get(name)
     if impl is None or median(impl) is None:
         return None
-    broken = broken_timing(rec, impl) or impl.broken
+    broken = broken_timing(rec, impl)
     if broken:
         return Unused(broken, "broken timing (faster than its bound)")
     why = "" if name == "kernel" else stale(plan, rec, name)
@@ -90,7 +94,7 @@ def not_used(plan: Plan, rec: BenchRecord, name: str) -> Unused | None:
 def usable(plan: Plan, rec: BenchRecord) -> BenchRecord:
     """The record as decisions may use it: a figure they leave out (`not_used`) is not timed there, with why; a
     kernel's has an error."""
-    impls, speedups = dict(rec.impls), dict(rec.speedup)
+    impls = dict(rec.impls)
     for name, impl in rec.impls.items():
         unused = not_used(plan, rec, name)
         if unused is None or impl.error:
@@ -100,15 +104,12 @@ def usable(plan: Plan, rec: BenchRecord) -> BenchRecord:
             impls[name] = dataclasses.replace(impl, error=why)
         else:
             impls[name] = ImplFigures(not_run=why)
-            speedups.pop(name, None)
-    return dataclasses.replace(rec, impls=impls, speedup=speedups)
+    return dataclasses.replace(rec, impls=impls)
 
 
 def baselines(rec: BenchRecord) -> list[str]:
     """What the kernel was compared with at one shape, in IMPL_ORDER."""
-    names = set(rec.impls) | set(rec.speedup)
-    names.discard("kernel")
-    return sorted(names, key=impl_order)
+    return sorted((n for n in rec.impls if n != "kernel"), key=impl_order)
 
 
 def why_untimed(impl: ImplFigures | None) -> str:
@@ -119,33 +120,18 @@ def why_untimed(impl: ImplFigures | None) -> str:
 
 @dataclass(frozen=True)
 class ShapeSpeedup:
-    """The kernel against one baseline at one shape, as the run recorded it: faster, slower or no difference, the
-    ratio (the medians' where the run recorded none) and its interval (where the run recorded one)."""
+    """The kernel against one baseline at one shape: faster, slower or no difference (its interval spans 1), the
+    ratio of the medians and its interval."""
 
     verdict: str
     value: float
-    low: float | None = None
-    high: float | None = None
-
-
-def shape_speedup(rec: BenchRecord, baseline: str) -> ShapeSpeedup | None:
-    """The kernel's speedup over one measured baseline at one shape (None: either was not timed)."""
-    kernel, base = median(rec.impls.get("kernel")), median(rec.impls.get(baseline))
-    if kernel is None or base is None or kernel <= 0:
-        return None
-    s = rec.speedup.get(baseline)
-    value = s.value if s is not None and finite_number(s.value) else base / kernel
-    if s is not None and finite_number(s.low) and finite_number(s.high):
-        return ShapeSpeedup("faster" if s.low > 1 else "slower" if s.high < 1 else "no difference", value, s.low,
-                            s.high)
-    if s is not None and s.verdict in ("faster", "slower", "no difference"):
-        return ShapeSpeedup(s.verdict, value)
-    return ShapeSpeedup("faster" if base > kernel else "slower" if base < kernel else "no difference", value)
+    low: float
+    high: float
 
 
 def spread(slow: ImplFigures, fast: ImplFigures) -> tuple[float, float, float]:
-    """slow's time over fast's (> 1: `fast` is faster), with an interval from both q20/q80 spreads widened by
-    the noise floor, as the benchmarks compute the kernel's speedups."""
+    """slow's time over fast's (> 1: `fast` is faster), with an interval from both q20/q80 spreads, at least
+    +-NOISE_FLOOR around the value."""
     value = slow.median_us / fast.median_us
     ok = finite_number
     low = slow.q20_us / fast.q80_us if ok(slow.q20_us) and ok(fast.q80_us) and fast.q80_us > 0 else value
@@ -153,16 +139,20 @@ def spread(slow: ImplFigures, fast: ImplFigures) -> tuple[float, float, float]:
     return value, min(low, value / (1 + NOISE_FLOOR)), max(high, value * (1 + NOISE_FLOOR))
 
 
-def ratio(rec: BenchRecord, baseline: str) -> tuple[float, float, float] | None:
-    """The kernel's speedup over one baseline at one shape, (value, low, high), as the run recorded it (its
-    interval includes the run-to-run noise floor); None where either has no valid timing."""
+def shape_speedup(rec: BenchRecord, baseline: str) -> ShapeSpeedup | None:
+    """The kernel's speedup over one baseline at one shape (None: either was not timed)."""
     kernel, base = rec.impls.get("kernel"), rec.impls.get(baseline)
-    if not (valid(kernel) and valid(base)):
+    if median(kernel) is None or median(base) is None or kernel.median_us <= 0 or base.median_us <= 0:
         return None
-    s = rec.speedup.get(baseline)
-    if s is not None and finite_number(s.value) and finite_number(s.low) and finite_number(s.high):
-        return s.value, s.low, s.high
-    return spread(base, kernel)
+    value, low, high = spread(base, kernel)
+    return ShapeSpeedup("faster" if low > 1 else "slower" if high < 1 else "no difference", value, low, high)
+
+
+def ratio(rec: BenchRecord, baseline: str) -> tuple[float, float, float] | None:
+    """The kernel's speedup over one baseline at one shape, (value, low, high); None where either has no valid
+    timing."""
+    kernel, base = rec.impls.get("kernel"), rec.impls.get(baseline)
+    return spread(base, kernel) if valid(kernel) and valid(base) else None
 
 
 @dataclass(frozen=True)

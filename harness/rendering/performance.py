@@ -9,14 +9,14 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from harness.decisions.bounds import BOUND_SLACK
+from harness.decisions.bounds import BOUND_SLACK, bound, throughput
 from harness.decisions.reasons import first_line
 from harness.decisions.recommendations import Recommendation
 from harness.decisions.speedups import REGIMES, Unused, baselines, impl_order, median, not_used, regime, \
     shape_speedup, why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
 from harness.results.merge import Merged
-from harness.results.store import BenchRecord, ImplFigures, finite_number
+from harness.results.store import BenchRecord, finite_number
 from harness.spec.plan import Plan
 from harness.spec.vocabulary import PHASES
 from harness.vllm.names import VLLM_DEFAULT
@@ -160,7 +160,7 @@ def _bench_table(res: Merged, items: list) -> list[str]:
         row = [fmt(r.num_tokens, 12), *(fmt(r.sizes.get(k), 12) for k in symbols),
                *(md(getattr(r, a)) for a in varying)]
         for name in impls:
-            row.append(impl_cell(r.impls.get(name), not_used(plan, r, name)))
+            row.append(impl_cell(r, name, not_used(plan, r, name)))
         for b in compared:
             row.append(speedup_cell(r, b, not_used(plan, r, b)))
         if any(other_checks.values()):
@@ -179,7 +179,7 @@ def _bench_table(res: Merged, items: list) -> list[str]:
 
 def bound_note(recs: list[BenchRecord]) -> str:
     """The measured peak and launch floor the bounds come from, or that these results have no bound."""
-    bounded = [r for r in recs if finite_number(r.bound_us)]
+    bounded = [r for r in recs if bound(r)[0] is not None]
     peaks = sorted({fmt(r.peak_tflops, 4) for r in bounded if finite_number(r.peak_tflops)})
     floors = sorted({fmt(r.launch_floor_us, 3) for r in bounded if finite_number(r.launch_floor_us)})
     text = (f"; matrix-multiply peak measured: {', '.join(peaks)} TFLOP/s" if peaks else "") + \
@@ -201,23 +201,25 @@ def l2_note(recs: list[BenchRecord]) -> str:
             f"size (up to {max(r.num_tokens for r in warm)} tokens): those calls find part of their data in L2")
 
 
-def impl_cell(impl: ImplFigures | None, unused: Unused | None = None) -> str:
+def impl_cell(rec: BenchRecord, name: str, unused: Unused | None = None) -> str:
     """One implementation at one shape: median µs · GB/s · % of the copy bandwidth · % of its bound, what went
     wrong, and (`unused`) why decisions leave the figure out."""
+    impl = rec.impls.get(name)
     if impl is None:
         return NO_RESULT
     if median(impl) is None:
         return f"not run: {md(why_untimed(impl))}"
-    gbps = f"{impl.gbps:.0f}" if finite_number(impl.gbps) else NO_RESULT
-    text = f"{fmt_us(impl.median_us)} µs · {gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%"
+    reached = throughput(rec, impl)
+    gbps = f"{reached.gbps:.0f}" if finite_number(reached.gbps) else NO_RESULT
+    text = f"{fmt_us(impl.median_us)} µs · {gbps} GB/s · {fmt(reached.pct_copy_bw, 3)}%"
     if finite_number(impl.launch_us) and abs(impl.launch_us / impl.median_us - 1) > LAUNCH_GAP:
         # The two measure different things; where they differ, one figure would mislead (docs/report.md).
         text = (f"{fmt_us(impl.median_us)} µs back-to-back · {fmt_us(impl.launch_us)} µs launch-inclusive · "
-                f"{gbps} GB/s · {fmt(impl.pct_copy_bw, 3)}%")
-    if finite_number(impl.tflops):
-        text += f" · {fmt(impl.tflops, 3)} TFLOP/s"
-    if finite_number(impl.pct_of_bound):
-        text += f" · {fmt(impl.pct_of_bound, 3)}% of bound"
+                f"{gbps} GB/s · {fmt(reached.pct_copy_bw, 3)}%")
+    if finite_number(reached.tflops):
+        text += f" · {fmt(reached.tflops, 3)} TFLOP/s"
+    if finite_number(reached.pct_of_bound):
+        text += f" · {fmt(reached.pct_of_bound, 3)}% of bound"
     if unused and not impl.error:  # the whole reason is in the decisions and open items
         text += f" · ⚠️ not used for decisions: {md(unused.short)}"
     if impl.error:
@@ -235,5 +237,5 @@ def speedup_cell(rec: BenchRecord, baseline: str, unused: Unused | None = None) 
         return NO_RESULT
     if unused:
         return "not used"
-    text = f"{s.value:.2f}×" + (f" ({s.low:.2f}–{s.high:.2f})" if s.low is not None else "")
+    text = f"{s.value:.2f}× ({s.low:.2f}–{s.high:.2f})"
     return f"no difference: {text}" if s.verdict == "no difference" else text

@@ -173,20 +173,13 @@ class ImplFigures:
     median_us: float | None = None
     q20_us: float | None = None
     q80_us: float | None = None
-    gbps: float | None = None
-    pct_copy_bw: float | None = None
-    tflops: float | None = None
     launches: int | None = None
     samples: int | None = None
     # Eager timings are back-to-back device time (calls queued behind each other); launch_us is the median of
     # isolated calls on an idle GPU, the host's launch cost included (what a host-bound decode step sees).
     launch_us: float | None = None
-    # The record's bound (BenchRecord.bound_us) over this median, in %: 100 is as fast as the hardware allows; over
-    # 100 (beyond the timer's slack) the timing is broken. None: no bound recorded (a CPU machine, older results).
-    pct_of_bound: float | None = None
     error: str | None = None  # raised, or (the kernel) a wrong result after timing
     differs: str | None = None  # a baseline whose outputs differ from the reference after timing (timing kept)
-    broken: str | None = None  # a baseline timed faster than its bound: a broken timing, not used for decisions
     not_run: str | None = None
 
     @property
@@ -196,24 +189,13 @@ class ImplFigures:
 
 WRONG_AFTER_TIMING = "wrong result after timing"  # how a check after timing starts its message (harness.runtime.bench)
 
-# Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise. The
-# benchmarks widen every speedup interval by it, and the report widens the intervals it derives the same way.
-NOISE_FLOOR = 0.02
-
-
-@dataclass
-class Speedup:
-    """Baseline time over kernel time (> 1: the kernel is faster), with its interval."""
-
-    value: float | None = None
-    low: float | None = None
-    high: float | None = None
-    verdict: str | None = None  # faster | slower | no difference
-    not_run: str | None = None
-
-
 @dataclass
 class BenchRecord:
+    """One benchmark item as measured: the implementations' timings and what the same run measured to set them
+    against (bandwidths, matrix-multiply peak, launch floor) with the call's byte and flop counts. What follows
+    from them (throughput, the physical bound, speedups, broken timings) is harness.decisions'. Records from older
+    harnesses also held those derived figures; they are skipped on reading."""
+
     phase: str
     dtype: str
     sm: str
@@ -224,15 +206,13 @@ class BenchRecord:
     # The read bandwidth measured in the same run (one large tensor read, nothing written back): what a call that
     # mostly reads can reach, above a copy's. None in older results and on a CPU machine.
     read_bw_gbps: float | None = None
-    # The physical bound of one call at this shape, measured in the same run (harness.runtime.timing): bytes over the
-    # copy bandwidth, flops over the dtype's dense matrix-multiply peak, and the launch floor (an empty kernel under
-    # the same timer); bound_us is the largest, `bound` says which. None in older results and on a CPU machine.
+    # One call's bytes and flops (the plan's models) and, measured in the same run (harness.runtime.timing), the
+    # dtype's dense matrix-multiply peak and the launch floor (an empty kernel under the same timer): the terms of
+    # the call's physical bound (harness.decisions.bounds). Peak and floor are None on a CPU machine.
     bytes: int | None = None
     flops: float | None = None
     peak_tflops: float | None = None
     launch_floor_us: float | None = None
-    bound_us: float | None = None
-    bound: str | None = None  # copy bandwidth | matrix-multiply peak | launch floor
     # What each baseline timed: name -> its import path (native and compiled: op.native, else the reference; a named
     # baseline: its path, with its prepare after "; prepared by "). Older results lack it: native and compiled were
     # the reference then.
@@ -242,7 +222,6 @@ class BenchRecord:
     rotated_sets: int | None = None
     timer: str | None = None
     impls: dict[str, ImplFigures] = field(default_factory=dict)
-    speedup: dict[str, Speedup] = field(default_factory=dict)
     finished: str = ""
     run: str = ""
 

@@ -8,11 +8,10 @@
 - A named baseline whose package is not installed on this machine is recorded as not run, with why; so is one
   on a shape or dtype outside its contract (`{name: {path: ..., contract: {...}}}`). A shape outside the
   kernel's own contract (op.contract) is not timed at all.
-- A speedup whose interval (q20/q80 bounds, widened by NOISE_FLOOR for run-to-run drift) spans 1.0
-  is "no difference".
-- Every figure is set against its physical bound, measured in the same run (harness.decisions.bounds): a kernel
-  timed faster than it fails the item as a broken timing; a baseline timed faster than it is kept out of the
-  speedups, with why.
+- The record holds what was measured: each implementation's device-time samples summarised (median, q20, q80),
+  its launches per call, and the terms of the call's physical bound measured in the same run (bytes and flops of
+  the plan's models, copy and read bandwidth, matrix-multiply peak, launch floor). Throughput, bounds, speedups
+  and broken timings are harness.decisions' (the item fails a kernel timed faster than its bound).
 
 On a CPU machine the kernel runs in Triton's interpreter, whose speed says nothing: the kernel is not
 timed there (the item is skipped with that reason), while native versus compiled is still timed with
@@ -30,14 +29,13 @@ from typing import Callable
 import numpy
 import torch
 
-from harness.decisions.bounds import broken_timing, pct_of_bound, physical_bound
 from harness.runtime.calls import first_line, reference_outputs
 from harness.runtime.device import detect
 from harness.runtime.inputs import TORCH_DTYPES
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
 from harness.spec.plan import Plan
-from harness.results.store import NOISE_FLOOR, WRONG_AFTER_TIMING, BenchRecord, ImplFigures, Speedup
+from harness.results.store import WRONG_AFTER_TIMING, BenchRecord, ImplFigures
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
@@ -94,35 +92,15 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: Che
 # ---------------------------------------------------------------- figures
 
 
-def speedup(baseline: ImplFigures, kernel: ImplFigures, noise_floor: float = NOISE_FLOOR) -> Speedup:
-    """Baseline time over kernel time (> 1: the kernel is faster), with an interval from the q20/q80 spreads.
-
-    The interval is at least +-noise_floor around the value; a speedup whose interval spans 1.0 is
-    "no difference".
-    """
-    value = baseline.median_us / kernel.median_us
-    low = min(baseline.q20_us / kernel.q80_us, value / (1 + noise_floor))
-    high = max(baseline.q80_us / kernel.q20_us, value * (1 + noise_floor))
-    verdict = "faster" if low > 1 else "slower" if high < 1 else "no difference"
-    return Speedup(round(value, 3), round(low, 3), round(high, 3), verdict)
-
-
 def significant(x: float, digits: int = 4) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def figures(timing: Timing, nbytes: int, flops: float | None, copy_bw: float | None, launches,
-            bound_us: float | None = None) -> ImplFigures:
-    seconds = timing.median_us * 1e-6
-    gbps = nbytes / seconds / 1e9
-    pct = pct_of_bound(bound_us, timing.median_us)
+def figures(timing: Timing, launches: int | None) -> ImplFigures:
     return ImplFigures(
         median_us=round(timing.median_us, 3), q20_us=round(timing.q20_us, 3), q80_us=round(timing.q80_us, 3),
-        gbps=significant(gbps), pct_copy_bw=significant(100 * gbps / copy_bw) if copy_bw else None,
-        tflops=significant(flops / seconds / 1e12) if flops is not None else None,
         launches=launches, samples=len(timing.samples_us),
-        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None,
-        pct_of_bound=significant(pct) if pct is not None else None)
+        launch_us=round(float(numpy.median(timing.launch_samples_us)), 3) if timing.launch_samples_us else None)
 
 
 @dataclass
@@ -144,8 +122,8 @@ def prepare_benchmarks(plan: Plan) -> None:
 
 
 def measure_bounds(rec: BenchRecord, device: str, graph: bool, nbytes: int, flops: float | None) -> None:
-    """The record's physical bound, measured in this run with the items' timers (on a GPU; a CPU machine times no
-    kernel and records the byte and flop counts alone)."""
+    """The terms of the call's physical bound, measured in this run with the items' timers (on a GPU; a CPU machine
+    times no kernel and records the byte and flop counts alone)."""
     rec.bytes, rec.flops = nbytes, flops
     if device != "cuda":
         return
@@ -154,8 +132,6 @@ def measure_bounds(rec: BenchRecord, device: str, graph: bool, nbytes: int, flop
     peak = tensor_peak_tflops(device, TORCH_DTYPES[rec.dtype]) if flops else None  # a flop model to set it against
     rec.peak_tflops = significant(peak) if peak else None
     rec.launch_floor_us = round(launch_floor_us(device, graph), 3)
-    bound_us, rec.bound = physical_bound(nbytes, rec.copy_bw_gbps, flops, rec.peak_tflops, rec.launch_floor_us)
-    rec.bound_us = round(bound_us, 3) if bound_us is not None else None
 
 
 def run_benchmark(task: BenchTask) -> BenchOutcome:
@@ -204,27 +180,16 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             run, first = call.timed(sets[:1]) if isinstance(call, Prepared) else (call, sets[:1])
             _launches[key] = count_launches(run, first[0])
         launches = _launches.get(key)
-        rec.impls[name] = figures(timing, nbytes, flops, copy_bw, launches, rec.bound_us)
+        rec.impls[name] = figures(timing, launches)
         rec.timer = timing.timer
         outcome.timings[name] = timing
-        too_fast = broken_timing(rec, rec.impls[name])
-        if (mismatch or too_fast) and name == "kernel":
-            rec.impls[name].error = too_fast or mismatch
-            outcome.failures[name] = too_fast or mismatch
+        if mismatch and name == "kernel":
+            rec.impls[name].error = mismatch
+            outcome.failures[name] = mismatch
         elif mismatch:
             # A baseline is what a deployment runs instead (Inductor fuses away the reference's intermediate
             # roundings): its timing stands, and the report says where its outputs differ.
             rec.impls[name].differs = mismatch
-        if too_fast and name != "kernel":  # a figure no hardware allows says nothing about the baseline's speed
-            rec.impls[name].broken = too_fast
-    kernel = rec.impls["kernel"]
-    for name in [n for n in rec.impls if n != "kernel"]:  # every baseline, named ones included
-        base = rec.impls[name]
-        if kernel.timed and base.timed and not base.broken:
-            rec.speedup[name] = speedup(base, kernel)
-        else:
-            why = kernel.not_run or kernel.error or base.not_run or base.error or base.broken
-            rec.speedup[name] = Speedup(not_run=f"{'kernel' if not kernel.timed else name}: {why}")
     del sets, inputs
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -1,10 +1,10 @@
 """Benchmark records: an item's record before anything is measured (base_record), and the record of an item this
-machine does not run, every implementation and speedup saying why (not_run_record).
+machine does not run, every implementation saying why (not_run_record).
 """
 
 from __future__ import annotations
 
-from harness.results.store import BenchRecord, ImplFigures, Speedup
+from harness.results.store import BenchRecord, ImplFigures
 from harness.runtime.bench.specs import BenchSpec
 
 
@@ -13,8 +13,7 @@ def base_record(spec: BenchSpec) -> BenchRecord:
 
 
 def not_run_record(spec: BenchSpec, reason: str) -> BenchRecord:
-    """The record of an item this machine does not run: every implementation and speedup says why."""
+    """The record of an item this machine does not run: every implementation says why."""
     rec = base_record(spec)
     rec.impls = {name: ImplFigures(not_run=reason) for name in spec.impls}
-    rec.speedup = {name: Speedup(not_run=reason) for name in spec.impls[1:]}
     return rec
