@@ -13,6 +13,7 @@ import pytest
 
 from harness.vllm.plugin_source import TEMPLATES, plugin_template, render_plugin
 from harness.vllm.compiled import vllm_missing
+from harness.vllm.defaults import CPU, CUDA, CUSTOM_OP, DEFAULTS, FUSION_PASS, INDUCTOR_ON, IR, ROCM
 from harness.spec.load import load_plan
 from harness.spec.tolerances import tolerance_for
 from harness.vllm.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
@@ -109,6 +110,18 @@ for plan_path, _ in pairs:  # vLLM's own names, before any plugin registered
             tol = getattr(ir.ops, v.ir_op).get_tolerance(t)
             entry["tolerance"][dt] = [float(tol["atol"]), float(tol["rtol"])]
     registries[plan_path] = entry
+# vLLM's own defaults on this machine's platform, per profile (harness.vllm.defaults pins them): the custom_ops base
+# mode and fusion-pass flags the config gives, and the platform's default IR op priority.
+from vllm.config import CompilationConfig, VllmConfig
+from vllm.config.compilation import CompilationMode
+from vllm.platforms import current_platform
+defaults = {}
+for profile, mode in (("Inductor on", CompilationMode.VLLM_COMPILE), ("Inductor off", CompilationMode.NONE)):
+    config = VllmConfig(compilation_config=CompilationConfig(mode=mode))
+    cc = config.compilation_config
+    defaults[profile] = {"custom_ops": list(cc.custom_ops), "fusion_flags": [cc.pass_config.fuse_norm_quant,
+                         cc.pass_config.fuse_act_quant], "platform": type(current_platform).__name__,
+                         "ir_priority": list(current_platform.get_default_ir_op_priority(config).rms_norm)}
 registrations = {}
 for plan_path, plugin_path in pairs:
     read, write = os.pipe()
@@ -133,7 +146,7 @@ for plan_path, plugin_path in pairs:
         message = pipe.read()
     _, status = os.waitpid(pid, 0)
     registrations[plan_path] = [os.waitstatus_to_exitcode(status), message]
-print(json.dumps({"registries": registries, "registrations": registrations}))
+print(json.dumps({"registries": registries, "registrations": registrations, "defaults": defaults}))
 """
 
 
@@ -142,7 +155,8 @@ def in_vllm(tmp_path_factory) -> dict:
     """A process of its own where vLLM is imported (this process's tests define ops vLLM's import registers too) and
     no plugin registered: vLLM's registries as it has them, and per bundled plan its rendered plugin loaded and
     registered twice (as vLLM's plugin loader may call it) in a child forked for it: (exit status, "ok" or the
-    traceback). One process imports vLLM and the layers once for both (12 s on a 2-core CPU machine each time)."""
+    traceback), and vLLM's defaults per profile on this machine's platform. One process imports vLLM and the layers
+    once for all of it (12 s on a 2-core CPU machine each time)."""
     tmp = tmp_path_factory.mktemp("plugins")
     pairs = []
     for i, plan_path in enumerate(DRIVEN):
@@ -167,6 +181,25 @@ def test_the_plans_names_match_vllms_own_registries(in_vllm):
         for dt, (atol, rtol) in entry["tolerance"].items():
             mine = tolerance_for(plan, dt)
             assert (mine.atol, mine.rtol) == pytest.approx((atol, rtol)), f"{path} {dt}: vLLM IR says {atol}/{rtol}"
+
+
+@needs_vllm
+@pytest.mark.xdist_group("vllm_plugins")
+def test_the_pinned_vllm_defaults_are_the_installed_vllms(in_vllm):
+    """harness.vllm.defaults pins vLLM's defaults per switch kind, platform and profile (the pages and decisions read
+    them without importing vLLM): where the installed vLLM runs (a CPU machine), its config and platform give the
+    same. The custom_ops base mode is the config's, the same on every platform."""
+    def pinned(kind, platform, profile):
+        return next(d for d in DEFAULTS if (d.kind, d.platform, d.profile) == (kind, platform, profile)).on
+
+    platform = {"CpuPlatform": CPU, "CudaPlatform": CUDA, "RocmPlatform": ROCM}
+    for profile, seen in in_vllm["defaults"].items():
+        for where in (CUDA, ROCM, CPU):
+            assert pinned(CUSTOM_OP, where, profile) == (seen["custom_ops"][0] == "all"), (profile, seen)
+        here = platform[seen["platform"]]
+        assert pinned(IR, here, profile) == ("vllm_c" in seen["ir_priority"]), (profile, seen)
+        if profile == INDUCTOR_ON:  # without Inductor no fusion pass runs, whatever its flag says
+            assert pinned(FUSION_PASS, here, profile) == any(seen["fusion_flags"]), (profile, seen)
 
 
 @needs_vllm

@@ -29,7 +29,8 @@ Read from vLLM 0.32 (the installed vllm package):
   `fuse_norm_quant` / `fuse_act_quant` on only where `enable_norm_fusion` / `enable_act_fusion` find an unfused
   custom op or IR provider on, so not by default; without Inductor no pass runs (`OPTIMIZATION_LEVEL_00`).
 
-Plain Python: nothing here imports vLLM.
+Plain Python: nothing here imports vLLM. Where vLLM is installed, tests/test_vllm_ops.py checks the table against it
+(the custom_ops base mode and fusion-pass flags its config gives per profile, its platform's IR op priority).
 """
 
 from __future__ import annotations
