@@ -18,6 +18,7 @@ from harness.runtime.resolve import resolve_in_child
 from harness.spec.load import load_plan
 from harness.spec.matrix import expand
 from harness.spec.plan import PlanError
+from harness.spec.field_docs import fields_table
 from harness.spec.schema import json_schema_text
 
 
@@ -28,6 +29,7 @@ def main(argv=None) -> int:
                                         "arguments, without running anything")
     v.add_argument("plan", nargs="+")
     sub.add_parser("schema", help="print the JSON Schema of a plan file (plan.schema.json)")
+    sub.add_parser("fields", help="print the table of every plan field (the README's), in Markdown")
     for name, text in (("report", "rebuild reports/<op>/PLAN.md from stored results without running anything"),
                        ("plot", "draw reports/<op>/perf-<sm>.png from stored results (needs matplotlib)")):
         p = sub.add_parser(name, help=text)
@@ -37,8 +39,8 @@ def main(argv=None) -> int:
     o.add_argument("plan", nargs="+")
     o.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
     args = parser.parse_args(argv)
-    if args.command == "schema":
-        sys.stdout.write(json_schema_text())
+    if args.command in ("schema", "fields"):
+        sys.stdout.write(json_schema_text() if args.command == "schema" else fields_table())
         return 0
 
     status = 0

@@ -20,6 +20,7 @@ from harness.rendering.overview import render_overview
 from harness.rendering.report import render
 from harness.runtime.resolve import resolve_in_child
 from harness.spec.load import load_plan
+from harness.spec.field_docs import fields_table
 from harness.spec.schema import json_schema_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,9 +100,10 @@ def test_committed_plan_schema_is_the_schemas_export():
         "plan.schema.json differs from the schema: run python -m harness schema > plan.schema.json"
 
 
-def test_every_field_of_the_schema_is_in_the_readmes_field_table():
-    """The README's table of fields names every field a plan may hold (a field left out of it is one users cannot
-    know of): each field's name, as a word, in the table."""
+def test_every_field_of_the_schema_is_in_the_field_table_the_readme_holds():
+    """The table of fields (harness.spec.field_docs, the README's and the JSON Schema's words) names every field a
+    plan may hold (a field left out of it is one users cannot know of): each field's name, as a word, in the table;
+    and the README holds the table as `python -m harness fields` prints it."""
     from pydantic import BaseModel
 
     from harness.spec.load import _is_union, _unwrap
@@ -119,8 +121,9 @@ def test_every_field_of_the_schema_is_in_the_readmes_field_table():
                 elif _is_union(annotation) or typing.get_origin(annotation) in (list, dict):
                     pending += typing.get_args(annotation)
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("Every field:"):readme.index("\n## ", readme.index("Every field:"))]
+    table = fields_table()
+    assert table in (ROOT / "README.md").read_text(), \
+        "the README's field table differs from harness.spec.field_docs: paste `python -m harness fields` into it"
     found = {path for path, name in fields(PlanFile) if re.search(rf"\b{re.escape(name)}\b", table)}
     missing = sorted({path for path, _ in fields(PlanFile)} - found)
     assert not missing, f"fields the README's field table does not name: {', '.join(missing)}"

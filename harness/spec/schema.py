@@ -4,8 +4,9 @@ Validation here is structural only: every key known (extra="forbid"), every valu
 "5" for 5, no true for 1), numbers in range, names from their vocabulary. Checks across fields (a shape's
 symbols defined in op.sizes, an exclude rule naming values of the matrix, a contract something of the plan
 meets) are harness.spec.checks's. A field's description is what an error says was expected
-(`plan.yaml:8: op.args.x.dtype: expected ...`) and what an editor shows: `python -m harness schema` prints
-the JSON Schema, committed as plan.schema.json (`# yaml-language-server: $schema=./plan.schema.json`).
+(`plan.yaml:8: op.args.x.dtype: expected ...`); an editor shows it with the README's words on the field
+(harness.spec.field_docs, as `markdownDescription`): `python -m harness schema` prints the JSON Schema, committed as
+plan.schema.json (`# yaml-language-server: $schema=./plan.schema.json`).
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
 picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
@@ -19,6 +20,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import ConfigDict, Discriminator, Field, Tag, create_model
 
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
+from harness.spec.field_docs import FIELD_DOCS
 from harness.spec.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, forms, \
     import_path, one_or_list
 from harness.spec.plan import AXIS_TYPES, Contract, Exclude, Expect, Numerics, Quantization, SizeSpec, Tolerance, \
@@ -221,7 +223,12 @@ def json_schema() -> dict:
     """The JSON Schema of a plan file (what `python -m harness schema` prints), as draft 7: what editors' YAML
     language servers support (it uses nothing of later drafts)."""
     schema = PlanFile.model_json_schema(ref_template="#/definitions/{model}")
-    return {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": schema.pop("$defs"), **schema}
+    definitions = schema.pop("$defs")
+    for doc in FIELD_DOCS:  # the README's words on hover; `description` stays what an error says was expected
+        for definition, prop in doc.targets:
+            node = schema if definition is None else definitions[definition]
+            (node["properties"][prop] if prop else node)["markdownDescription"] = doc.says
+    return {"$schema": "http://json-schema.org/draft-07/schema#", "definitions": definitions, **schema}
 
 
 def json_schema_text() -> str:
