@@ -6,8 +6,9 @@ Seed 002 asks whether vLLM's own custom ops should be on by default per platform
 vLLM's kernel (its `vllm` baseline) against native eager and Inductor; the decision for it
 (harness.decisions.recommendations.vllm_kernel_recommendations) is set beside the default here on reports/README.md
 (harness.rendering.defaults), with the switch that turns it on or off. The knowledge lives in one table rather
-than in the code that renders it, so a new vLLM release is one edit here; it sits at the plan's layer, beside
-harness.vllm.names, because decisions and pages both read it and neither may import the other's layer upward.
+than in the code that renders it, so a new vLLM release is one edit here; it sits just above the plan's layer
+(it writes settings with harness.vllm.names), because decisions and pages both read it and neither may import the
+other's layer upward.
 
 Read from vLLM 0.32 (the installed vllm package):
 - `custom_ops` gets its base mode in vllm/config/vllm.py `VllmConfig.__post_init__`: "none" where Inductor
@@ -38,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.spec.plan import VllmSwitch
+from harness.vllm.names import custom_ops, ir_priority
 
 # The switches vLLM has for one of its kernels: an IR op's provider priority, a CustomOp's `custom_ops` entry, a
 # fusion pass's `pass_config` flag.
@@ -103,16 +105,12 @@ def default_value(switch: VllmSwitch, default: VllmDefault) -> str:
     return f"{switch.name} false"
 
 
-def _ir_priority(ir_op: str, providers: list[str]) -> str:
-    return f"""--ir-op-priority '{{"{ir_op}": [{", ".join(f'"{p}"' for p in providers)}]}}'"""
-
-
 def switch_setting(switch: VllmSwitch, on: bool, inductor: bool) -> str:
     """The setting that turns vLLM's kernel on (or off) for its layer in a profile."""
     if switch.kind == IR:
-        return _ir_priority(switch.name, ["vllm_c", "native"] if on else ["native"])
+        return ir_priority(switch.name, ["vllm_c", "native"] if on else ["native"])
     if switch.kind == CUSTOM_OP:  # vLLM adds the profile's base mode ("none" / "all") to a list without one
-        return f"""--compilation-config '{{"custom_ops": ["{'+' if on else '-'}{switch.name}"]}}'"""
+        return custom_ops([f"{'+' if on else '-'}{switch.name}"])
     if on and not inductor:
         return NOT_REACHABLE
     return f"""--compilation-config '{{"pass_config": {{"{switch.name}": {'true' if on else 'false'}}}}}'"""

@@ -156,11 +156,13 @@ USES = ("kernel", "vllm", "native")
 VLLM_DEFAULT = "vLLM's default"
 
 
-def _ir_priority(ir_op: str, providers: list[str]) -> str:
+def ir_priority(ir_op: str, providers: list[str]) -> str:
+    """The `--ir-op-priority` setting that gives an IR op these providers, in order."""
     return f"""--ir-op-priority '{{"{ir_op}": [{", ".join(f'"{p}"' for p in providers)}]}}'"""
 
 
-def _custom_ops(entries: list[str]) -> str:
+def custom_ops(entries: list[str]) -> str:
+    """The `--compilation-config` setting of a `custom_ops` list."""
     return f"""--compilation-config '{{"custom_ops": [{", ".join(f'"{e}"' for e in entries)}]}}'"""
 
 
@@ -184,18 +186,18 @@ def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
         if use == "kernel":
             # without Inductor, calls the kernel rejects (supports_args) fall back to vLLM's kernel, not native
             fallback = [NATIVE_PROVIDER] if inductor or not in_tree else [in_tree, NATIVE_PROVIDER]
-            return _ir_priority(ir_op, [provider_name(plan), *fallback])
+            return ir_priority(ir_op, [provider_name(plan), *fallback])
         if use == "vllm":
-            return _ir_priority(ir_op, [in_tree, NATIVE_PROVIDER]) if in_tree else VLLM_DEFAULT
-        return _ir_priority(ir_op, [NATIVE_PROVIDER])
+            return ir_priority(ir_op, [in_tree, NATIVE_PROVIDER]) if in_tree else VLLM_DEFAULT
+        return ir_priority(ir_op, [NATIVE_PROVIDER])
     base = "none" if inductor else "all"
     if use == "kernel":
-        return _custom_ops([base, oot_flag(plan)])
+        return custom_ops([base, oot_flag(plan)])
     if use == "vllm":
-        return _custom_ops([base, in_tree_flag(plan)]) if in_tree_flag(plan) else VLLM_DEFAULT
+        return custom_ops([base, in_tree_flag(plan)]) if in_tree_flag(plan) else VLLM_DEFAULT
     if inductor or not plan.vllm.custom_op:
-        return _custom_ops([base])
-    return _custom_ops([base, f"-{plan.vllm.custom_op}"])
+        return custom_ops([base])
+    return custom_ops([base, f"-{plan.vllm.custom_op}"])
 
 
 def enable_setting(plan: Plan) -> str:
