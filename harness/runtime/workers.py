@@ -566,10 +566,6 @@ class WorkerGroup:
             if proc.exitcode is not None:
                 raise GroupFault(f"rank {rank} of {self.size} {describe_exit(proc.exitcode)}")
 
-    def _facts(self, result: dict) -> dict:
-        result.setdefault("facts", {}).update(ranks=self.size, backend=self.backend, worker_starts=self.starts)
-        return result
-
     def _where_stuck(self) -> tuple[str, str]:
         """Ask every rank for its Python stack (faulthandler on SIGUSR1): which rank is stuck where."""
         for proc in self.procs:
