@@ -3,7 +3,8 @@
 #   scripts/gpu_run.sh numerics [pytest args]   every numerics and vLLM cell of every bundled plan
 #   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed), one plan's timings at a time
 #   scripts/gpu_run.sh calibrate [args]         the calibration corpus's table (python -m tests.calibration)
-# JOBS=N runs N plans' numerics side by side (they share the GPUs). Benchmarks take turns on the GPU: the next plan's
+# JOBS=N runs N plans' numerics side by side (they share the GPUs), then each plan's cells left "not run" for memory
+# the others held again, one plan at a time. Benchmarks take turns on the GPU: the next plan's
 # run starts while one plan is timed and waits for its turn before its first item (HARNESS_GPU_TURN), so no
 # other process times meanwhile. LOGS=DIR keeps one log per plan there.
 # Each plan's run rewrites reports/<op>/results/<sm>-<gpu>.json and reports/<op>/PLAN.md; commit them.
@@ -83,4 +84,16 @@ status=0
 for pid in "${pids[@]}"; do
   wait "$pid" || status=1
 done
+# Plans side by side leave cells "not run" where memory other plans held ran out: each plan runs those again with the
+# GPU to itself (`--cells retry`; a plan with none collects, selects nothing and stops, a few seconds).
+if [ "$what" = numerics ] && [ "$jobs" -gt 1 ]; then
+  unset HARNESS_GPU_MEMORY_FRACTION
+  for plan in "${plans[@]}"; do
+    log=/dev/stdout
+    [ -n "$logs" ] && log="$logs/$(basename "$plan" .yaml).retry.log"
+    "$python" -m pytest --plan "$plan" -m "not bench" --cells retry -p no:cacheprovider "$@" > "$log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1  # 5: nothing to retry
+  done
+fi
 exit $status

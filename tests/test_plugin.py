@@ -151,3 +151,25 @@ def test_a_plan_outside_the_repository_imports_from_its_own_folder_and_its_repro
     again = subprocess.run([sys.executable, "-m", *shlex.split(printed)], cwd=elsewhere, capture_output=True,
                            text=True, env=env, timeout=600)
     assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]
+
+
+@cpu_machine_only
+def test_cells_retry_runs_again_only_what_memory_others_held_left_not_run(pytester, run_plan):
+    """Plans side by side on one GPU leave some cells "not run" for memory other processes held; `--cells retry` runs
+    those again (the nightly does, with the GPU to each plan in turn) and leaves every other record as it was."""
+    plan = rms_norm_plan(pytester.path, matrix={"phase": ["decode", "prefill"], "dtype": ["fp32"], "tp": [1],
+                                                "graph_mode": ["eager"], "sm": ["cpu"]},
+                         numerics={"examples": 4, **SMALL_BATCHES})
+    run_plan(plan, "--cells", "all").assert_outcomes(passed=2)
+    path = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
+    data = json.loads(path.read_text())
+    data["cells"]["prefill-fp32-tp1-eager-cpu"].update(
+        status="not_run", reason="the GPU ran out of memory (4.6 GiB held by other processes; this process's cap is "
+                                 "14.2 GiB (HARNESS_GPU_MEMORY_FRACTION: plans side by side share the GPU))")
+    path.write_text(json.dumps(data))
+    kept = data["cells"]["decode-fp32-tp1-eager-cpu"]
+    run_plan(plan, "--cells", "retry").assert_outcomes(passed=1, deselected=1)
+    got = cells(pytester)
+    assert got["prefill-fp32-tp1-eager-cpu"]["status"] == "passed"
+    assert got["decode-fp32-tp1-eager-cpu"] == kept  # not retried: its record stays as it was
+    assert run_plan(plan, "--cells", "retry").ret == pytest.ExitCode.NO_TESTS_COLLECTED  # nothing left to retry

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.spec.vocabulary import AXES, PROFILES
 
-CELL_CHOICES = ("all", "sampled")
+CELL_CHOICES = ("all", "sampled", "retry")
 
 
 def pytest_addoption(parser):
@@ -24,10 +24,12 @@ def pytest_addoption(parser):
                          "nightly (5x examples); also selectable as --hypothesis-profile harness-<name>. "
                          "Default: ci when CI is set, else dev")
     group.addoption("--cells", action="store", default=None, choices=CELL_CHOICES,
-                    help="numerics cells to run: all (every cell this machine can run) or sampled (a pairwise sample "
-                         "of them: every pair of axis values that can run here, in one cell at least). Default: all "
-                         "for the nightly profile, sampled for dev and ci. A -k, -m or node-id selection that leaves "
-                         "out cells runs every selected one")
+                    help="numerics cells to run: all (every cell this machine can run), sampled (a pairwise sample "
+                         "of them: every pair of axis values that can run here, in one cell at least) or retry (the "
+                         "cells and vLLM items a run here left not run for GPU memory other processes held, e.g. "
+                         "plans side by side: run again with the GPU to themselves; the rest deselected). Default: "
+                         "all for the nightly profile, sampled for dev and ci. A -k, -m or node-id selection that "
+                         "leaves out cells runs every selected one")
     group.addoption("--reports-dir", action="store", default=None, metavar="DIR",
                     help="where reports/<op>/ lives (default: reports/ beside the plan's rootdir)")
     group.addoption("--isolation", action="store", default="process", choices=("process", "none"),

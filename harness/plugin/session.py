@@ -23,12 +23,12 @@ from harness.plugin.summary import SAMPLED_OUT, cells_summary
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.merge import collect
-from harness.results.store import Recorder, Status
+from harness.results.store import Recorder, Status, load
 from harness.runtime.bench.measure import prepare_benchmarks
 from harness.runtime.bench.models import check_models
 from harness.runtime.check_code import plan_code_warnings
 from harness.interpreter import make_faithful, switch_on
-from harness.runtime.device import detect, provenance
+from harness.runtime.device import detect, left_for_memory, provenance
 from harness.runtime.runner import NIGHTLY_FACTOR
 from harness.vllm.compiled import LIBRARY_ENV
 from harness.spec.load import load_plan
@@ -125,6 +125,8 @@ def pytest_collection_finish(session):
         ran = "no cell: none can run here"
     elif s.cells == "all":
         ran = f"every runnable cell ({len(runnable)})"
+    elif s.cells == "retry":  # pytest_collection_modifyitems kept those alone
+        ran = f"the {len(runnable)} runnable cells a run here left not run for memory other processes held"
     elif len(cells) < len(every_cell(s.plan)):
         ran = f"the {len(runnable)} runnable cells selected (-k, -m, --lf or node ids; no sampling)"
     else:  # the kernel's cells and each provider's sampled apart: each covers its own pairs
@@ -139,6 +141,21 @@ def pytest_collection_finish(session):
     # Under xdist a worker runs only some items: there each memcheck item runs its own.
     if not xdist_worker(session.config) and not session.config.option.collectonly:
         start_memchecks(s, [i for i in runnable if not i.sampled_out])
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """--cells retry: only the cells and vLLM items whose record in this machine's results file says not run for GPU
+    memory other processes held (plans side by side); the rest are deselected, their records kept as they are."""
+    s = session_of(config)
+    if s.cells != "retry":
+        return
+    path = s.recorder.path.parent / f"{s.recorder.results.runs[s.recorder.run_id].machine_key}.json"
+    records = load(path, s.plan.name) if path.exists() else None
+    left = {key for section in ("cells", "integration") if records for key, rec in records.section(section).items()
+            if rec.status == Status.NOT_RUN and left_for_memory(rec.reason)}
+    keep = [i for i in items if (i.cell.id if isinstance(i, CellItem) else i.name) in left]
+    config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+    items[:] = keep
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -33,7 +33,7 @@ class Session:
     isolation: str
     max_cpu_ranks: int
     database: str
-    cells: str = "all"  # all | sampled (--cells)
+    cells: str = "all"  # all | sampled | retry (--cells)
     recorder: Recorder | None = None
     workers: dict = field(default_factory=dict)  # "kernels" / "vllm" -> Worker; tp size -> WorkerGroup
     memchecks: dict[str, Future] = field(default_factory=dict)  # cell id -> its memcheck run, started early

@@ -153,6 +153,12 @@ def out_of_memory_facts(text: str) -> dict[str, float]:
     return facts
 
 
+def left_for_memory(reason: str) -> bool:
+    """Whether a record's reason is memory_held_elsewhere's: a cell left not run for memory other processes held, which
+    a run with the GPU to itself can run (`--cells retry`)."""
+    return reason.startswith("the GPU ran out of memory (") and "held by other processes" in reason
+
+
 def memory_held_elsewhere(text: str) -> str | None:
     """Why a CUDA out-of-memory is this machine's and not the kernel's, or None: it is the kernel's.
 
