@@ -123,11 +123,13 @@ def test_the_memory_cap_and_freeing_touch_no_cuda_on_a_cpu_run(monkeypatch):
 
 
 def test_gpu_run_caps_each_plan_at_its_share_of_free_memory_with_jobs(tmp_path):
-    """JOBS=2: the fraction is measured once and exported to every plan's run (a stand-in python records it)."""
+    """JOBS=2: the fraction is measured once and exported to every plan's run (a stand-in python records it); then
+    each plan's cells left not run for memory the other held run again (`--cells retry`) with the GPU to itself."""
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
     fake.write_text(f"""#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo 0.2000; exit 0; fi
+case "$*" in *"--cells retry"*) echo "retry:${{{MEMORY_FRACTION_ENV}:-unset}}" >> {seen}; exit 5 ;; esac
 echo "${{{MEMORY_FRACTION_ENV}:-unset}}" >> {seen}
 """)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
@@ -135,12 +137,12 @@ echo "${{{MEMORY_FRACTION_ENV}:-unset}}" >> {seen}
     env.pop(MEMORY_FRACTION_ENV, None)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "numerics"], env=env, capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert seen.read_text().split() == ["0.2000", "0.2000"]
+    assert proc.returncode == 0, proc.stderr  # exit 5 (nothing to retry) is no failure
+    assert seen.read_text().split() == ["0.2000", "0.2000", "retry:unset", "retry:unset"]
     seen.unlink()
     subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "numerics"], env={**env, "JOBS": "1"},
                    capture_output=True, text=True, timeout=60)
-    assert seen.read_text().split() == ["unset", "unset"]  # one plan at a time has the GPU to itself
+    assert seen.read_text().split() == ["unset", "unset"]  # one plan at a time has the GPU to itself: no retry
 
 
 # ---------------------------------------------------------------- a library's stand-in
