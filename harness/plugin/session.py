@@ -149,7 +149,7 @@ def pytest_collection_modifyitems(session, config, items):
     s = session_of(config)
     if s.cells != "retry":
         return
-    path = s.recorder.path.parent / f"{s.recorder.results.runs[s.recorder.run_id].machine_key}.json"
+    path = s.recorder.machine_file
     records = load(path, s.plan.name) if path.exists() else None
     left = {key for section in ("cells", "integration") if records for key, rec in records.section(section).items()
             if rec.status == Status.NOT_RUN and left_for_memory(rec.reason)}

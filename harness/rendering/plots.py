@@ -17,7 +17,6 @@ from harness.decisions.bounds import throughput
 from harness.decisions.speedups import impl_order
 from harness.rendering.performance import plot_name
 from harness.results.merge import collect
-from harness.results.store import BenchRecord, ImplFigures
 from harness.spec.plan import Plan
 
 # The same colour for an implementation on every page; a plan's named baselines take the others in name order.
@@ -39,24 +38,25 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
     res = collect(plan, op_dir)
     written = []
     for sm in plan.matrix["sm"]:
-        recs = [r for _, r in res.benchmarks if r.sm == sm and any(gbps(r, t) is not None for t in r.impls.values())]
+        # (record, implementation, GB/s) of every timing at this SM with a byte model
+        points = [(r, impl, gbps) for _, r in res.benchmarks if r.sm == sm for impl, t in r.impls.items()
+                  if (gbps := throughput(r, t).gbps) is not None]
+        recs = list({id(r): r for r, _, _ in points}.values())
         if not recs:
             continue
         modes = sorted({r.graph_mode for r in recs}, key=lambda m: (m != "eager", m))  # eager on top
         dtypes = [d for d in plan.matrix["dtype"] if any(r.dtype == d for r in recs)]
-        impls = sorted({i for r in recs for i, t in r.impls.items() if gbps(r, t) is not None}, key=impl_order)
+        impls = sorted({impl for _, impl, _ in points}, key=impl_order)
         named = [i for i in impls if i not in COLORS]
         color = {i: COLORS.get(i) or NAMED_COLORS[named.index(i) % len(NAMED_COLORS)] for i in impls}
         varying = sorted({k for r in recs for k, v in r.sizes.items() if len({q.sizes.get(k) for q in recs}) > 1})
         sizes = sorted({_sizes(r, varying) for r in recs})  # named by the sizes that differ between its lines
         lines, ceiling = defaultdict(list), defaultdict(set)
         for r in recs:
-            panel = (r.graph_mode, r.dtype)
             if r.copy_bw_gbps:
-                ceiling[panel].add(r.copy_bw_gbps)
-            for impl, t in r.impls.items():
-                if gbps(r, t) is not None:  # one line per phase: decode and prefill points are not joined
-                    lines[panel, impl, _sizes(r, varying), r.phase].append((r.num_tokens, gbps(r, t)))
+                ceiling[r.graph_mode, r.dtype].add(r.copy_bw_gbps)
+        for r, impl, gbps in points:  # one line per phase: decode and prefill points are not joined
+            lines[(r.graph_mode, r.dtype), impl, _sizes(r, varying), r.phase].append((r.num_tokens, gbps))
         columns = LEGEND_COLUMNS if max(map(len, sizes)) <= 30 else LEGEND_COLUMNS // 2
         legend_rows = -(-(len(impls) + len(sizes) + 1) // columns)
         legend_in = 0.2 + 0.2 * legend_rows  # beneath the panels: long size names need the figure's width
@@ -96,10 +96,6 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
         fig.savefig(path, format="png", metadata={"Software": None})
         written.append(path)
     return written
-
-
-def gbps(rec: BenchRecord, impl: ImplFigures) -> float | None:
-    return throughput(rec, impl).gbps
 
 
 def _sizes(rec, keys: list[str]) -> str:

@@ -495,7 +495,8 @@ class Recorder:
 
     def __init__(self, directory: Path, op: str, provenance: Provenance, run_id: str, worker: str | None = None):
         key = provenance.machine_key
-        self.path = Path(directory) / (f"{key}.{worker}.json" if worker else f"{key}.json")
+        self.machine_file = Path(directory) / f"{key}.json"  # this machine's, where xdist workers' files fold in
+        self.path = self.machine_file.with_suffix(f".{worker}.json") if worker else self.machine_file
         self.results = Results(op)
         if self.path.exists():
             try:
