@@ -185,6 +185,29 @@ def test_a_kernels_own_attribute_error_still_fails(tmp_path):
     assert rec["status"] == "failed" and "the kernel raised AttributeError" in rec["reason"], rec
 
 
+# An op whose library registered its schema but no code for this device (a schema-only or other-device build)
+_SCHEMA_ONLY = torch.library.Library("harness_env_test", "DEF")
+_SCHEMA_ONLY.define("schema_only(Tensor x) -> Tensor")
+
+
+def calls_an_op_with_no_code_for_this_device(out, x, weight, eps):
+    out.copy_(torch.ops.harness_env_test.schema_only(x))
+
+
+def built_without_this_gpus_architecture(out, x, weight, eps):
+    raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nCUDA kernel errors "
+                       "might be asynchronously reported at some other API call")  # torch's text, as a launch gives it
+
+
+@pytest.mark.parametrize("kernel, error", [
+    ("calls_an_op_with_no_code_for_this_device", "NotImplementedError: Could not run 'harness_env_test::schema_only'"),
+    ("built_without_this_gpus_architecture", "RuntimeError: CUDA error: no kernel image is available")])
+def test_a_kernel_built_with_no_code_for_this_machine_is_not_run_here(tmp_path, kernel, error):
+    rec = _run(rms_norm_plan(tmp_path, f"{HERE}:{kernel}"))
+    assert rec["status"] == "not_run", rec
+    assert rec["reason"].startswith("the kernel as built has no code for this cpu") and error in rec["reason"], rec
+
+
 def test_vllms_own_triton_stand_in_is_not_run_here(tmp_path):
     """vLLM's CPU build replaces triton with its placeholder; a kernel using it, in a worker as a run has it."""
     pytest.importorskip("vllm")

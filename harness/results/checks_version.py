@@ -18,7 +18,7 @@ HARNESS_DIR = Path(__file__).resolve().parents[1]  # the installed harness packa
 CHECKED_MODULES = {
     "numerics": tuple(f"runtime/{name}.py" for name in (
         "accumulation", "numerics", "runner", "modes", "inputs", "calls", "tp", "memcheck", "required_examples",
-        "upcast", "shrinking", "check_code", "tf32")) + ("spec/tolerances.py",),
+        "upcast", "shrinking", "check_code", "tf32")) + ("vllm/compiled.py", "spec/tolerances.py"),
     "integration": (*(f"vllm/{name}.py" for name in ("routes", "fusion", "fusion_cases", "engine", "engine_probe",
                                                        "plugin_source")),
                     *(f"vllm/plugin_templates/{t}.py.tmpl" for t in ("custom_op", "ir", "quantization")),

@@ -39,11 +39,6 @@ def reference_outputs(plan: Plan, reference: Callable, values: dict, copy: bool 
     return dict(zip(plan.outputs, ref))
 
 
-def kernel_args(plan: Plan, values: dict) -> list:
-    """The kernel's arguments in call order."""
-    return [values.get(a.name) for a in plan.args]
-
-
 def first_line(exc: BaseException) -> str:
     """What a call raised, in one line: the exception's type and the first line of its message."""
     text = str(exc).strip()

@@ -348,7 +348,3 @@ def _fill(arg: Arg, shape, dtype, scale: str, gen, device, sizes: dict) -> torch
         data = data.mul(16).round().clamp(info.min, info.max).to(dtype)
     return data
 
-
-def clone_args(values: dict) -> dict:
-    """Copies of the tensor arguments (scalars as they are): the reference runs on these."""
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}

@@ -42,6 +42,11 @@ from harness.runtime.providers import KernelUnavailable, load_kernel
 FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
                        "CUDA error: an illegal instruction", "misaligned address", "CUDA-capable device(s) is/are busy")
 
+# Errors that say the kernel has no code for this machine: built without this GPU's architecture, or an op with no
+# implementation registered for this device (a CPU-only or schema-only build). The build's fault, not the numerics'.
+NOT_BUILT_FOR_THIS_MACHINE = re.compile(r"no kernel image is available for execution on the device"
+                                        r"|Could not run '[^']+' with arguments from the '\w+' backend")
+
 # Hypothesis profiles for cells, selectable with --plan-profile or hypothesis's own --hypothesis-profile.
 # No deadline: the Triton interpreter and first-call compilation are slow by design. No "explain" phase:
 # it re-runs the failing example under sys.settrace, which over the Triton interpreter takes minutes.
@@ -93,7 +98,8 @@ def exception_text(exc: BaseException) -> str:
 
 def kernel_error(exc: Exception, ex: Example, device: str) -> BaseException:
     """What a user reads when the kernel raises: out of memory in words, else the exception and where. Where this
-    machine, not the kernel, is at fault (memory other processes hold, a library's stand-in), a NotRunHere."""
+    machine, not the kernel, is at fault (memory other processes hold, a library's stand-in, a build with no code
+    for this GPU), a NotRunHere."""
     frame = traceback.extract_tb(exc.__traceback__)[-1]
     where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # an installed package: by its path
     text = exception_text(exc)
@@ -101,6 +107,9 @@ def kernel_error(exc: Exception, ex: Example, device: str) -> BaseException:
     if library:
         return NotRunHere(f"{library} cannot run on this machine (the kernel ran against a stand-in for it: "
                           f"{type(exc).__name__}: {text.splitlines()[0][:300]}; {where})")
+    if NOT_BUILT_FOR_THIS_MACHINE.search(text):
+        return NotRunHere(f"the kernel as built has no code for this {device} (rebuild it for this GPU's "
+                          f"architecture): {type(exc).__name__}: {text.splitlines()[0][:300]} ({where})")
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text \
             or "not enough memory" in text.lower():
         elsewhere = memory_held_elsewhere(text)
