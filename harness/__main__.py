@@ -1,6 +1,7 @@
-"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `overview PLAN...` and `schema`.
+"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `overview PLAN...`, `merge SOURCE...`
+and `schema`.
 
-Plain Python: report, plot and overview read plans and results only; validate imports the plans' code in a
+Plain Python: report, plot, overview and merge read plans and results only; validate imports the plans' code in a
 child process (harness.runtime.resolve), so none of them imports torch here.
 """
 
@@ -14,6 +15,7 @@ from harness.rendering.overview import write_overview
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.merge import collect
+from harness.results.store import fold_files
 from harness.runtime.resolve import resolve_in_child
 from harness.spec.load import load_plan
 from harness.spec.matrix import expand
@@ -38,10 +40,25 @@ def main(argv=None) -> int:
     o = sub.add_parser("overview", help="rebuild reports/README.md, the decisions across ops, from stored results")
     o.add_argument("plan", nargs="+")
     o.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
+    m = sub.add_parser("merge", help="fold the results files of other runs (CI artifacts, other checkouts' reports/) "
+                                     "into reports/, record by record: the latest result wins, 'not run here' never "
+                                     "replaces a result, and two runs' files of one name both keep their records")
+    m.add_argument("source", nargs="+", help="a folder holding <op>/results/<machine>.json files, at any depth")
+    m.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
     args = parser.parse_args(argv)
     if args.command in ("schema", "fields"):
         sys.stdout.write(json_schema_text() if args.command == "schema" else fields_table())
         return 0
+
+    if args.command == "merge":
+        status = 0
+        for source in args.source:
+            done, problems = fold_files(Path(args.reports_dir), Path(source))
+            print("\n".join(done) or f"{source}: no results files under it")
+            for problem in problems:
+                print(f"error: {problem} (left as it is)", file=sys.stderr)
+            status = status or (2 if problems or not done else 0)
+        return status
 
     status = 0
     loaded = []

@@ -123,3 +123,35 @@ def test_made_by_other_checks_the_later_record_wins_even_not_run(tmp_path):
         item(Status.FAILED, "NotImplementedError", "2026-12-06T00:30:00Z"), run="run-0")})
     assert fold(stale, load(again.path, "op")).integration[key].status is Status.NOT_RUN
     assert fold(load(again.path, "op"), stale).integration[key].status is Status.NOT_RUN
+
+
+def test_merge_folds_two_runs_files_of_one_name_record_by_record(tmp_path):
+    """Nightly CI's artifacts: two runners of one GPU kind write the same file name (sm90-nvidia-h200.json), each with
+    cells the other did not run. `python -m harness merge` keeps both runs' records where a copy keeps one file; a
+    later "not run here" does not replace a result; an unreadable file is named and left as it is, the rest merged."""
+    from harness.__main__ import main
+    from harness.results.store import Provenance, Recorder
+
+    prov = Provenance("sm90", "cuda", "NVIDIA H200", 1, 16, host="vm", commit="abc", date="2026-12-06")
+
+    def cell(status, finished, reason=None):
+        return CellRecord("decode", "bf16", 1, "eager", "sm90", status, reason=reason, finished=finished)
+
+    reports, one, two = tmp_path / "reports", tmp_path / "results-h200", tmp_path / "results-h200-x2"
+    Recorder(reports / "rms_norm" / "results", "rms_norm", prov, "run-0").record(
+        "cells", "kept-from-before", cell(Status.PASSED, "2026-12-05T00:00:00Z"))
+    Recorder(one / "rms_norm" / "results", "rms_norm", prov, "run-1").record(
+        "cells", "tp1-cell", cell(Status.FAILED, "2026-12-06T01:00:00Z", "NaN"))
+    second = Recorder(two / "rms_norm" / "results", "rms_norm", prov, "run-2")
+    second.record("cells", "tp2-cell", cell(Status.PASSED, "2026-12-06T02:00:00Z"))
+    second.record("cells", "tp1-cell", cell(Status.NOT_RUN, "2026-12-06T02:00:00Z", "memory held by others"))
+    (two / "silu_and_mul" / "results").mkdir(parents=True)
+    (two / "silu_and_mul" / "results" / "sm90-nvidia-h200.json").write_text("{truncated")
+
+    assert main(["merge", str(one), str(two), "--reports-dir", str(reports)]) == 2  # the unreadable file
+    merged = load(reports / "rms_norm" / "results" / "sm90-nvidia-h200.json", "rms_norm").cells
+    assert sorted(merged) == ["kept-from-before", "tp1-cell", "tp2-cell"]
+    assert merged["tp1-cell"].status is Status.FAILED and merged["tp2-cell"].status is Status.PASSED
+    assert not (reports / "silu_and_mul").exists()
+    assert main(["merge", str(one), "--reports-dir", str(reports)]) == 0  # again: nothing changes
+    assert load(reports / "rms_norm" / "results" / "sm90-nvidia-h200.json", "rms_norm").cells == merged

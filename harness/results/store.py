@@ -457,6 +457,33 @@ def fold(into: Results, other: Results) -> Results:
     return into
 
 
+def fold_files(reports: Path, source: Path) -> tuple[list[str], list[str]]:
+    """Fold every results file under `source` (`<op>/results/<machine>.json` at any depth: a CI artifact, another
+    checkout's reports/) into the file of that op and name under `reports`, record by record (fold). A copy would
+    lose records: runs on two machines of one kind, or two runs of one machine, write one file name. Returns a line
+    per file folded and the problems: a file that cannot be read is named and left as it is, source or destination,
+    and the rest still folds."""
+    done, problems = [], []
+    for path in sorted(Path(source).glob("**/results/*.json")):
+        if "." in path.stem:  # an xdist worker's own file: its run folds it into the machine's file
+            continue
+        op, dest = path.parent.parent.name, Path(reports) / path.parent.parent.name / "results" / path.name
+        try:
+            incoming = load(path, op)
+            ours = load(dest, op) if dest.exists() else Results(op)
+        except ResultsError as exc:
+            problems.append(str(exc))
+            continue
+        before = {(name, key): rec for name in SECTIONS for key, rec in ours.section(name).items()}
+        fold(ours, incoming)
+        taken = [(name, key) for name in SECTIONS for key, rec in ours.section(name).items()
+                 if before.get((name, key)) != rec]
+        new = sum(k not in before for k in taken)
+        write_atomic(dest, ours)
+        done.append(f"{dest}: {new} new and {len(taken) - new} newer records from {path}")
+    return done, problems
+
+
 def record_kind(rec: Record) -> str:
     """The kind of checks that made a record (harness.results.checks_version)."""
     return "bench" if isinstance(rec, BenchRecord) else "integration" if isinstance(rec, IntegrationRecord) \
