@@ -896,3 +896,25 @@ def test_every_kind_of_open_item_and_trade_off_has_words():
         assert open_item_text(plan, item).strip(), kind
     for kind in get_args(TradeOffKind):
         assert tradeoff_text(plan, TradeOff(kind, padded_rows=7, largest_capture=512)).strip(), kind
+
+
+def test_a_baseline_differing_alike_at_many_shapes_is_one_open_item(tmp_path):
+    """A baseline rounding differently at every shape (Inductor's fused code, vLLM's kernel) is one open item naming
+    the first shape and how many more, not one per shape; a different fault stays an item of its own."""
+    plan = small_plan(tmp_path)
+    op_dir = tmp_path / "reports" / "rms_norm"
+    benchmarks = {}
+    for tokens, share in ((1, "1.22"), (64, "1.93"), (256, "1.50")):
+        rec = bench("decode", tokens, 5.0, 9.0, 8.0, 7.0)
+        rec["impls"]["vllm"]["differs"] = (f"wrong result after timing: output 'out': {share}% of quantized elements "
+                                           "are one step from the reference (at most 1.00% allowed)")
+        benchmarks[f"decode-{tokens}"] = rec
+    benchmarks["decode-256"]["impls"]["compiled"]["differs"] = "wrong result after timing: output 'out' is NaN"
+    passed_sm90(op_dir, benchmarks=benchmarks)
+    items = [line for line in section(render(plan, op_dir), "Open items").splitlines() if "outputs are acceptable" in
+             line]
+    assert len(items) == 2, items
+    assert items[0].startswith("- [ ] Check that vllm's outputs are acceptable (benchmark `decode-1` and 2 more alike")
+    assert "1.22% of quantized elements" in items[0]
+    assert "compiled's outputs are acceptable (benchmark `decode-256`; timings used): wrong result after timing: " \
+           "output 'out' is NaN" in items[1]

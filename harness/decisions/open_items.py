@@ -4,6 +4,7 @@ lists them. Plain text, no Markdown: harness.rendering.conclusions words them.""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
@@ -36,7 +37,7 @@ class OpenItem:
     command: str = ""  # what does it
     cells: tuple[Cell, ...] = ()
     records: tuple = ()  # stale records: what other checks made
-    benchmarks: tuple[str, ...] = ()  # benchmark ids
+    benchmarks: tuple[str, ...] = ()  # benchmark ids; where several, `why` is the first one's (the rest alike)
 
 
 def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
@@ -68,14 +69,22 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
     for reason, cells in excluded_by_reason(res):
         items.append(OpenItem("excluded", why=reason, cells=tuple(cells)))
     stale_baselines = defaultdict(list)  # (implementation, why) -> the benchmarks that timed it on another function
+    # (kind, implementation, the reason but its figures) -> [(benchmark, reason)]: one item for the shapes where an
+    # implementation went wrong the same way, not one per shape (a baseline rounding differently at all 30)
+    alike = defaultdict(list)
     for bid, rec in res.benchmarks:
         for impl, t in sorted(rec.impls.items()):
             broken = broken_timing(rec, t)
             for kind, text in (("implementation error", t.error), ("differs", t.differs), ("broken timing", broken)):
                 if text:
-                    items.append(OpenItem(kind, what=impl, why=first_line(text), benchmarks=(bid,)))
+                    why = first_line(text)
+                    alike[(kind, impl, re.sub(r"\d+(\.\d+)?", "#", why))].append((bid, why))
             if impl != "kernel" and t.timed and stale(plan, rec, impl):
                 stale_baselines[(impl, stale(plan, rec, impl))].append(bid)
+    for kind in ("implementation error", "differs", "broken timing"):  # the page's order
+        for (k, impl, _), found in alike.items():
+            if k == kind:
+                items.append(OpenItem(kind, what=impl, why=found[0][1], benchmarks=tuple(b for b, _ in found)))
     for (impl, why), bids in sorted(stale_baselines.items()):
         items.append(OpenItem("stale baseline", what=impl, why=why, benchmarks=tuple(bids), command=f"{run} --bench"))
     # Each question once, though both profiles' decisions ask it

@@ -72,6 +72,8 @@ def open_item_text(plan: Plan, item: OpenItem) -> str:
     cells, n = md(describe(plan, list(item.cells))), n_cells(len(item.cells))
     what, why, command = md(item.what), md(item.why), code(item.command)
     benchmark = code(item.benchmarks[0]) if item.benchmarks else ""
+    if len(item.benchmarks) > 1 and item.kind != "stale baseline":  # the same fault at several shapes: the first's
+        benchmark += f" and {len(item.benchmarks) - 1} more alike, marked in the tables above"
     match item.kind:
         case "results file":
             return f"Fix or remove a results file: {what}"
@@ -96,7 +98,7 @@ def open_item_text(plan: Plan, item: OpenItem) -> str:
         case "implementation error":
             return f"Fix {what} in benchmark {benchmark}: {why}"
         case "differs":
-            return f"Check that {what}'s outputs are acceptable (benchmark {benchmark}; its timing is used): {why}"
+            return f"Check that {what}'s outputs are acceptable (benchmark {benchmark}; timings used): {why}"
         case "broken timing":
             return f"Fix the timing of {what} in benchmark {benchmark} (not used for decisions): {why}"
         case "stale baseline":
