@@ -81,10 +81,8 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
                     alike[(kind, impl, re.sub(r"\d+(\.\d+)?", "#", why))].append((bid, why))
             if impl != "kernel" and t.timed and stale(plan, rec, impl):
                 stale_baselines[(impl, stale(plan, rec, impl))].append(bid)
-    for kind in ("implementation error", "differs", "broken timing"):  # the page's order
-        for (k, impl, _), found in alike.items():
-            if k == kind:
-                items.append(OpenItem(kind, what=impl, why=found[0][1], benchmarks=tuple(b for b, _ in found)))
+    for (kind, impl, _), found in sorted(alike.items(), key=lambda kv: OpenItemKind.__args__.index(kv[0][0])):
+        items.append(OpenItem(kind, what=impl, why=found[0][1], benchmarks=tuple(b for b, _ in found)))
     for (impl, why), bids in sorted(stale_baselines.items()):
         items.append(OpenItem("stale baseline", what=impl, why=why, benchmarks=tuple(bids), command=f"{run} --bench"))
     # Each question once, though both profiles' decisions ask it
