@@ -757,6 +757,19 @@ def test_overview_page_across_ops(tmp_path, monkeypatch):
     assert path.read_text() == text
 
 
+def test_overview_names_each_gpu_of_a_row_once(tmp_path):
+    """One op's decode timings from an H200, its prefill timings from an H100 and an H200: the row's GPU column names
+    each GPU once (it listed the H200 twice when each regime's GPUs were joined before the row's)."""
+    rms, silu, reports = overview_inputs(tmp_path)
+    h100 = {**machine("sm90", "h100"), "gpu": "NVIDIA H100 80GB HBM3"}
+    write_results(reports / "rms_norm", "sm90-nvidia-h100-80gb-hbm3.json", "rms_norm", "run-h100", h100, {},
+                  {"prefill-8192": bench("prefill", 8192, 100.0, 300.0, 200.0)})
+    stamp_current(rms, reports / "rms_norm")
+    text, _ = render_overview([rms, silu], reports)
+    rows = [r for r in tables(section(text, "Decisions"))[0] if "`rms_norm`" in r]
+    assert rows and all(r.split("|")[3].strip() == "NVIDIA H100 80GB HBM3, NVIDIA H200" for r in rows), rows
+
+
 def test_overview_names_results_problems_with_their_op(tmp_path):
     rms, silu, reports = overview_inputs(tmp_path)
     (reports / "silu_and_mul" / "results" / "broken.json").write_text("{")

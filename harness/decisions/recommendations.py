@@ -39,7 +39,7 @@ class Recommendation:
     others: tuple = ()  # (name, Interval or None, why not timed) for vLLM's kernel and every named baseline
     setting: str = ""  # the vLLM setting that applies the choice
     default: bool = False  # the setting is what vLLM does in this profile anyway
-    gpu: str = ""
+    gpus: tuple[str, ...] = ()  # the GPUs whose timings it rests on
     sizes: tuple = ()  # the benchmarked sizes, each as sorted (symbol, value) pairs
     # A big win over a weak baseline: a question about the baseline before it is a result (harness.decisions.bounds)
     check_baseline: str = ""
@@ -82,25 +82,25 @@ def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
     for sm, dtype, reg, recs in _groups(res):
         if sm == "cpu":  # a CPU machine's timings are not a measure of speed
             continue
-        gpus = ", ".join(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
+        gpus = tuple(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
         for profile, baseline in VLLM_PROFILES:
             speed = _against(recs, baseline, "vllm")
             if speed is None:
                 why = f"vllm and {baseline} not both timed: {first_line(why_untimed(recs[0].impls.get('vllm')), 120)}"
-                out.append(Recommendation(sm, dtype, reg, profile, "", why, baseline, gpu=gpus))
+                out.append(Recommendation(sm, dtype, reg, profile, "", why, baseline, gpus=gpus))
                 continue
             at = f"at all {speed.shapes} shapes" if speed.shapes > 1 else "at the one shape"
             choice = ENABLE if speed.wholly_faster else FALLBACK[baseline]
             why = f"faster than {baseline} {at}" if speed.wholly_faster else \
                 f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes"
-            out.append(Recommendation(sm, dtype, reg, profile, choice, why, baseline, speed, gpu=gpus))
+            out.append(Recommendation(sm, dtype, reg, profile, choice, why, baseline, speed, gpus=gpus))
     return out
 
 
 def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: str, recs: list) -> Recommendation:
     plan = res.plan
     inductor = profile == VLLM_PROFILES[0][0]
-    gpus = sorted({str(res.source(r).gpu) for r in recs if res.source(r)})
+    gpus = tuple(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
     sizes = tuple(sorted({tuple(sorted((str(k), v) for k, v in r.sizes.items())) for r in recs}, key=str))
     stale = sorted({res.stale_checks(r) for r in recs} - {""})
     stale_text = (f"stale: {sum(1 for r in recs if res.stale_checks(r))} of {len(recs)} benchmarks "
@@ -113,7 +113,7 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
             setting = profile_setting(plan, inductor, _use(choice)) if choice else ""
         far = _far_from_limit(timed) if choice == ENABLE else ""
         return Recommendation(sm, dtype, reg, profile, choice, why, baseline, speedup, tuple(others), setting,
-                              default, ", ".join(gpus), sizes, _check_baseline(timed), far, stale_text)
+                              default, gpus, sizes, _check_baseline(timed), far, stale_text)
 
     if sm == "cpu" or any(res.source(r) and res.source(r).triton_interpreter for r in recs):
         return made("", "timed on a CPU machine, where the kernel runs in Triton's interpreter: not a measure of "

@@ -59,7 +59,7 @@ def _decision_rows(plan: Plan, recs: list[Recommendation]) -> list[list[str]]:
             mine = [r for r in recs if r.sm == sm and r.profile == profile and r.choice]
             if not mine:
                 continue
-            gpus = ", ".join(dict.fromkeys(r.gpu for r in mine if r.gpu)) or NO_RESULT
+            gpus = ", ".join(sorted({g for r in mine for g in r.gpus})) or NO_RESULT
             rows.append([code(plan.name), sm, md(gpus), profile, *(regime_summary(mine, reg) for reg in REGIMES),
                          _settings_text(mine)])
     return rows
