@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from harness.decisions.bounds import broken_timing
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line
@@ -81,7 +81,7 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
                     alike[(kind, impl, re.sub(r"\d+(\.\d+)?", "#", why))].append((bid, why))
             if impl != "kernel" and t.timed and stale(plan, rec, impl):
                 stale_baselines[(impl, stale(plan, rec, impl))].append(bid)
-    for (kind, impl, _), found in sorted(alike.items(), key=lambda kv: OpenItemKind.__args__.index(kv[0][0])):
+    for (kind, impl, _), found in sorted(alike.items(), key=lambda kv: get_args(OpenItemKind).index(kv[0][0])):
         items.append(OpenItem(kind, what=impl, why=found[0][1], benchmarks=tuple(b for b, _ in found)))
     for (impl, why), bids in sorted(stale_baselines.items()):
         items.append(OpenItem("stale baseline", what=impl, why=why, benchmarks=tuple(bids), command=f"{run} --bench"))

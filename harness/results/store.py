@@ -467,7 +467,8 @@ def fold_files(reports: Path, source: Path) -> tuple[list[str], list[str]]:
     for path in sorted(Path(source).glob("**/results/*.json")):
         if "." in path.stem:  # an xdist worker's own file: its run folds it into the machine's file
             continue
-        op, dest = path.parent.parent.name, Path(reports) / path.parent.parent.name / "results" / path.name
+        op = path.parent.parent.name
+        dest = Path(reports) / op / "results" / path.name
         try:
             incoming = load(path, op)
             ours = load(dest, op) if dest.exists() else Results(op)

@@ -153,10 +153,13 @@ def out_of_memory_facts(text: str) -> dict[str, float]:
     return facts
 
 
+HELD_ELSEWHERE = "the GPU ran out of memory ("  # how memory_held_elsewhere's reasons begin
+
+
 def left_for_memory(reason: str) -> bool:
     """Whether a record's reason is memory_held_elsewhere's: a cell left not run for memory other processes held, which
     a run with the GPU to itself can run (`--cells retry`)."""
-    return reason.startswith("the GPU ran out of memory (") and "held by other processes" in reason
+    return reason.startswith(HELD_ELSEWHERE)
 
 
 def memory_held_elsewhere(text: str) -> str | None:
@@ -179,4 +182,4 @@ def memory_held_elsewhere(text: str) -> str | None:
         return None
     cap = (f"; this process's cap is {facts['allowed'] / GiB:.1f} GiB ({MEMORY_FRACTION_ENV}: plans side by side "
            "share the GPU)") if "allowed" in facts else ""
-    return f"the GPU ran out of memory ({others / GiB:.1f} GiB held by other processes{cap})"
+    return f"{HELD_ELSEWHERE}{others / GiB:.1f} GiB held by other processes{cap})"
