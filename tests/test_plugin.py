@@ -72,6 +72,7 @@ def test_ids_markers_k_and_junit(pytester, run_plan):
     collected = run_plan(plan, "--collect-only", "-q").stdout.str()
     assert "plan.yaml::numerics[decode-fp16-tp1-eager-cpu]" in collected
     assert not (pytester.path / "reports" / "rms_norm" / "PLAN.md").exists()  # listing the cells writes no page
+    assert not list((pytester.path / "reports").rglob("*.json"))  # nor a results file with a run of no record
     result = run_plan(plan, "-m", "decode and fp16", "--junitxml", "junit.xml")
     result.assert_outcomes(passed=1)
     testcases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")

@@ -576,4 +576,3 @@ class Recorder:
                 continue  # reported by the report step, which reads every file
             self._write()
             path.unlink()
-        self._write()
