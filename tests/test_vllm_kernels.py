@@ -26,7 +26,7 @@ from harness.runtime.runner import RunSettings, example_layouts, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime import providers
 from harness.runtime.providers import load_kernel
-from harness.spec.plan import VllmKernel
+from harness.spec.sections import VllmKernel
 from harness.vllm.compiled import compiled_op, registered_params, schema_problem
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import SCHEMAS, Param, args_problem, kernel_schema, mismatches, parse_schema

@@ -15,8 +15,9 @@ from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.fields import many, number_as_text
-from harness.spec.plan import Arg, Benchmark, Contract, Dim, Numerics, Plan, Quantization, Rule, SizeSpec, \
-    TensorParallel, Vllm, Where
+from harness.spec.plan import Benchmark, Plan, TensorParallel, Where
+from harness.spec.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
+    Shard, SizeArg, SizeSpec, TensorArg, Vllm
 from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import parse_schema
@@ -246,7 +247,7 @@ INTEGER_RANGES = {"int8": (-2**7, 2**7 - 1), "uint8": (0, 2**8 - 1), "int32": (-
                   "int64": (-2**63, 2**63 - 1), "bool": (0, 1)}
 
 
-def _init(w: Where, loc: Loc, init: str | S.ParamInit, symbols: set[str], dtype: str = "act") -> tuple[str, Any]:
+def _init(w: Where, loc: Loc, init: str | ParamInit, symbols: set[str], dtype: str = "act") -> tuple[str, Any]:
     if isinstance(init, str):
         return init, None
     given = [k for k in PARAM_INITS if getattr(init, k) is not None]
@@ -283,10 +284,10 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
     for name, spec in specs.items():
         loc = ("op", "args", name)
         line = w.line(loc)
-        if isinstance(spec, S.SizeArg):  # a scalar computed from the sizes
+        if isinstance(spec, SizeArg):  # a scalar computed from the sizes
             args.append(Arg(name=name, value_expr=_expr(w, loc + ("value",), spec.value, symbols), line=line))
             continue
-        if not isinstance(spec, S.TensorArg):  # a scalar passed as is (eps, a flag; null: an optional tensor left out)
+        if not isinstance(spec, TensorArg):  # a scalar passed as is (eps, a flag; null: an optional tensor left out)
             hint = number_as_text(spec)
             if hint:  # kernel and reference would both get the text
                 raise w.fail(loc, f"a number ({hint}), or text that does not read as one", spec)
@@ -469,7 +470,7 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, c
                          field=dotted(loc))
         # The path's syntax only: the package may be installed on one machine and not on another; a benchmark
         # that cannot import it reports that baseline as not run (harness.runtime.resolve).
-        if isinstance(entry, S.NamedBaseline):
+        if isinstance(entry, NamedBaseline):
             if entry.contract is not None:
                 contracts.append((name, contract_of(loc + (name, "contract"), entry.contract)))
             if entry.prepare is not None:
@@ -554,7 +555,7 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
 
     units, replicate = [], []
 
-    def check_dim(loc: Loc, spec: S.Shard | S.Gather, key: str, name: str) -> int:
+    def check_dim(loc: Loc, spec: Shard | Gather, key: str, name: str) -> int:
         """A dimension of `name` that can be split into tp * merged equal parts for every TP size."""
         dim = getattr(spec, key)
         if spec.units is not None:
