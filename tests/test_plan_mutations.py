@@ -348,13 +348,17 @@ class Outcome:
 
 
 IGNORED_FIELDS = {"path", "raw_text", "lines", "warnings", "line"}
+# Sections held in the file's forms, by what the runtime reads of them (a dim of -1 is the last: the same split).
+RUNTIME_VIEW = {"TensorParallel": ("kind", "shard", "combine", "sequence_parallel", "units", "replicate",
+                                   "merged_outputs")}
 
 
 def canon(value: Any) -> Any:
     """A loaded plan as plain data, without where it came from (path, text, lines)."""
     if isinstance(value, BaseModel):  # its fields, not where the plan states it (a rule's private line)
-        return (type(value).__name__,) + tuple((name, canon(getattr(value, name))) for name in type(value).model_fields
-                                                if name not in IGNORED_FIELDS)
+        names = RUNTIME_VIEW.get(type(value).__name__) or [n for n in type(value).model_fields
+                                                           if n not in IGNORED_FIELDS]
+        return (type(value).__name__,) + tuple((name, canon(getattr(value, name))) for name in names)
     if isinstance(value, dict):
         return tuple((k, canon(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):

@@ -542,10 +542,10 @@ def _check_models(w: Where, plan: Plan) -> None:
 # ---------------------------------------------------------------- tensor parallelism
 
 
-def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tuple[str, ...],
+def _tp(w: Where, t: TensorParallel | None, args: tuple[Arg, ...], outputs: tuple[str, ...],
         tp_sizes: tuple[int, ...], symbol_names: tuple[str, ...]) -> TensorParallel:
     if t is None:
-        return TensorParallel()
+        return TensorParallel(kind="trivial")
     sp, tensors = t.sequence_parallel, {a.name: a for a in args if a.is_tensor}
     keys_of(w, ("tp", "inputs"), t.inputs, tuple(tensors))
     keys_of(w, ("tp", "outputs"), t.outputs, outputs)
@@ -553,19 +553,14 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
     def has_tokens(name: str) -> bool:
         return name in tensors and any(d.symbol == "num_tokens" for d in tensors[name].shape)
 
-    units, replicate = [], []
-
     def check_dim(loc: Loc, spec: Shard | Gather, key: str, name: str) -> int:
         """A dimension of `name` that can be split into tp * merged equal parts for every TP size."""
         dim = getattr(spec, key)
         if spec.units is not None:
             if spec.units not in symbol_names:
                 raise w.fail(loc + ("units",), "a symbol of op.sizes", spec.units)
-            units.append((name, spec.units))
-        if spec.replicate:
-            if spec.units is None:
-                raise w.fail(loc + ("replicate",), "units to replicate (set units too)", True)
-            replicate.append(name)
+        if spec.replicate and spec.units is None:
+            raise w.fail(loc + ("replicate",), "units to replicate (set units too)", True)
         if name not in tensors:
             return dim  # a returned output: its shape is the op's to decide
         shape = tensors[name].shape
@@ -589,7 +584,7 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
             raise w.fail(loc + (key,), f"a dimension divisible by tp x merged ({bad[0]} x {spec.merged})", str(d))
         return dim % len(shape)
 
-    shard, combine, merged_outputs = [], [], []
+    shard, combine = [], []
     for name, spec in t.inputs.items():
         loc = ("tp", "inputs", name)
         if spec == "replicated":
@@ -607,8 +602,6 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
             combine.append((name, spec, 0))
             continue
         combine.append((name, "gather", check_dim(loc, spec, "gather", name)))
-        if spec.merged > 1:
-            merged_outputs.append((name, spec.merged))
     if t.kind == "trivial" and (shard or any(c[1] != "replicated" for c in combine)):
         raise w.fail(("tp", "kind"), "'sharded' when inputs are sharded or outputs combined", t.kind)
     if t.kind == "sharded" and not shard and not sp:
@@ -620,5 +613,5 @@ def _tp(w: Where, t: S.TensorParallel | None, args: tuple[Arg, ...], outputs: tu
                 raise w.fail(("tp", "outputs") if ("tp", "outputs") in w.lines else ("tp", "kind"),
                              "how ranks' outputs combine for kind 'sharded' (replicated, sum or "
                              "{gather: dim})", "nothing", field=f"tp.outputs.{name}")
-    return TensorParallel(kind=t.kind, shard=shard, combine=combine, sequence_parallel=sp,
-                          merged_outputs=merged_outputs, units=units, replicate=replicate)
+    t._shard, t._combine = tuple(shard), tuple(combine)
+    return t

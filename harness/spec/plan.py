@@ -1,25 +1,26 @@
 """The plan model: a loaded plan, frozen (the language's words are harness.spec.vocabulary's).
 
 harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
-checks of harness.spec.checks). Every part of a Plan is a frozen pydantic model: the sections it
-holds as the file states them (Numerics, Quantization, Vllm, SizeSpec, Tolerance, the exclude and expect rules) are
-harness.spec.sections' models, the file is validated with; the others (Parts: the Plan, its arguments, benchmark and TP split) are
-what harness.spec.checks builds from the file's forms. harness.runtime.resolve imports the code a plan
-names. Nothing here imports the user's code: a Plan holds import paths, and the line of every field it came from
-(`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found
-...`.
+checks of harness.spec.checks). Every part of a Plan is a frozen pydantic model: the sections it holds as the
+file states them (Numerics, Quantization, Vllm, SizeSpec, Tolerance, the exclude and expect rules, the TP split)
+are the models the file is validated with (harness.spec.sections', TensorParallel), the TP split's dims and the
+others (Parts: the Plan, its arguments, benchmark) what harness.spec.checks derives from the file's forms.
+harness.runtime.resolve imports the code a plan names. Nothing here imports the user's code: a Plan holds import
+paths, and the line of every field it came from (`Plan.where`), so that whoever finds a field wrong later still
+says `plan.yaml:8: op.kernel: expected ...; found ...`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
-from harness.spec.sections import Arg, Contract, Exclude, Expect, Numerics, Part, Quantization, SizeSpec, Tolerance, \
-    Vllm
+from harness.spec.fields import Section, forms
+from harness.spec.sections import Arg, Contract, Exclude, Expect, Gather, Numerics, Part, Quantization, Shard, \
+    SizeSpec, Tolerance, Vllm
 from harness.spec.vocabulary import PHASES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
@@ -100,21 +101,48 @@ class Benchmark(Part):
         return best[1] if best else None
 
 
-class TensorParallel(Part):
-    """How the op runs on N ranks. `trivial`: every rank gets the full inputs (replicated)."""
+# How the op runs on N ranks (`tp`; absent: trivial, every rank gets the full inputs, replicated). No docstring:
+# it would be the JSON Schema's description of the section.
+class TensorParallel(Section):
+    kind: Literal["trivial", "sharded"]
+    inputs: dict[str, forms(one=Literal["replicated"], mapping=Shard,
+                            description="replicated, or {shard: dim, merged: N, units: symbol}")] = {}
+    outputs: dict[str, forms(one=Literal["replicated", "sum"], mapping=Gather,
+                             description="replicated, sum, or a mapping {gather: dim, merged: N, units: symbol}")] = {}
+    # tensors with a num_tokens dim are split across ranks by tokens
+    sequence_parallel: bool = Field(False, description="true or false")
+    # Set by harness.spec.checks, with each dim counted from the front: (input, dim, merged parts) for sharded
+    # inputs (absent inputs are replicated), and (output, "replicated" | "sum" | "gather", dim) for each output
+    # listed (outputs not listed are replicated).
+    _shard: tuple[tuple[str, int, int], ...] = PrivateAttr(())
+    _combine: tuple[tuple[str, str, int], ...] = PrivateAttr(())
 
-    kind: str = "trivial"
-    # input name -> (dim, merged parts) for sharded inputs; absent inputs are replicated
-    shard: tuple[tuple[str, int, int], ...] = ()
-    # (output, "replicated" | "sum" | "gather", dim); outputs not listed are replicated
-    combine: tuple[tuple[str, str, int], ...] = ()
-    sequence_parallel: bool = False  # tensors with a num_tokens dim are split across ranks by tokens
-    # (tensor, symbol): a sharded dim made of `symbol` equal units (whole heads), split only between units
-    units: tuple[tuple[str, str], ...] = ()
-    # tensors whose units are replicated when there are fewer than ranks (vLLM's KV heads below the TP size)
-    replicate: tuple[str, ...] = ()
-    # (output, merged parts) for gathered outputs in a merged layout ([a_r | b_r] on rank r)
-    merged_outputs: tuple[tuple[str, int], ...] = ()
+    @property
+    def shard(self) -> tuple[tuple[str, int, int], ...]:
+        return self._shard
+
+    @property
+    def combine(self) -> tuple[tuple[str, str, int], ...]:
+        return self._combine
+
+    @property
+    def _splits(self) -> list[tuple[str, Shard | Gather]]:
+        return [(name, s) for name, s in (*self.inputs.items(), *self.outputs.items()) if not isinstance(s, str)]
+
+    @property
+    def units(self) -> tuple[tuple[str, str], ...]:
+        """(tensor, symbol): a sharded dim made of `symbol` equal units (whole heads), split only between units."""
+        return tuple((name, s.units) for name, s in self._splits if s.units is not None)
+
+    @property
+    def replicate(self) -> tuple[str, ...]:
+        """Tensors whose units are replicated when there are fewer than ranks (vLLM's KV heads below the TP size)."""
+        return tuple(name for name, s in self._splits if s.replicate)
+
+    @property
+    def merged_outputs(self) -> tuple[tuple[str, int], ...]:
+        """(output, merged parts) for gathered outputs in a merged layout ([a_r | b_r] on rank r)."""
+        return tuple((name, s.merged) for name, s in self.outputs.items() if not isinstance(s, str) and s.merged > 1)
 
 
 class Plan(Part):

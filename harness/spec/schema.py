@@ -12,8 +12,9 @@ from pydantic import ConfigDict, Field
 
 from harness.spec.field_docs import FIELD_DOCS
 from harness.spec.fields import PositiveInt, Section, forms, one_or_list
-from harness.spec.sections import Baseline, CudaGraph, Exclude, Expect, Gather, Matrix, Numerics, Op, Quantization, \
-    Shard, Tolerances, Vllm
+from harness.spec.plan import TensorParallel
+from harness.spec.sections import Baseline, CudaGraph, Exclude, Expect, Matrix, Numerics, Op, Quantization, \
+    Tolerances, Vllm
 
 
 class Benchmark(Section):
@@ -26,15 +27,6 @@ class Benchmark(Section):
     models: dict[str, str] = Field({}, description="'symbol=value' pairs: the model these sizes come from")
     sizes: list[dict[str, PositiveInt]] = Field([], description="the size combinations to time, each naming every "
                                                 "size of op.sizes")
-
-
-class TensorParallel(Section):
-    kind: Literal["trivial", "sharded"]
-    inputs: dict[str, forms(one=Literal["replicated"], mapping=Shard,
-                            description="replicated, or {shard: dim, merged: N, units: symbol}")] = {}
-    outputs: dict[str, forms(one=Literal["replicated", "sum"], mapping=Gather,
-                             description="replicated, sum, or a mapping {gather: dim, merged: N, units: symbol}")] = {}
-    sequence_parallel: bool = Field(False, description="true or false")
 
 
 class PlanFile(Section):
