@@ -106,11 +106,11 @@ def test_every_field_of_the_schema_is_in_the_field_table_the_readme_holds():
     and the README holds the table as `python -m harness fields` prints it."""
     from pydantic import BaseModel
 
-    from harness.spec.load import _is_union, _unwrap
+    from harness.spec.load import _is_union, _unwrap, keys
     from harness.spec.schema import PlanFile
 
     def fields(model: type[BaseModel], prefix: str = ""):
-        for name, info in model.model_fields.items():
+        for name, info in keys(model).items():
             path = f"{prefix}.{name}" if prefix else name
             yield path, name
             pending = [info.annotation]

@@ -350,7 +350,9 @@ class Outcome:
 IGNORED_FIELDS = {"path", "raw_text", "lines", "warnings", "line"}
 # Sections held in the file's forms, by what the runtime reads of them (a dim of -1 is the last: the same split).
 RUNTIME_VIEW = {"TensorParallel": ("kind", "shard", "combine", "sequence_parallel", "units", "replicate",
-                                   "merged_outputs")}
+                                   "merged_outputs"),
+                "Benchmark": ("decode", "prefill", "chunked_prefill", "baselines", "named", "sizes", "bytes", "flops",
+                              "models", "contracts", "prepares", "settings")}
 
 
 def canon(value: Any) -> Any:

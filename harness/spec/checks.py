@@ -18,7 +18,7 @@ from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Benchmark, Plan, TensorParallel, Where
 from harness.spec.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
     Shard, SizeArg, SizeSpec, TensorArg, Vllm
-from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, PHASES, VALUE_SCALES
+from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import parse_schema
 from harness.spec.yaml_lines import Loc, dotted
@@ -444,16 +444,16 @@ def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dic
 # ---------------------------------------------------------------- benchmark
 
 
-def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, contract_of,
+def _benchmark(w: Where, b: Benchmark | None, sizes: dict, size_specs: dict, contract_of,
                numerics: Numerics) -> Benchmark:
     if b is None:
         return Benchmark()
-    for i, tokens in enumerate(many(b.decode) if b.decode is not None else ()):
+    for i, tokens in enumerate(b.decode):
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
                          f"({numerics.max_num_seqs}) tokens, one per sequence", tokens)
-    builtin, named, contracts, prepares, settings = [], [], [], [], []
-    for i, item in enumerate(many(b.baselines) if b.baselines is not None else ("native", "compiled")):
+    builtin, named = [], []
+    for i, item in enumerate(many(b.listed_baselines)):
         loc = ("benchmark", "baselines", i)
         if isinstance(item, str):
             if item in builtin:
@@ -465,24 +465,16 @@ def _benchmark(w: Where, b: S.Benchmark | None, sizes: dict, size_specs: dict, c
             raise w.fail(loc + (name,), "a baseline name of lowercase letters, digits and _ other than "
                          f"{', '.join(BASELINES)} and kernel" + (" (YAML reads off/on/yes/no/true/false as a "
                          "boolean: quote the name)" if isinstance(name, bool) else ""), name, field=dotted(loc))
-        if name in dict(named):
+        if name in named:
             raise w.fail(loc + (name,), "a baseline name not used before in benchmark.baselines", name,
                          field=dotted(loc))
         # The path's syntax only: the package may be installed on one machine and not on another; a benchmark
         # that cannot import it reports that baseline as not run (harness.runtime.resolve).
-        if isinstance(entry, NamedBaseline):
-            if entry.contract is not None:
-                contracts.append((name, contract_of(loc + (name, "contract"), entry.contract)))
-            if entry.prepare is not None:
-                prepares.append((name, entry.prepare))
-            if entry.setting is not None:
-                settings.append((name, entry.setting))
-            entry = entry.path
-        named.append((name, entry))
-    return Benchmark(**{p: many(getattr(b, p)) for p in PHASES}, baselines=tuple(builtin), named=tuple(named),
-                     contracts=tuple(contracts), prepares=tuple(prepares), settings=tuple(settings), bytes=b.bytes,
-                     flops=b.flops, models=_models(w, b.models, sizes),
-                     sizes=_timed_sizes(w, b.sizes, sizes, size_specs))
+        if isinstance(entry, NamedBaseline) and entry.contract is not None:
+            contract_of(loc + (name, "contract"), entry.contract)
+        named.append(name)
+    b._models, b._sizes = _models(w, b.listed_models, sizes), _timed_sizes(w, b.listed_sizes, sizes, size_specs)
+    return b
 
 
 def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:

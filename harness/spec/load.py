@@ -62,8 +62,8 @@ def explain(err: dict) -> tuple[Loc, Loc, str, Any]:
     kind = err["type"]
     if kind == "missing":
         return loc, loc[:-1], "this key to be present", "nothing"
-    if kind in ("extra_forbidden", "invalid_key") and model is not None and loc and loc[-1] not in model.model_fields:
-        return loc, loc, f"one of the keys {', '.join(model.model_fields)}", loc[-1]
+    if kind in ("extra_forbidden", "invalid_key") and model is not None and loc and loc[-1] not in keys(model):
+        return loc, loc, f"one of the keys {', '.join(keys(model))}", loc[-1]
     if kind == "invalid_key":
         return loc, loc, "a name (YAML reads off/on/yes/no/true/false as a boolean: quote the name)", loc[-1]
     ctx = err.get("ctx") or {}
@@ -99,7 +99,7 @@ def walk(pydantic_loc: tuple) -> tuple[Loc, list[str], Any, type[BaseModel] | No
             annotation = members[parts.pop(0)]
             continue
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            model, field = annotation, annotation.model_fields.get(part)
+            model, field = annotation, keys(annotation).get(part)
             loc.append(parts.pop(0))
             annotation, descriptions = (field.annotation, [field.description] if field and field.description
                                         else []) if field else (None, [])
@@ -111,6 +111,11 @@ def walk(pydantic_loc: tuple) -> tuple[Loc, list[str], Any, type[BaseModel] | No
             continue
         break
     return tuple(loc), descriptions, annotation, model
+
+
+def keys(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields by the key a plan file writes: its alias, where the model holds it under another name."""
+    return {info.alias or name: info for name, info in model.model_fields.items()}
 
 
 def _unwrap(annotation: Any) -> tuple[Any, list[str]]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, PrivateAttr
+from pydantic import AfterValidator, Field, PrivateAttr
 
-from harness.spec.fields import Section, forms
-from harness.spec.sections import Arg, Contract, Exclude, Expect, Gather, Numerics, Part, Quantization, Shard, \
-    SizeSpec, Tolerance, Vllm
+from harness.spec.fields import PositiveInt, Section, forms, many, one_or_list
+from harness.spec.sections import Arg, Baseline, Contract, Exclude, Expect, Gather, NamedBaseline, Numerics, Part, \
+    Quantization, Shard, SizeSpec, Tolerance, Vllm
 from harness.spec.vocabulary import PHASES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
@@ -50,26 +50,72 @@ class Where:
 # ---------------------------------------------------------------- the model
 
 
-class Benchmark(Part):
-    decode: tuple[int, ...] = ()
-    prefill: tuple[int, ...] = ()
-    chunked_prefill: tuple[int, ...] = ()
-    baselines: tuple[str, ...] = ("native", "compiled")
-    # Named baselines by import path (Liger-Kernel's, FlashInfer's, ...), called like the kernel: name -> path.
-    named: tuple[tuple[str, str], ...] = ()
-    # The size combinations timed, each naming every size symbol: ((("hidden", 4096),), ...); empty: every
-    # combination of op.sizes that meets its constraints.
-    sizes: tuple[tuple[tuple[str, int], ...], ...] = ()
-    bytes: str | None = None  # optional byte model; default counts every tensor arg once
-    flops: str | None = None
-    # The real model each size comes from: ("hidden=4096", "Llama-3-8B"); a key may pair several symbols.
-    models: tuple[tuple[str, str], ...] = ()
-    contracts: tuple[tuple[str, Contract], ...] = ()  # named baseline -> its contract, where it states one
-    # named baseline -> the import path of a function mapping the kernel's arguments to the baseline's once per input
-    # set, outside the timed region (weights dequantized or prepacked), where it names one
-    prepares: tuple[tuple[str, str], ...] = ()
-    # named baseline -> how a vLLM deployment runs it, where the plan says (the decision can then name it)
-    settings: tuple[tuple[str, str], ...] = ()
+def _tokens() -> Any:
+    """A phase's token counts to time: one or a list, held as a tuple (none: the phase is not timed)."""
+    return Annotated[one_or_list(PositiveInt), AfterValidator(many)]
+
+
+# The `benchmark` section (absent: Benchmark()). The file's baselines, models and sizes are held as listed under
+# those keys (aliases); the runtime reads them as `baselines` (the built-in ones), `named`, `models` and `sizes`.
+class Benchmark(Section):
+    decode: _tokens() = Field([], validate_default=True)
+    prefill: _tokens() = Field([], validate_default=True)
+    chunked_prefill: _tokens() = Field([], validate_default=True)
+    listed_baselines: Optional[one_or_list(Baseline)] = Field(None, alias="baselines")
+    bytes: Optional[str] = Field(None, description="a byte-count expression")  # default: every tensor arg once
+    flops: Optional[str] = Field(None, description="a flop-count expression")
+    listed_models: dict[str, str] = Field({}, alias="models", description="'symbol=value' pairs: the model these "
+                                          "sizes come from")
+    listed_sizes: list[dict[str, PositiveInt]] = Field([], alias="sizes", description="the size combinations to "
+                                                       "time, each naming every size of op.sizes")
+    # Set by harness.spec.checks: the real model each size comes from, keys written alike ("hidden=4096",
+    # "Llama-3-8B"), a key may pair several symbols; the size combinations timed, each naming every size symbol in
+    # op.sizes' order ((("hidden", 4096),), ...), empty: every combination of op.sizes that meets its constraints.
+    _models: tuple[tuple[str, str], ...] = PrivateAttr(())
+    _sizes: tuple[tuple[tuple[str, int], ...], ...] = PrivateAttr(())
+
+    @property
+    def models(self) -> tuple[tuple[str, str], ...]:
+        return self._models
+
+    @property
+    def sizes(self) -> tuple[tuple[tuple[str, int], ...], ...]:
+        return self._sizes
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """The built-in baselines timed (native, compiled, vllm), native and compiled where the plan lists none."""
+        listed = many(self.listed_baselines) if self.listed_baselines is not None else ("native", "compiled")
+        return tuple(b for b in listed if isinstance(b, str))
+
+    @property
+    def _named(self) -> tuple[tuple[str, str | NamedBaseline], ...]:
+        return tuple(next(iter(b.items())) for b in many(self.listed_baselines) if isinstance(b, dict))
+
+    @property
+    def named(self) -> tuple[tuple[str, str], ...]:
+        """Named baselines by import path (Liger-Kernel's, FlashInfer's, ...), called like the kernel: name -> path."""
+        return tuple((name, e.path if isinstance(e, NamedBaseline) else e) for name, e in self._named)
+
+    def _of_named(self, key: str) -> tuple[tuple[str, Any], ...]:
+        return tuple((name, getattr(e, key)) for name, e in self._named
+                     if isinstance(e, NamedBaseline) and getattr(e, key) is not None)
+
+    @property
+    def contracts(self) -> tuple[tuple[str, Contract], ...]:
+        """Named baseline -> its contract, where it states one."""
+        return self._of_named("contract")
+
+    @property
+    def prepares(self) -> tuple[tuple[str, str], ...]:
+        """Named baseline -> the import path of a function mapping the kernel's arguments to the baseline's once per
+        input set, outside the timed region (weights dequantized or prepacked), where it names one."""
+        return self._of_named("prepare")
+
+    @property
+    def settings(self) -> tuple[tuple[str, str], ...]:
+        """Named baseline -> how a vLLM deployment runs it, where the plan says (the decision can then name it)."""
+        return self._of_named("setting")
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}

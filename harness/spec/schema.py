@@ -11,22 +11,10 @@ from typing import Literal, Optional
 from pydantic import ConfigDict, Field
 
 from harness.spec.field_docs import FIELD_DOCS
-from harness.spec.fields import PositiveInt, Section, forms, one_or_list
-from harness.spec.plan import TensorParallel
-from harness.spec.sections import Baseline, CudaGraph, Exclude, Expect, Matrix, Numerics, Op, Quantization, \
+from harness.spec.fields import Section, forms
+from harness.spec.plan import Benchmark, TensorParallel
+from harness.spec.sections import CudaGraph, Exclude, Expect, Matrix, Numerics, Op, Quantization, \
     Tolerances, Vllm
-
-
-class Benchmark(Section):
-    decode: one_or_list(PositiveInt) = []
-    prefill: one_or_list(PositiveInt) = []
-    chunked_prefill: one_or_list(PositiveInt) = []
-    baselines: Optional[one_or_list(Baseline)] = None
-    bytes: Optional[str] = Field(None, description="a byte-count expression")
-    flops: Optional[str] = Field(None, description="a flop-count expression")
-    models: dict[str, str] = Field({}, description="'symbol=value' pairs: the model these sizes come from")
-    sizes: list[dict[str, PositiveInt]] = Field([], description="the size combinations to time, each naming every "
-                                                "size of op.sizes")
 
 
 class PlanFile(Section):
