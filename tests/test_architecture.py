@@ -107,7 +107,7 @@ def test_every_field_of_the_schema_is_in_the_field_table_the_readme_holds():
     from pydantic import BaseModel
 
     from harness.spec.load import _is_union, _unwrap, keys
-    from harness.spec.schema import PlanFile
+    from harness.spec.plan import Plan
 
     def fields(model: type[BaseModel], prefix: str = ""):
         for name, info in keys(model).items():
@@ -124,8 +124,8 @@ def test_every_field_of_the_schema_is_in_the_field_table_the_readme_holds():
     table = fields_table()
     assert table in (ROOT / "README.md").read_text(), \
         "the README's field table differs from harness.spec.field_docs: paste `python -m harness fields` into it"
-    found = {path for path, name in fields(PlanFile) if re.search(rf"\b{re.escape(name)}\b", table)}
-    missing = sorted({path for path, _ in fields(PlanFile)} - found)
+    found = {path for path, name in fields(Plan) if re.search(rf"\b{re.escape(name)}\b", table)}
+    missing = sorted({path for path, _ in fields(Plan)} - found)
     assert not missing, f"fields the README's field table does not name: {', '.join(missing)}"
 
 

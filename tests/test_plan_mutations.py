@@ -347,9 +347,13 @@ class Outcome:
     message: str = ""
 
 
-IGNORED_FIELDS = {"path", "raw_text", "lines", "warnings", "line"}
-# Sections held in the file's forms, by what the runtime reads of them (a dim of -1 is the last: the same split).
-RUNTIME_VIEW = {"TensorParallel": ("kind", "shard", "combine", "sequence_parallel", "units", "replicate",
+IGNORED_FIELDS = {"line"}  # an argument's line: where the plan states it
+# Models held in the file's forms, by what the runtime reads of them (a dim of -1 is the last: the same split).
+RUNTIME_VIEW = {"Plan": ("name", "intent", "kernel", "reference", "fake", "description", "replaces", "args", "outputs",
+                         "mutates", "sizes", "size_specs", "matrix", "excludes", "expects", "tolerance",
+                         "output_tolerance", "numerics", "benchmark", "tp", "quantization", "generate", "vllm",
+                         "capture_sizes", "accumulation", "reduction", "contract", "native", "paths", "providers"),
+                "TensorParallel": ("kind", "shard", "combine", "sequence_parallel", "units", "replicate",
                                    "merged_outputs"),
                 "Benchmark": ("decode", "prefill", "chunked_prefill", "baselines", "named", "sizes", "bytes", "flops",
                               "models", "contracts", "prepares", "settings")}

@@ -183,6 +183,22 @@ def test_a_provider_runs_through_the_kernels_cells_and_loads_without_vllm(tmp_pa
     assert provider_view(plan, "vllm").contract == plan.contract  # vLLM's rms_norm takes every dtype
 
 
+def test_the_vllm_providers_view_has_its_kernels_contract_and_step_allowance(tmp_path):
+    """provider_view really changes what vLLM's kernel is held to (the contract Plan reads through op, and the
+    quantization), keeps what the checks derived (the arguments, sizes, lines) and leaves the plan as it was."""
+    text = (PLANS / "rms_norm_static_fp8_quant.yaml").read_text()
+    path = tmp_path / "rms_norm_static_fp8_quant.yaml"
+    path.write_text(text.replace("    max_step_fraction: 0.05\n", "    max_step_fraction: 0.05\n"
+                                 "    dtypes: [bf16, fp16]\n    why: its dtypes\n"))
+    plan = load_plan(path)
+    view = provider_view(plan, "vllm")
+    assert plan.contract.dtypes is None and plan.quantization.max_step_fraction == 0.01
+    assert view.contract.dtypes == ("bf16", "fp16") and view.contract.why == "its dtypes"
+    assert view.quantization.max_step_fraction == 0.05
+    assert (view.args, view.sizes, view.lines, view.tolerance) == (plan.args, plan.sizes, plan.lines, plan.tolerance)
+    assert provider_view(plan, "") is plan and load_plan(path) == plan
+
+
 @pytest.mark.parametrize("what, old, new, line, field, words", [
     ("vLLM's kernel as the kernel under test", "kernel: kernels.rms_norm:rms_norm", "kernel: vllm:rms_norm", 4,
      "op.kernel", "vLLM's own kernel for the op runs through the same cells with `providers: [vllm]`"),

@@ -1,24 +1,26 @@
-"""From a plan file that fits the schema to the Plan: the checks across fields that pydantic cannot express.
+"""A Plan that fits its schema, checked across fields as pydantic cannot express, and completed (`build`).
 
-harness.spec.schema has already checked every key, type, range and vocabulary; what is left needs more than
-one field at a time: a shape's symbols defined in op.sizes, outputs that the op writes, rule values of the
-matrix, a contract something of the plan meets, a TP split that divides its dimension. Each failure is a
-PlanError at the line of the field it names (harness.spec.plan.Where). Nothing here imports the user's code.
+Validating the Plan (harness.spec.load) has already checked every key, type, range and vocabulary; what is left
+needs more than one field at a time: a shape's symbols defined in op.sizes, outputs that the op writes, rule values
+of the matrix, a contract something of the plan meets, a TP split that divides its dimension. Each failure is a
+PlanError at the line of the field it names (harness.spec.plan.Where); what the checks derive (the arguments
+parsed, the TP split's dims, ...) the Plan holds as private attributes. These are no model validators: they need
+harness.vllm.names, which imports the Plan. Nothing here imports the user's code.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from harness.spec import schema as S
 from harness.spec.dtypes import QUANTIZED_DTYPES
 from harness.spec.expressions import condition, evaluate, is_condition, names_in
 from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Benchmark, Plan, TensorParallel, Where
 from harness.spec.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
-    Shard, SizeArg, SizeSpec, TensorArg, Vllm
-from harness.spec.vocabulary import AXES, BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
+    Shard, SizeArg, SizeSpec, TensorArg, Tolerance, Tolerances
+from harness.spec.vocabulary import BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import parse_schema
 from harness.spec.yaml_lines import Loc, dotted
@@ -45,40 +47,40 @@ def no_repeats(w: Where, loc: Loc, values: tuple) -> None:
             raise w.fail(loc + (i,), f"values without repeats ({v} is listed before)", v)
 
 
-def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
-    """The Plan of a validated plan file (`raw`: the file's data, for the order of its tolerance keys)."""
-    op = spec.op
+def build(plan: Plan, w: Where, text: str, path: Path, raw: dict) -> Plan:
+    """A validated Plan checked across its fields, in the file's order of concern (of two errors, the first a reader
+    meets is said), with what the checks derive set (`raw`: the file's data, for the order of its tolerance keys)."""
+    op, matrix = plan.op, plan.matrix
     if op.kernel.startswith("vllm:"):  # vLLM's own kernel is not a kernel under test but a provider of the op
         raise w.fail(("op", "kernel"), "the import path of the kernel under test; vLLM's own kernel for the op runs "
                      "through the same cells with `providers: [vllm]` beside it", op.kernel)
-    sizes, size_specs = _sizes(w, op.sizes)
+    _sizes(w, op.sizes)
+    sizes, size_specs = plan.sizes, plan.size_specs
     args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
     tensor_names = tuple(a.name for a in args if a.is_tensor)
-    outputs, mutates = many(op.outputs), many(op.mutates)
-    no_repeats(w, ("op", "outputs"), outputs)
-    no_repeats(w, ("op", "mutates"), mutates)
-    for i, name in enumerate(mutates):
+    no_repeats(w, ("op", "outputs"), op.outputs)
+    no_repeats(w, ("op", "mutates"), op.mutates)
+    for i, name in enumerate(op.mutates):
         if name not in tensor_names:
             raise w.fail(("op", "mutates", i), f"one of {', '.join(tensor_names)}", name)
-    for i, out in enumerate(outputs):
+    for i, out in enumerate(op.outputs):
         a = next((a for a in args if a.name == out), None)
-        if a is not None and a.role != "output" and out not in mutates:
+        if a is not None and a.role != "output" and out not in op.mutates:
             raise w.fail(("op", "outputs", i), "an output argument (role: output), a mutated input, or a name for a "
                          "returned value", out)
     for a in args:
-        if a.role == "output" and a.name not in outputs:
+        if a.role == "output" and a.name not in op.outputs:
             raise w.fail(("op", "args", a.name, "role"), "output arguments to be listed in op.outputs", a.name)
-    matrix = {axis: many(getattr(spec.matrix, axis)) for axis in AXES}
     for axis, values in matrix.items():
         if len(set(values)) != len(values):
             raise w.fail(("matrix", axis), "values without repeats", list(values))
-    numerics = _numerics(w, spec.numerics, sizes)
+    _numerics(w, plan.numerics, sizes)
 
-    def contract_of(loc: Loc, c: Contract) -> Contract:
-        return _contract(w, loc, c, args, sizes, matrix["dtype"], numerics.cpu_sizes)
+    def contract_of(loc: Loc, c: Contract) -> None:
+        _contract(w, loc, c, args, sizes, matrix["dtype"], plan.numerics.cpu_sizes)
 
-    tolerance, output_tolerance = _tolerances(w, spec.tolerance, outputs, list((raw.get("tolerance") or {})))
-    vllm = spec.vllm or Vllm()
+    tolerance = _tolerances(w, plan.tolerances, op.outputs, list((raw.get("tolerance") or {})))
+    vllm = plan.vllm
     if vllm.provider in ("native", "unfused"):
         raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
                      "and unfused", vllm.provider)
@@ -87,25 +89,21 @@ def build(spec: S.PlanFile, w: Where, text: str, path, raw: dict) -> Plan:
             raise w.fail(("vllm", "route"),
                          f"vllm.{field_name} beside route {vllm.route} (the {ROUTE_NEEDS_WHY[field_name]})",
                          f"route {vllm.route} without vllm.{field_name}")
-    plan = Plan(
-        path=path, name=op.name, intent=op.intent, kernel=op.kernel, reference=op.reference, fake=op.fake,
-        description=op.description, replaces=op.replaces, args=args, outputs=outputs, mutates=mutates, sizes=sizes,
-        size_specs=size_specs, matrix=matrix, excludes=_rules(w, "exclude", spec.exclude, matrix),
-        expects=_rules(w, "expect", spec.expect, matrix), tolerance=tolerance, output_tolerance=output_tolerance,
-        numerics=numerics, benchmark=_benchmark(w, spec.benchmark, sizes, size_specs, contract_of, numerics),
-        tp=_tp(w, spec.tp, args, outputs, matrix["tp"], tuple(sizes)),
-        quantization=_quantization(w, spec.quantization, args, outputs), generate=op.generate,
-        vllm=vllm,
-        capture_sizes=many(spec.cuda_graph.capture_sizes) or None if spec.cuda_graph else None,
-        accumulation=op.accumulation, reduction=op.reduction, raw_text=text,
-        contract=contract_of(("op", "contract"), op.contract) if op.contract else Contract(), native=op.native,
-        lines={dotted(loc): line for loc, line in w.lines.items() if loc},
-        paths=_paths(w, op.paths, sizes),
-    )
+    _rules(w, "exclude", plan.excludes, matrix)
+    _rules(w, "expect", plan.expects, matrix)
+    _benchmark(w, plan.benchmark, sizes, size_specs, contract_of, plan.numerics)
+    _tp(w, plan.tp, args, op.outputs, matrix["tp"], tuple(sizes))
+    _quantization(w, plan.quantization, args, op.outputs)
+    if op.contract is not None:
+        contract_of(("op", "contract"), op.contract)
+    _paths(w, op.paths, sizes)
+    plan._path, plan._raw_text, plan._lines = path, text, {dotted(loc): line for loc, line in w.lines.items() if loc}
+    plan._args, plan._tolerance = args, tolerance
     _check_models(w, plan)
     _vllm_kernel(w, plan)
-    plan = plan.model_copy(update={"providers": _providers(w, spec.providers or [], plan)})
-    return plan.model_copy(update={"warnings": _never_applies(w, plan, spec) + _would_mislead(w, plan)})
+    _providers(w, plan)
+    plan._warnings = _never_applies(w, plan) + _would_mislead(w, plan)
+    return plan
 
 
 def _vllm_kernel(w: Where, plan: Plan) -> None:
@@ -132,10 +130,10 @@ def _vllm_kernel(w: Where, plan: Plan) -> None:
         raise w.fail(("vllm", "kernel", "args"), f"the plan arguments vLLM's kernel takes ({why})", kernel.args)
 
 
-def _providers(w: Where, names: list[str], plan: Plan) -> tuple[str, ...]:
+def _providers(w: Where, plan: Plan) -> None:
     """The implementations the numerics cells run beside the kernel: vLLM's kernel for the op, where its adapter maps
     the plan's arguments, or the plan's named baselines."""
-    named = [n for n, _ in plan.benchmark.named]
+    names, named = plan.providers, [n for n, _ in plan.benchmark.named]
     no_repeats(w, ("providers",), names)
     for i, name in enumerate(names):
         if name == "vllm":
@@ -147,19 +145,16 @@ def _providers(w: Where, names: list[str], plan: Plan) -> tuple[str, ...]:
             if name in ("kernel", *BASELINES):
                 expected += " (the kernel under test and the reference run in every cell already)"
             raise w.fail(("providers", i), expected, name)
-    return tuple(names)
 
 
 # ---------------------------------------------------------------- op
 
 
-def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, SizeSpec]]:
-    sizes, out = {}, {}
-    for sym, node in specs.items():
+def _sizes(w: Where, specs: dict[str, SizeSpec]) -> None:
+    for sym, spec in specs.items():
         loc = ("op", "sizes", sym)
         if sym in BUILTIN_SYMBOLS:
             raise w.fail(loc, f"a symbol other than the built-in {', '.join(BUILTIN_SYMBOLS)}", sym)
-        spec = node if isinstance(node, SizeSpec) else SizeSpec(values=node)
         if not spec.values:
             raise w.fail(loc, "at least one size", [])
         for key in ("divides", "at_most"):
@@ -170,9 +165,7 @@ def _sizes(w: Where, specs: dict) -> tuple[dict[str, tuple[int, ...]], dict[str,
         if bad:
             raise w.fail(loc + ("values",), "values that meet the symbol's own constraints (multiple_of, even)",
                          bad[0], field=dotted(loc))
-        sizes[sym], out[sym] = spec.values, spec
-    _relations_met(w, sizes, out)
-    return sizes, out
+    _relations_met(w, {sym: spec.values for sym, spec in specs.items()}, specs)
 
 
 def _relations_met(w: Where, sizes: dict[str, tuple[int, ...]], specs: dict[str, SizeSpec]) -> None:
@@ -200,10 +193,10 @@ def _listed(values) -> str:
     return ", ".join(map(str, values))
 
 
-def _paths(w: Where, paths: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
+def _paths(w: Where, paths: tuple[tuple[str, str], ...], sizes: dict) -> None:
     """op.paths: each a condition over the sizes, num_tokens and act_bytes (a plain number would always hold)."""
     known = set(sizes) | {"num_tokens", "act_bytes"}
-    for name, expr in paths.items():
+    for name, expr in paths:
         loc = ("op", "paths", name)
         try:
             if not is_condition(expr):
@@ -215,7 +208,6 @@ def _paths(w: Where, paths: dict[str, str], sizes: dict) -> tuple[tuple[str, str
         except ValueError as exc:
             raise w.fail(loc, f"a condition over {', '.join(sorted(known))} (e.g. num_tokens * hidden * act_bytes "
                          f">= 192 * 2**20): {exc}", expr) from None
-    return tuple(paths.items())
 
 
 def _dim(entry: int | str) -> Dim | None:
@@ -318,25 +310,21 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
 # ---------------------------------------------------------------- numerics and tolerances
 
 
-def _numerics(w: Where, n: Numerics | None, sizes: dict) -> Numerics:
-    if n is None:
-        return Numerics()
+def _numerics(w: Where, n: Numerics, sizes: dict) -> None:
     if n.prefill_tokens[0] > n.prefill_tokens[1]:
         raise w.fail(("numerics", "prefill_tokens"), "[min, max] token counts", list(n.prefill_tokens))
     keys_of(w, ("numerics", "cpu_sizes"), n.cpu_sizes, tuple(sizes))
-    return n
 
 
-def _tolerances(w: Where, t: Any, outputs: tuple[str, ...], order: list) -> tuple[dict, dict]:
+def _tolerances(w: Where, t: Tolerances | None, outputs: tuple[str, ...], order: list) -> dict[str, Tolerance]:
+    """The dtypes' tolerances in the file's order (`order`: its keys as written)."""
     if t is None:
-        return {}, {}
+        return {}
     keys_of(w, ("tolerance", "outputs"), t.outputs, outputs)
-    return ({dt: getattr(t, dt) for dt in order if dt != "outputs" and getattr(t, dt) is not None}, t.outputs)
+    return {dt: getattr(t, dt) for dt in order if dt != "outputs" and getattr(t, dt) is not None}
 
 
-def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> Quantization:
-    if not isinstance(q, Quantization):  # none
-        return Quantization(outputs={})
+def _quantization(w: Where, q: Quantization, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> None:
     keys_of(w, ("quantization", "outputs"), q.outputs, outputs)
     names = {a.name for a in args} | set(outputs)
     for out, spec in q.outputs.items():
@@ -351,7 +339,6 @@ def _quantization(w: Where, q: Any, args: tuple[Arg, ...], outputs: tuple[str, .
         if shaped:
             raise w.fail(loc + ("granularity",), f"a granularity that the scale tensor {spec.scale}'s shape "
                          f"[{', '.join(map(str, scale.shape))}] has ({shaped})", spec.granularity)
-    return q
 
 
 def _scale_shape_fits(shape: tuple[Dim, ...], granularity: str) -> str:
@@ -370,8 +357,8 @@ def _scale_shape_fits(shape: tuple[Dim, ...], granularity: str) -> str:
     return ""
 
 
-def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> tuple[Rule, ...]:
-    for i, rule in enumerate(rules or ()):
+def _rules(w: Where, key: str, rules: tuple[Rule, ...], matrix: dict[str, tuple]) -> None:
+    for i, rule in enumerate(rules):
         for axis, values in rule.match:
             for v in values:
                 if v not in matrix[axis]:
@@ -379,14 +366,13 @@ def _rules(w: Where, key: str, rules: list | None, matrix: dict[str, tuple]) -> 
         if not rule.match:
             raise w.fail((key, i), "at least one axis to match", rule.model_dump(exclude_none=True))
         rule._line = w.line((key, i))
-    return tuple(rules or ())
 
 
 # ---------------------------------------------------------------- contracts
 
 
 def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
-              matrix_dtypes: tuple[str, ...], cpu_sizes: dict) -> Contract:
+              matrix_dtypes: tuple[str, ...], cpu_sizes: dict) -> None:
     """A kernel's contract (`op.contract`, or a named baseline's), located: known names, and something of the plan
     left to draw under it."""
     name = dotted(loc)
@@ -438,16 +424,12 @@ def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dic
                          f"wide, drawn contiguous only) meet for a size of {where} ({listed})",
                          dict(c.row_stride_multiple_of)[t])
     c._line = w.line(loc)
-    return c
 
 
 # ---------------------------------------------------------------- benchmark
 
 
-def _benchmark(w: Where, b: Benchmark | None, sizes: dict, size_specs: dict, contract_of,
-               numerics: Numerics) -> Benchmark:
-    if b is None:
-        return Benchmark()
+def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, contract_of, numerics: Numerics) -> None:
     for i, tokens in enumerate(b.decode):
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
@@ -474,7 +456,6 @@ def _benchmark(w: Where, b: Benchmark | None, sizes: dict, size_specs: dict, con
             contract_of(loc + (name, "contract"), entry.contract)
         named.append(name)
     b._models, b._sizes = _models(w, b.listed_models, sizes), _timed_sizes(w, b.listed_sizes, sizes, size_specs)
-    return b
 
 
 def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
@@ -534,10 +515,8 @@ def _check_models(w: Where, plan: Plan) -> None:
 # ---------------------------------------------------------------- tensor parallelism
 
 
-def _tp(w: Where, t: TensorParallel | None, args: tuple[Arg, ...], outputs: tuple[str, ...],
-        tp_sizes: tuple[int, ...], symbol_names: tuple[str, ...]) -> TensorParallel:
-    if t is None:
-        return TensorParallel(kind="trivial")
+def _tp(w: Where, t: TensorParallel, args: tuple[Arg, ...], outputs: tuple[str, ...], tp_sizes: tuple[int, ...],
+        symbol_names: tuple[str, ...]) -> None:
     sp, tensors = t.sequence_parallel, {a.name: a for a in args if a.is_tensor}
     keys_of(w, ("tp", "inputs"), t.inputs, tuple(tensors))
     keys_of(w, ("tp", "outputs"), t.outputs, outputs)
@@ -606,4 +585,3 @@ def _tp(w: Where, t: TensorParallel | None, args: tuple[Arg, ...], outputs: tupl
                              "how ranks' outputs combine for kind 'sharded' (replicated, sum or "
                              "{gather: dim})", "nothing", field=f"tp.outputs.{name}")
     t._shard, t._combine = tuple(shard), tuple(combine)
-    return t

@@ -1,4 +1,4 @@
-"""Loading a plan file: YAML with line numbers, the pydantic schema, the checks across fields, the Plan.
+"""Loading a plan file: YAML with line numbers, the Plan validated (pydantic), the checks across fields.
 
 `load_plan(path)` returns a Plan or raises PlanError at `file:line: field: expected ...; found ...`, so a
 user fixes a plan without reading a traceback. Loading imports none of the user's code: the kernel,
@@ -18,7 +18,6 @@ from pydantic.fields import FieldInfo
 from harness.spec.checks import build
 from harness.spec.fields import TAGS, number_as_text
 from harness.spec.plan import Plan, PlanError, Where
-from harness.spec.schema import PlanFile
 from harness.spec.yaml_lines import Loc, YamlError, dotted, line_of, parse
 
 
@@ -35,10 +34,10 @@ def load_plan(path: str | Path) -> Plan:
     if not isinstance(data, dict):
         raise PlanError(str(path), 1, "(top level)", "a mapping with an 'op' section", data)
     try:
-        spec = PlanFile.model_validate(data)
+        plan = Plan.model_validate(data)
     except ValidationError as exc:
         raise first_error(str(path), exc, lines) from None
-    return build(spec, Where(str(path), lines), text, path, data)
+    return build(plan, Where(str(path), lines), text, path, data)
 
 
 # ---------------------------------------------------------------- pydantic's errors as the plan's
@@ -83,7 +82,7 @@ def walk(pydantic_loc: tuple) -> tuple[Loc, list[str], Any, type[BaseModel] | No
     """Follow an error's location through the schema: (the location in the plan's data, the descriptions of the
     field there, innermost first, its annotation, the model holding it). The tags of a value's forms (ONE, LIST,
     ...) are steps of pydantic's, not the plan's: dropped; a plain union's member names end the walk."""
-    annotation: Any = PlanFile
+    annotation: Any = Plan
     loc, descriptions, model = [], [], None
     parts = list(pydantic_loc)
     while True:

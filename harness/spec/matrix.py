@@ -101,9 +101,11 @@ def provider_view(plan: Plan, provider: str) -> Plan:
     allowed the one-fp8-step elements its rounding order gives (vllm.kernel.max_step_fraction)."""
     if not provider:
         return plan
-    view = plan.model_copy(update={"contract": contract_of(plan, provider)})
+    # The contract is op.contract (Plan.contract reads it); model_copy keeps the privates checks derived and runs no
+    # validator, so only the fields the update names change.
+    view = plan.model_copy(update={"op": plan.op.model_copy(update={"contract": contract_of(plan, provider)})})
     kernel = plan.vllm.kernel if provider == "vllm" else None
-    if kernel and kernel.max_step_fraction is not None and plan.quantization is not None:
+    if kernel and kernel.max_step_fraction is not None:
         steps = max(kernel.max_step_fraction, plan.quantization.max_step_fraction)
         view = view.model_copy(update={"quantization": plan.quantization.model_copy(
             update={"max_step_fraction": steps})})

@@ -1,27 +1,26 @@
-"""The plan model: a loaded plan, frozen (the language's words are harness.spec.vocabulary's).
+"""The plan model: a plan file as loaded, frozen (the language's words are harness.spec.vocabulary's).
 
-harness.spec.load reads a plan file into these (through the pydantic schema of harness.spec.schema and the
-checks of harness.spec.checks). Every part of a Plan is a frozen pydantic model: the sections it holds as the
-file states them (Numerics, Quantization, Vllm, SizeSpec, Tolerance, the exclude and expect rules, the TP split)
-are the models the file is validated with (harness.spec.sections', TensorParallel), the TP split's dims and the
-others (Parts: the Plan, its arguments, benchmark) what harness.spec.checks derives from the file's forms.
-harness.runtime.resolve imports the code a plan names. Nothing here imports the user's code: a Plan holds import
-paths, and the line of every field it came from (`Plan.where`), so that whoever finds a field wrong later still
-says `plan.yaml:8: op.kernel: expected ...; found ...`.
+Plan is the one model of a plan file: its fields are the file's keys (harness.spec.load validates the file with it;
+its JSON Schema is harness.spec.schema's), held in the form the runtime reads where that maps one to one onto the
+file's (the matrix as axis -> values, a section left out as its default). What needs several fields (the arguments
+parsed, the TP split's dims counted from the front, the benchmark's sizes) harness.spec.checks sets as private
+attributes after its checks. Nothing here imports the user's code: a Plan holds import paths, and the line of every
+field it came from (`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel:
+expected ...; found ...`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
-from pydantic import AfterValidator, Field, PrivateAttr
+from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr
 
 from harness.spec.fields import PositiveInt, Section, forms, many, one_or_list
-from harness.spec.sections import Arg, Baseline, Contract, Exclude, Expect, Gather, NamedBaseline, Numerics, Part, \
-    Quantization, Shard, SizeSpec, Tolerance, Vllm
-from harness.spec.vocabulary import PHASES
+from harness.spec.sections import Arg, Baseline, Contract, CudaGraph, Exclude, Expect, Gather, Matrix, \
+    NamedBaseline, Numerics, Op, Quantization, Shard, Tolerance, Tolerances, Vllm
+from harness.spec.vocabulary import AXES, PHASES
 from harness.spec.yaml_lines import Loc, dotted, line_of
 
 
@@ -191,45 +190,90 @@ class TensorParallel(Section):
         return tuple((name, s.merged) for name, s in self.outputs.items() if not isinstance(s, str) and s.merged > 1)
 
 
-class Plan(Part):
-    path: Path
-    name: str
-    intent: str
-    kernel: str
-    reference: str
-    fake: str | None  # torch.compile fake implementation; derived from the reference when absent
-    description: str
-    replaces: str | None
-    args: tuple[Arg, ...]
-    outputs: tuple[str, ...]
-    mutates: tuple[str, ...]
-    sizes: dict[str, tuple[int, ...]]
-    size_specs: dict[str, SizeSpec]
-    matrix: dict[str, tuple]
-    excludes: tuple[Exclude, ...]
-    expects: tuple[Expect, ...]
-    tolerance: dict[str, Tolerance]
-    output_tolerance: dict[str, Tolerance]  # per output, over the dtype table (scales of a quantized output)
-    numerics: Numerics
-    benchmark: Benchmark
-    tp: TensorParallel
-    quantization: Quantization
-    generate: str | None  # import path of a custom input generator
-    vllm: Vllm
-    capture_sizes: tuple[int, ...] | None
-    accumulation: str
-    reduction: str  # op.reduction: what the accumulation check can tell (harness.runtime.accumulation)
-    raw_text: str = Field("", repr=False)
-    warnings: tuple[str, ...] = ()  # settings that can never apply to a cell of the matrix
-    contract: Contract = Contract()  # the kernel's preconditions (op.contract)
-    # What vLLM runs without the custom op, in the activation dtype (op.native: the layer's forward_native; for a
-    # quantized linear, dequantize to the activation dtype and F.linear); None: the reference is that too
-    native: str | None = None
-    lines: dict[str, int] = Field({}, repr=False)  # dotted field -> its line
-    # The kernel's size-selected code paths (op.paths): (name, condition); each GPU cell checks one example past each.
-    paths: tuple[tuple[str, str], ...] = ()
-    # Implementations run through the numerics cells beside the kernel (`providers`): vllm, named baselines.
-    providers: tuple[str, ...] = ()
+def _absent_as(default: Callable[[], Any]) -> AfterValidator:
+    """A section left out (or null) held as its default: the runtime never reads None, the schema still says null."""
+    return AfterValidator(lambda section: default() if section is None else section)
+
+
+class Plan(Section):
+    """A plan file: what the op is, the matrix of cells it is tested in, and how."""
+
+    model_config = ConfigDict(title="vllm-op-plan plan")
+    op: Op
+    matrix: Annotated[Matrix, AfterValidator(lambda m: {axis: many(getattr(m, axis)) for axis in AXES})]  # by axis
+    exclude: Optional[list[Exclude]] = Field(None, description="a list of rules: the cells not to run, by axis "
+                                             "values, and why")
+    expect: Optional[list[Expect]] = Field(None, description="a list of rules: the cells expected to fail, by axis "
+                                           "values, and why")
+    # held as written; the runtime reads `tolerance` (by dtype, in the file's order) and `output_tolerance`
+    tolerances: Optional[Tolerances] = Field(None, alias="tolerance")
+    numerics: Annotated[Optional[Numerics], _absent_as(Numerics)] = Field(None, validate_default=True)
+    benchmark: Annotated[Optional[Benchmark], _absent_as(Benchmark)] = Field(None, validate_default=True)
+    tp: Annotated[Optional[TensorParallel], _absent_as(lambda: TensorParallel(kind="trivial"))] = Field(
+        None, validate_default=True)
+    # `none` or absent: no quantized output
+    quantization: Annotated[Optional[forms(one=Literal["none"], mapping=Quantization)], AfterValidator(
+        lambda q: q if isinstance(q, Quantization) else Quantization(outputs={}))] = Field(None, validate_default=True)
+    vllm: Annotated[Optional[Vllm], _absent_as(Vllm)] = Field(None, validate_default=True)
+    cuda_graph: Optional[CudaGraph] = None
+    # implementations of the op run through the numerics matrix beside the kernel (harness.spec.matrix)
+    providers: Annotated[Optional[list[str]], AfterValidator(lambda names: tuple(names or ()))] = Field(
+        None, validate_default=True, description=(
+            "a list: vllm (vLLM's own compiled kernel for the op) or names of named baselines, run through the "
+            "numerics cells beside the kernel; the page says what each accepts"))
+    # Set by harness.spec.checks after its checks: where the plan came from, and what it derives from the file's
+    # forms (the arguments parsed, the dtypes' tolerances in the file's order).
+    _path: Path = PrivateAttr(Path())
+    _raw_text: str = PrivateAttr("")
+    _lines: dict[str, int] = PrivateAttr({})  # dotted field -> its line
+    _warnings: tuple[str, ...] = PrivateAttr(())  # settings that can never apply to a cell of the matrix
+    _args: tuple[Arg, ...] = PrivateAttr(())
+    _tolerance: dict[str, Tolerance] = PrivateAttr({})
+
+    path = property(lambda self: self._path)
+    raw_text = property(lambda self: self._raw_text)
+    lines = property(lambda self: self._lines)
+    warnings = property(lambda self: self._warnings)
+    args = property(lambda self: self._args)
+    tolerance = property(lambda self: self._tolerance)
+    # The op's fields, read as the plan's (fake: derived from the reference when absent; native: what vLLM runs
+    # without the custom op, None where the reference is that too; generate: a custom input generator; reduction:
+    # what the accumulation check can tell, harness.runtime.accumulation).
+    name = property(lambda self: self.op.name)
+    intent = property(lambda self: self.op.intent)
+    kernel = property(lambda self: self.op.kernel)
+    reference = property(lambda self: self.op.reference)
+    fake = property(lambda self: self.op.fake)
+    description = property(lambda self: self.op.description)
+    replaces = property(lambda self: self.op.replaces)
+    outputs = property(lambda self: self.op.outputs)
+    mutates = property(lambda self: self.op.mutates)
+    generate = property(lambda self: self.op.generate)
+    accumulation = property(lambda self: self.op.accumulation)
+    reduction = property(lambda self: self.op.reduction)
+    native = property(lambda self: self.op.native)
+    paths = property(lambda self: self.op.paths)  # the kernel's size-selected code paths: (name, condition)
+    size_specs = property(lambda self: self.op.sizes)
+
+    @property
+    def sizes(self) -> dict[str, tuple[int, ...]]:
+        """Each size symbol's sizes to draw."""
+        return {sym: spec.values for sym, spec in self.op.sizes.items()}
+
+    @property
+    def contract(self) -> Contract:
+        """The kernel's preconditions (op.contract; none: Contract())."""
+        return self.op.contract or Contract()
+
+    excludes = property(lambda self: tuple(self.exclude or ()))
+    expects = property(lambda self: tuple(self.expect or ()))
+
+    @property
+    def output_tolerance(self) -> dict[str, Tolerance]:
+        """Per output, over the dtype table (scales of a quantized output)."""
+        return self.tolerances.outputs if self.tolerances else {}
+
+    capture_sizes = property(lambda self: many(self.cuda_graph.capture_sizes) or None if self.cuda_graph else None)
 
     @property
     def native_path(self) -> str:

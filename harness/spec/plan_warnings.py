@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import math
 
-from harness.spec import schema as S
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, names_in
 from harness.spec.plan import Plan, PlanError, Tolerance, Where, token_probes
@@ -16,7 +15,6 @@ from harness.spec.tolerances import DEFAULT_TOLERANCE
 
 def _listed(values) -> str:
     return ", ".join(map(str, values))
-
 
 
 def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
@@ -54,14 +52,14 @@ def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
 # ---------------------------------------------------------------- settings that never apply
 
 
-def _never_applies(w: Where, plan: Plan, spec: S.PlanFile) -> tuple[str, ...]:
+def _never_applies(w: Where, plan: Plan) -> tuple[str, ...]:
     """Settings that can never apply to any cell of the matrix, as warnings (file:line: field: ...): a narrowed
     matrix is a normal way of working, but a setting it leaves idle is said, not silently dropped."""
     m, found = plan.matrix, []
     for dt in plan.tolerance:
         if dt not in m["dtype"]:
             found.append(w.fail(("tolerance", dt), "a dtype of matrix.dtype", dt))
-    if spec.cuda_graph is not None and "cuda_graph" not in m["graph_mode"]:
+    if plan.cuda_graph is not None and "cuda_graph" not in m["graph_mode"]:
         found.append(w.fail(("cuda_graph",), "cuda_graph in matrix.graph_mode for capture sizes to apply",
                             list(m["graph_mode"])))
     if plan.tp.kind == "sharded" and max(m["tp"]) == 1:

@@ -5,7 +5,7 @@ Validation here is structural only: every key known (extra="forbid"), every valu
 symbols defined in op.sizes, an exclude rule naming values of the matrix, a contract something of the plan
 meets) are harness.spec.checks's. A field's description is what an error says was expected
 (`plan.yaml:8: op.args.x.dtype: expected ...`); an editor shows it with the README's words on the field
-(harness.spec.field_docs, through harness.spec.schema's JSON Schema).
+(harness.spec.field_docs, through harness.spec.schema's JSON Schema). The Plan (harness.spec.plan) holds them.
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
 picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
@@ -305,6 +305,10 @@ Sizes = forms(one=PositiveInt, many=list[PositiveInt], mapping=SizeSpec,
                           "symbol, multiple_of: N, even: true, at_most: symbol, awkward: false}")
 
 
+def _size_specs(sizes: dict) -> dict[str, SizeSpec]:
+    return {sym: s if isinstance(s, SizeSpec) else SizeSpec(values=s) for sym, s in sizes.items()}
+
+
 class CosSinCache(Section):
     base: Number = Field(description="the rotary base (a number)")
 
@@ -364,9 +368,11 @@ class Op(Section):
     replaces: Optional[import_path()] = None
     args: dict[str, ArgEntry] = Field(min_length=1, description="at least one argument: the op's arguments, in call "
                                  "order")
-    outputs: one_or_list(str, "the op's outputs: output arguments, mutated inputs or names of returned values")
-    mutates: one_or_list(str, "inputs the op writes") = []
-    sizes: dict[str, Sizes] = {}
+    outputs: Annotated[one_or_list(str, "the op's outputs: output arguments, mutated inputs or names of returned "
+                                   "values"), AfterValidator(many)]
+    mutates: Annotated[one_or_list(str, "inputs the op writes"), AfterValidator(many)] = Field(
+        [], validate_default=True)
+    sizes: Annotated[dict[str, Sizes], AfterValidator(_size_specs)] = {}  # held as symbol -> its SizeSpec
     accumulation: Literal["fp32", "input"] = "fp32"
     reduction: Literal["row_scale", "dot", "weighted_sum", "unknown"] = Field(
         "unknown", description="the op's kind of reduction, which says what the fp32-accumulation check can tell "
@@ -376,8 +382,10 @@ class Op(Section):
     fake: Optional[import_path()] = None
     generate: Optional[import_path()] = None
     contract: Optional[Contract] = None
-    paths: dict[str, str] = Field({}, description="path name: a condition over the sizes, num_tokens and "
-                                  "act_bytes under which the kernel takes that code path")
+    # held as (name, condition) pairs; each GPU cell checks one example past each
+    paths: Annotated[dict[str, str], AfterValidator(_pairs)] = Field(
+        {}, validate_default=True, description="path name: a condition over the sizes, num_tokens and act_bytes "
+        "under which the kernel takes that code path")
 
 
 # ---------------------------------------------------------------- the matrix and its rules
@@ -435,9 +443,6 @@ class Shard(_Split):
 
 class Gather(_Split):
     gather: int = Field(description="a dimension (an integer)")
-
-
-
 
 
 class VllmSwitch(Section):
