@@ -254,6 +254,9 @@ class Plan(Section):
     native = property(lambda self: self.op.native)
     paths = property(lambda self: self.op.paths)  # the kernel's size-selected code paths: (name, condition)
     size_specs = property(lambda self: self.op.sizes)
+    excludes = property(lambda self: tuple(self.exclude or ()))
+    expects = property(lambda self: tuple(self.expect or ()))
+    capture_sizes = property(lambda self: many(self.cuda_graph.capture_sizes) or None if self.cuda_graph else None)
 
     @property
     def sizes(self) -> dict[str, tuple[int, ...]]:
@@ -265,15 +268,10 @@ class Plan(Section):
         """The kernel's preconditions (op.contract; none: Contract())."""
         return self.op.contract or Contract()
 
-    excludes = property(lambda self: tuple(self.exclude or ()))
-    expects = property(lambda self: tuple(self.expect or ()))
-
     @property
     def output_tolerance(self) -> dict[str, Tolerance]:
         """Per output, over the dtype table (scales of a quantized output)."""
         return self.tolerances.outputs if self.tolerances else {}
-
-    capture_sizes = property(lambda self: many(self.cuda_graph.capture_sizes) or None if self.cuda_graph else None)
 
     @property
     def native_path(self) -> str:
