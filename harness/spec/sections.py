@@ -294,7 +294,6 @@ Text = Annotated[str, Field(description="text")]
 Expression = Annotated[Union[int, float, str], Field(description="a number or a size expression")]
 DimEntry = Annotated[Union[Annotated[int, Field(ge=1)], str],
                 Field(description="a positive integer, a symbol or a size expression (num_heads*head_size)")]
-CellDtype = Literal[CELL_DTYPES]
 
 
 # ---------------------------------------------------------------- op
