@@ -34,7 +34,6 @@ from harness.runtime.device import detect
 from harness.runtime.inputs import TORCH_DTYPES
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
-from harness.spec.matrix import provider_view
 from harness.spec.plan import Plan
 from harness.results.store import WRONG_AFTER_TIMING, BenchRecord, ImplFigures
 from harness.runtime.runner import compare_judged, device_poisoned
@@ -74,13 +73,10 @@ class CheckInputs:
         return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
 
 
-def check(plan: Plan, spec: BenchSpec, name: str, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
-    """The mismatch message (None: none) of implementation `name`'s call on the item's fresh inputs, in the spec's
-    graph mode, judged as a numerics cell of it judges it (the same tolerance and fp64 tie-break; vLLM's kernel with
-    its own allowance, vllm.kernel.max_step_fraction). The call already ran outside a capture (its timing loop
-    compiled, autotuned and initialised it)."""
-    if name == "vllm":
-        plan = provider_view(plan, name)
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
+    """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break). The call already ran outside a
+    capture (its timing loop compiled, autotuned and initialised it)."""
     values = inputs.fresh()
     run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
     actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])
@@ -167,7 +163,7 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
             timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
-            mismatch = check(plan, spec, name, call, inputs) if name != "native" or graph or plan.native else None
+            mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
