@@ -54,8 +54,8 @@ def build(plan: Plan, w: Where, text: str, path: Path, raw: dict) -> Plan:
     if op.kernel.startswith("vllm:"):  # vLLM's own kernel is not a kernel under test but a provider of the op
         raise w.fail(("op", "kernel"), "the import path of the kernel under test; vLLM's own kernel for the op runs "
                      "through the same cells with `providers: [vllm]` beside it", op.kernel)
-    _sizes(w, op.sizes)
     sizes, size_specs = plan.sizes, plan.size_specs
+    _sizes(w, size_specs, sizes)
     args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
     tensor_names = tuple(a.name for a in args if a.is_tensor)
     no_repeats(w, ("op", "outputs"), op.outputs)
@@ -150,7 +150,7 @@ def _providers(w: Where, plan: Plan) -> None:
 # ---------------------------------------------------------------- op
 
 
-def _sizes(w: Where, specs: dict[str, SizeSpec]) -> None:
+def _sizes(w: Where, specs: dict[str, SizeSpec], sizes: dict[str, tuple[int, ...]]) -> None:
     for sym, spec in specs.items():
         loc = ("op", "sizes", sym)
         if sym in BUILTIN_SYMBOLS:
@@ -165,7 +165,7 @@ def _sizes(w: Where, specs: dict[str, SizeSpec]) -> None:
         if bad:
             raise w.fail(loc + ("values",), "values that meet the symbol's own constraints (multiple_of, even)",
                          bad[0], field=dotted(loc))
-    _relations_met(w, {sym: spec.values for sym, spec in specs.items()}, specs)
+    _relations_met(w, sizes, specs)
 
 
 def _relations_met(w: Where, sizes: dict[str, tuple[int, ...]], specs: dict[str, SizeSpec]) -> None:
