@@ -1,5 +1,5 @@
-"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `overview PLAN...`, `merge SOURCE...`
-and `schema`.
+"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `overview PLAN...`,
+`merge SOURCE...`, `schema` and `manifest`.
 
 Plain Python: report, plot, overview and merge read plans and results only; validate imports the plans' code in a
 child process (harness.runtime.resolve), so none of them imports torch here.
@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.rendering.overview import write_overview
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
+from harness.results.code_hash import MANIFEST, write_manifest
 from harness.results.merge import collect
 from harness.results.store import fold_files
 from harness.runtime.resolve import resolve_in_child
@@ -32,6 +33,8 @@ def main(argv=None) -> int:
     v.add_argument("plan", nargs="+")
     sub.add_parser("schema", help="print the JSON Schema of a plan file (plan.schema.json)")
     sub.add_parser("fields", help="print the table of every plan field (the README's), in Markdown")
+    sub.add_parser("manifest", help="rewrite harness/results/checks_manifest.json, each check's version and code "
+                                    "hash, after a refactor (results stand) or a version raised")
     for name, text in (("report", "rebuild reports/<op>/PLAN.md from stored results without running anything"),
                        ("plot", "draw reports/<op>/perf-<sm>.png from stored results (needs matplotlib)")):
         p = sub.add_parser(name, help=text)
@@ -48,6 +51,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("schema", "fields"):
         sys.stdout.write(json_schema_text() if args.command == "schema" else fields_table())
+        return 0
+    if args.command == "manifest":
+        changes = write_manifest()
+        print("\n".join(changes) or "no check changed")
+        print(f"wrote {MANIFEST}")
         return 0
 
     if args.command == "merge":

@@ -3,6 +3,8 @@
 #   scripts/gpu_run.sh numerics [pytest args]   every numerics and vLLM cell of every bundled plan
 #   scripts/gpu_run.sh bench [pytest args]      the benchmark items (device-timed), one plan's timings at a time
 #   scripts/gpu_run.sh calibrate [args]         the calibration corpus's table (python -m tests.calibration)
+#   scripts/gpu_run.sh stale [pytest args]      only what is missing or stale on this machine's SM (--cells stale):
+#                                               cells, vLLM items and benchmarks, one plan at a time (timings alone)
 # JOBS=N runs N plans' numerics side by side (they share the GPUs), then each plan's cells left "not run" for memory
 # the others held again, one plan at a time. Benchmarks take turns on the GPU: the next plan's
 # run starts while one plan is timed and waits for its turn before its first item (HARNESS_GPU_TURN), so no
@@ -27,7 +29,7 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${XDG_CACHE_HOME:-$HOME/.cache
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-op-plan/inductor}
 # PLANS="a.yaml b.yaml" runs those plans only (default: every bundled plan).
 read -r -a plans <<< "${PLANS:-plan.yaml $(echo kernels/plans/*.yaml)}"
-what=${1:?usage: scripts/gpu_run.sh numerics|bench|calibrate [pytest args]}
+what=${1:?usage: scripts/gpu_run.sh numerics|bench|stale|calibrate [pytest args]}
 shift
 jobs=${JOBS:-1}
 logs=${LOGS:-}
@@ -35,6 +37,7 @@ logs=${LOGS:-}
 case "$what" in
   numerics) select=(-m "not bench" --cells all) ;;  # every cell, whatever the profile (no pairwise sample)
   bench) select=(--bench -m bench); jobs=2 ;;  # one timing, one starting up or writing its report
+  stale) select=(--cells stale); jobs=1 ;;  # a plan's stale benchmarks are timed with nothing else running
   calibrate) ;;  # the calibration corpus (tests/calibration): correct and broken kernels through every check
   *) echo "unknown: $what" >&2; exit 2 ;;
 esac

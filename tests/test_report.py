@@ -21,8 +21,9 @@ from harness.rendering.overview import render_overview, write_overview
 from harness.spec.load import load_plan
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
-from harness.results.checks_version import checks_version
-from harness.results.store import FORMAT, VERSION
+from harness.results.stamps import stamp
+from harness.results import store
+from harness.results.store import FORMAT, VERSION, ResultsError, load, write_atomic
 from harness.vllm.names import enable_setting, profile_setting
 from tests.plans import read_plan, small_plan, write_plan
 
@@ -87,17 +88,20 @@ def passed_sm90(op_dir: Path, benchmarks=None, **overrides) -> None:
 
 
 def stamp_current(plan, op_dir: Path) -> None:
-    """Stamp the runs the helpers above wrote without a "checks" version with the current code's and `plan`'s: they
-    stand for runs of today's checks (tests of stale results write their own stamp, or render with report.render)."""
+    """Stamp the records the helpers above wrote without a stamp as a run of today's checks on `plan` would
+    (harness.results.stamps): they stand for such runs (tests of stale results stamp their own, or render with
+    report.render)."""
     for path in sorted((Path(op_dir) / "results").glob("*.json")):
         try:
-            data = json.loads(path.read_text())
-        except ValueError:
+            results = load(path)
+        except ResultsError:
             continue  # a broken file a test wrote on purpose
-        if data.get("format") == FORMAT and any("checks" not in prov for prov in data["runs"].values()):
-            for prov in data["runs"].values():
-                prov.setdefault("checks", checks_version(plan.path))
-            path.write_text(json.dumps(data, indent=1, sort_keys=True))
+        unstamped = [(section, key, rec) for section in store.SECTIONS for key, rec in results.section(section).items()
+                     if rec.stamp is None]
+        for section, key, rec in unstamped:
+            rec.stamp = stamp(plan, rec, Cell.from_id(key).provider if section == "cells" else "")
+        if unstamped:
+            write_atomic(path, results)
 
 
 def render(plan, op_dir: Path) -> str:

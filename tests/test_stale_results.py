@@ -1,10 +1,11 @@
-"""No stale page: every run stamps its records with the version of the checks that made them (the harness modules
-that decide a record and the plan file), and the page and the run's summary mark records of other checks as stale."""
+"""Evidence that survives a refactor: a record is stale only when it could now come out differently. Each record is
+stamped with the checks it ran (with their versions), the plan fields it rests on and the implementation it ran
+(harness.results.stamps); a refactor, a comment or another provider's edit stales nothing, a check's version that
+rose, a plan field it rests on or its kernel's source does, and a check added since reads "not checked for X yet"."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -12,170 +13,197 @@ from pathlib import Path
 
 from harness.decisions.verdicts import STALE, sm_verdicts
 from harness.rendering import report
-from harness.results import checks_version as cv
-from harness.results.merge import collect
-from harness.results.store import load, merge_dir
+from harness.results import checks
+from harness.results.merge import collect, judged
+from harness.results.stamps import UNSTAMPED, stamp
+from harness.results.store import BenchRecord, ImplFigures, load, write_atomic
+from harness.spec.load import load_plan
 from tests.plans import small_plan
-from tests.test_report import ROOT, bench, cell, machine, passed_sm90, section, write_results
+from tests.test_report import ROOT, bench, cell, machine, section, stamp_current, write_results
 
-OTHER = {"numerics": "0123456789ab", "integration": "0a1b2c3d4e5f", "bench": "ba9876543210"}
 FAST = {"decode-64": bench("decode", 64, 10.0, 50.0, 20.0), "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)}
+CELLS = ("decode-bf16-tp1-eager-sm90", "prefill-bf16-tp1-eager-sm90")
 
 
-def page(tmp_path: Path, checks: dict | None, benchmarks=FAST, **cells) -> tuple[object, str]:
-    """small_plan's page from an H200's results (both cells passed, the kernel faster everywhere: go), made by the
-    checks `checks` (None: results from before runs stamped them)."""
-    plan = small_plan(tmp_path)
+def page(tmp_path: Path, plan=None, stamped: bool = True, benchmarks=FAST, **cells) -> tuple[object, str]:
+    """small_plan's page from an H200's results (both cells passed, the kernel faster everywhere: go), stamped as a
+    run of today's checks on the plan would stamp them (`stamped`), or as results from before records were stamped."""
+    plan = plan or small_plan(tmp_path)
     op_dir = tmp_path / "reports" / "rms_norm"
-    prov = {**machine("sm90", "h200"), **({"checks": checks} if checks is not None else {})}
-    records = {cid: cell(cid, "passed") for cid in ("decode-bf16-tp1-eager-sm90", "prefill-bf16-tp1-eager-sm90")}
-    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", prov, {**records, **cells}, benchmarks)
-    text, problems = report.render(plan, op_dir)  # not tests.test_report.render, which stamps as current
+    records = {cid: cell(cid, "passed") for cid in CELLS}
+    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", machine("sm90", "h200"),
+                  {**records, **cells}, benchmarks)
+    if stamped:
+        stamp_current(plan, op_dir)
+    return plan, rerender(plan, tmp_path)
+
+
+def rerender(plan, tmp_path: Path) -> str:
+    text, problems = report.render(plan, tmp_path / "reports" / "rms_norm")
     assert problems == []
-    return plan, text
+    return text
 
 
 def verdict_line(text: str) -> str:
     return next(line for line in text.splitlines() if line.startswith("- **Verdict:**"))
 
 
-def assert_stale(plan, text: str, made: dict | None) -> None:
-    now = cv.checks_version(plan.path)
-    cells_why = f"made by other checks ({(made or {}).get('numerics', 'unstamped')} ≠ {now['numerics']})"
-    bench_why = f"made by other checks ({(made or {}).get('bench', 'unstamped')} ≠ {now['bench']})"
+def assert_stale(text: str, why: str, cells: int = 2, benchmarks: int = 2) -> None:
     assert verdict_line(text) == f"- **Verdict:** sm90: {STALE}"
     header = text.split("\n## ", 1)[0]
-    assert "2 cells, 2 benchmarks made by other checks" in header and "until then they give: go" in header
+    assert "could now come out differently" in header and "until then they give: go" in header and why in header
     matrix = section(text, "Support matrix")
-    assert "| decode  | bf16    | ✅ stale |" in matrix and "| prefill | bf16    | ✅ stale |" in matrix
-    assert f"| stale: {cells_why} | 2 " in matrix
-    perf = section(text, "Performance")
-    assert perf.count(f"stale: {bench_why}") == 2  # each benchmark row says so
-    assert "stale: 1 of 1 benchmarks" in perf  # and each decision resting on them
-    assert "Re-run on sm90 what other checks made (2 cells, 2 benchmarks, stale): " \
-           "`pytest --plan small.yaml --cells all --bench`" in section(text, "Open items")
-    verdict_rows = [line for line in section(text, "Decisions and verdict").splitlines() if "verdict on sm90" in line]
-    assert len(verdict_rows) == 1 and f"**{STALE}**" in verdict_rows[0]
-
-
-def test_results_of_other_checks_are_stale_on_the_page(tmp_path):
-    plan, text = page(tmp_path, OTHER)
-    assert_stale(plan, text, OTHER)
-
-
-def test_results_without_a_stamp_are_stale_on_the_page(tmp_path):
-    plan, text = page(tmp_path, None)  # a results file from before runs stamped their checks still loads
-    assert_stale(plan, text, None)
+    if cells:
+        assert "| decode  | bf16    | ✅ stale |" in matrix and "| prefill | bf16    | ✅ stale |" in matrix
+        assert f"| stale: {why} | {cells} " in matrix
+    if benchmarks:
+        assert section(text, "Performance").count(f"stale: {why}") == benchmarks  # each benchmark row says so
+    assert "`pytest --plan small.yaml --cells stale`" in section(text, "Open items")
 
 
 def test_results_of_the_current_checks_are_not_stale(tmp_path):
-    plan = small_plan(tmp_path)
-    plan, text = page(tmp_path, cv.checks_version(plan.path))
-    assert "stale" not in text and "made by other checks" not in text
+    plan, text = page(tmp_path)
+    assert "stale" not in text.replace("--cells stale", "") and "not checked for" not in text
     assert verdict_line(text) == "- **Verdict:** sm90: go"
     assert collect(plan, tmp_path / "reports" / "rms_norm").stale_summary() == ""
 
 
-def test_editing_the_plan_makes_its_results_stale(tmp_path):
-    current = cv.checks_version(small_plan(tmp_path).path)
-    plan, text = page(tmp_path, current)
-    assert "stale" not in text
-    plan.path.write_text(plan.path.read_text() + "# one more line\n")
-    text, _ = report.render(plan, tmp_path / "reports" / "rms_norm")
-    assert_stale(plan, text, current)
+def test_results_without_a_stamp_are_stale_on_the_page(tmp_path):
+    _, text = page(tmp_path, stamped=False)  # a results file from before records were stamped still loads
+    assert_stale(text, UNSTAMPED)
 
 
-def test_a_verdict_rests_on_its_stale_benchmarks_and_a_current_failure_still_blocks(tmp_path):
-    plan = small_plan(tmp_path)
-    mixed = {**cv.checks_version(plan.path), "bench": OTHER["bench"]}  # cells current, benchmarks another's
-    plan, text = page(tmp_path, mixed)
-    assert verdict_line(text) == f"- **Verdict:** sm90: {STALE}"
-    assert "2 benchmarks made by other checks" in text and "✅ stale" not in text
-    failed = cell("decode-bf16-tp1-eager-sm90", "failed", reason="output 'out' differs")
-    plan, text = page(tmp_path, mixed, **{"decode-bf16-tp1-eager-sm90": failed})
-    assert verdict_line(text) == "- **Verdict:** sm90: blocked"  # what the current checks found wrong blocks
+def test_comments_descriptions_and_benchmark_models_stale_nothing(tmp_path):
+    plan, text = page(tmp_path)
+    source = plan.path.read_text()
+    plan.path.write_text("# a comment on top\n" + source.replace("op:\n", "op:\n  description: an RMSNorm\n", 1)
+                         + "# and one at the end\n")
+    plan = load_plan(plan.path)
+    assert verdict_line(rerender(plan, tmp_path)) == "- **Verdict:** sm90: go"
 
 
-def test_the_stamp_covers_the_modules_that_decide_a_record_and_the_plan(tmp_path, monkeypatch):
-    plan = small_plan(tmp_path)
-    copy = tmp_path / "harness"
-    shutil.copytree(cv.HARNESS_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(cv, "HARNESS_DIR", copy)
-    before = cv.checks_version(plan.path)
-    assert before == cv.checks_version(plan.path) and all(len(v) == 12 for v in before.values())
-    (copy / "rendering" / "report.py").write_text("# pages decide nothing\n")
-    assert cv.checks_version(plan.path) == before
-    (copy / "runtime" / "numerics.py").write_text("# another comparison\n")
-    numerics_changed = cv.checks_version(plan.path)
-    assert numerics_changed["numerics"] != before["numerics"] and numerics_changed["bench"] == before["bench"]
-    (copy / "vllm" / "fusion.py").write_text("# another pass check\n")
-    integration_changed = cv.checks_version(plan.path)
-    assert integration_changed["integration"] != numerics_changed["integration"]
-    assert integration_changed["numerics"] == numerics_changed["numerics"]  # the cells stay current
-    (copy / "decisions" / "bounds.py").write_text("# another bound\n")
-    assert cv.checks_version(plan.path)["bench"] != before["bench"]
-    plan.path.write_text(plan.path.read_text() + "\n")
-    assert all(cv.checks_version(plan.path)[k] != v for k, v in numerics_changed.items())
+def test_a_field_the_records_rest_on_stales_them(tmp_path):
+    plan, _ = page(tmp_path)
+    plan.path.write_text(plan.path.read_text().replace("hidden: [4096]", "hidden: [4096, 5120]"))
+    plan = load_plan(plan.path)
+    assert_stale(rerender(plan, tmp_path), "the plan fields it rests on changed", benchmarks=0)
 
 
-def test_old_results_files_load_and_the_stamp_round_trips(tmp_path):
-    op_dir = tmp_path / "reports" / "rms_norm"
-    passed_sm90(op_dir)  # the helpers write no stamp: a results file from before runs recorded one
-    path = op_dir / "results" / "sm90-nvidia-h200.json"
-    assert load(path).runs["run-h200"].checks is None
-    data = json.loads(path.read_text())
-    data["runs"]["run-h200"]["checks"] = OTHER
-    path.write_text(json.dumps(data))
-    assert load(path).runs["run-h200"].checks == OTHER
+def test_a_check_whose_version_rose_stales_the_records_it_made_and_says_which(tmp_path, monkeypatch):
+    plan, _ = page(tmp_path)
+    declared = checks.declared_versions
+    now = declared("runtime/numerics.py")
+    monkeypatch.setattr(checks, "declared_versions", lambda module, *root: {**now, "values": now["values"] + 1}
+                        if module == "runtime/numerics.py" else declared(module, *root))
+    why = f"values v{now['values']} → v{now['values'] + 1}"
+    text = rerender(plan, tmp_path)
+    assert_stale(text, why, benchmarks=0)  # benchmarks do not run the value check of cells: they stay current
+    assert "stale: " not in section(text, "Performance")
+
+
+def test_a_check_added_later_leaves_plans_it_does_not_apply_to_current(tmp_path, monkeypatch):
+    plan, _ = page(tmp_path)
+    new = checks.Check("determinism", "runtime/numerics.py", lambda s: s.section == "cells" and s.quantized,
+                       "two calls on the same inputs give the same bits")
+    declared = checks.declared_versions
+    now = declared("runtime/numerics.py")
+    monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS, new))
+    monkeypatch.setattr(checks, "declared_versions", lambda module, *root: {**now, "determinism": 1}
+                        if module == "runtime/numerics.py" else declared(module, *root))
+    text = rerender(plan, tmp_path)  # small_plan quantizes nothing: the check does not apply
+    assert verdict_line(text) == "- **Verdict:** sm90: go" and "not checked for" not in text
+    monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS[:-1],
+                                           dataclasses.replace(new, applies=lambda s: s.section == "cells")))
+    text = rerender(plan, tmp_path)
+    assert verdict_line(text) == "- **Verdict:** sm90: go"  # the verdict rests on the checks that did run
+    assert "| not checked for determinism yet | 2 " in section(text, "Support matrix")
+    res = collect(plan, tmp_path / "reports" / "rms_norm")
+    assert res.needs_run("cells", CELLS[0], lambda reason: False)  # --cells stale runs them
+    assert not res.needs_run("benchmarks", "decode-64", lambda reason: False)
+
+
+def test_an_edit_to_the_kernel_stales_its_cells_and_no_other_providers(tmp_path):
+    """The kernel's module lies beside the plan: a docstring or comment in it stales nothing, its code does, and the
+    cells of another provider (a named baseline) stay current."""
+    shutil.copy(ROOT / "kernels" / "rms_norm.py", tmp_path / "my_rms_norm.py")
+    plan = small_plan(tmp_path, op={"kernel": "my_rms_norm:rms_norm"})
+    plan, text = page(tmp_path, plan)
+    assert verdict_line(text) == "- **Verdict:** sm90: go"
+    module = tmp_path / "my_rms_norm.py"
+    module.write_text('"""Another docstring."""\n# and a comment\n' + module.read_text().split('"""', 2)[2])
+    assert verdict_line(rerender(plan, tmp_path)) == "- **Verdict:** sm90: go"
+    module.write_text(module.read_text().replace("tl.rsqrt", "1.0 / tl.sqrt", 1))
+    text = rerender(plan, tmp_path)
+    assert_stale(text, "the kernel's source changed", benchmarks=0)
+    assert section(text, "Performance").count("stale: an implementation it timed changed") == 2
+
+
+def test_a_changed_step_allowance_re_judges_stored_benchmarks_without_a_run():
+    """Benchmark records keep the after-timing check's observation (the fraction of quantized elements one step
+    off); each implementation's allowance is applied when the page is made: vLLM's kernel with its own (5%), the
+    kernel with the plan's (1%)."""
+    plan = load_plan(ROOT / "kernels" / "plans" / "rms_norm_static_fp8_quant.yaml")
+    assert plan.quantization.max_step_fraction == 0.01 and plan.vllm.kernel.max_step_fraction == 0.05
+    rec = BenchRecord("decode", "bf16", "sm90", "eager", 64, impls={
+        "kernel": ImplFigures(median_us=3.0, step_fraction=0.0117),
+        "vllm": ImplFigures(median_us=3.0, step_fraction=0.0117)})
+    out = judged(plan, rec)
+    assert out.impls["vllm"].differs is None
+    assert out.impls["kernel"].error == ("wrong result after timing: 1.17% of quantized elements are one step from "
+                                         "the reference (at most 1.00% allowed: quantization.max_step_fraction)")
+    looser = plan.model_copy(update={"quantization": plan.quantization.model_copy(
+        update={"max_step_fraction": 0.02})})
+    assert judged(looser, rec).impls["kernel"].error is None
+    stricter = plan.model_copy(update={"vllm": plan.vllm.model_copy(update={"kernel": plan.vllm.kernel.model_copy(
+        update={"max_step_fraction": 0.001})})})
+    assert "1.17% of quantized elements" in judged(stricter, rec).impls["vllm"].differs
 
 
 def test_a_stale_verdict_needs_a_stale_record_it_rests_on(tmp_path):
     """Another SM's machine saying "not run here" is no result: stale or not, it leaves the verdict alone."""
     plan = small_plan(tmp_path, matrix={"sm": ["cpu", "sm90"]})
     op_dir = tmp_path / "reports" / "rms_norm"
-    current = cv.checks_version(plan.path)
-    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", {**machine("sm90", "h200"),
-                  "checks": current}, {cid: cell(cid, "passed") for cid in ("decode-bf16-tp1-eager-sm90",
-                                                                            "prefill-bf16-tp1-eager-sm90")}, FAST)
-    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", {**machine("cpu"), "checks": OTHER}, {
+    write_results(op_dir, "sm90-nvidia-h200.json", "rms_norm", "run-h200", machine("sm90", "h200"),
+                  {cid: cell(cid, "passed") for cid in CELLS}, FAST)
+    stamp_current(plan, op_dir)
+    write_results(op_dir, "cpu.json", "rms_norm", "run-cpu", machine("cpu"), {  # unstamped
         "decode-bf16-tp1-eager-sm90": cell("decode-bf16-tp1-eager-sm90", "not_run", "2026-11-28T00:00:00Z",
                                            reason="needs sm90; this machine is cpu")})
     words = {v.sm: v.word for v in sm_verdicts(collect(plan, op_dir))}
     assert words["sm90"].startswith("go") and words["cpu"] == "no results"
 
 
-def test_the_run_stamps_its_records_and_counts_the_stale_ones_at_the_end(tmp_path):
+def test_a_current_failure_still_blocks_beside_stale_benchmarks(tmp_path):
+    plan = small_plan(tmp_path)
+    failed = cell(CELLS[0], "failed", reason="output 'out' differs")
+    plan, text = page(tmp_path, plan, **{CELLS[0]: failed})
+    op_dir = tmp_path / "reports" / "rms_norm"
+    path = op_dir / "results" / "sm90-nvidia-h200.json"
+    results = load(path)
+    for rec in results.benchmarks.values():  # the benchmarks from before records were stamped
+        rec.stamp = None
+    write_atomic(path, results)
+    assert verdict_line(rerender(plan, tmp_path)) == "- **Verdict:** sm90: blocked"
+
+
+def test_the_run_stamps_its_records_and_cells_stale_runs_only_what_is_stale(tmp_path):
+    """A run stamps every record it makes; `--cells stale` then collects nothing on an unchanged tree, and after a
+    record loses its stamp (a record of older checks), that record's item alone."""
     reports = tmp_path / "reports"
-    write_results(reports / "rms_norm", "cpu.json", "rms_norm", "run-old", {**machine("cpu"), "checks": OTHER},
-                  {"decode-fp32-tp1-eager-cpu": cell("decode-fp32-tp1-eager-cpu", "passed")})
-    # A cell no machine here runs (sm100): the run runs nothing, and writes the report.
-    done = subprocess.run([sys.executable, "-m", "pytest", "--plan", "plan.yaml", "--reports-dir", str(reports),
-                           "-k", "decode-bf16-tp1-eager-sm100", "-p", "no:cacheprovider", "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert "1 stale record (made by other checks): re-run them on cpu: pytest --plan plan.yaml --cells all" in out, \
-        out[-3000:]
-    runs = merge_dir(reports / "rms_norm" / "results", "rms_norm")[0].runs
-    assert runs.pop("run-old").checks == OTHER
-    assert [prov.checks for prov in runs.values()] == [cv.checks_version(ROOT / "plan.yaml")]
-    # the harness's own version beside the plan repository's commit
-    assert [prov.harness.split(" ")[0] for prov in runs.values()] == [importlib.metadata.version("vllm-op-plan")]
-
-
-def test_integration_items_of_a_route_the_plan_no_longer_takes_are_not_its_results(tmp_path):
-    """A plan that moved from an IR provider to a CustomOp keeps its results files: the IR items in them are not
-    this plan's (no open item asks to re-run them); the page counts them as not shown."""
-    from harness.results.store import IntegrationRecord, Provenance, Results, Status, write_atomic
-    from harness.spec.load import load_plan
-
-    plan = load_plan(ROOT / "kernels" / "plans" / "silu_and_mul.yaml")  # route custom_op
-    assert plan.vllm.route == "custom_op"
-    item = dict(phase="decode", dtype="bf16", tp=1, graph_mode="eager", sm="cpu", status=Status.PASSED, run="r")
-    results = Results(plan.name, {"r": Provenance(sm="cpu", device="cpu", gpu="", device_count=0, cpu_count=2,
-                                                  date="2026-12-01T00:00:00Z")})
-    for route in ("ir", "custom_op", "plugin"):
-        results.integration[f"vllm-{route}[decode-bf16-cpu]"] = IntegrationRecord(route=route, **item)
-    write_atomic(tmp_path / plan.name / "results" / "cpu.json", results)
-    res = collect(plan, tmp_path / plan.name)
-    assert sorted(res.integration) == ["vllm-custom_op[decode-bf16-cpu]", "vllm-plugin[decode-bf16-cpu]"]
-    assert res.ignored >= 1
+    one = "numerics and decode-fp32-tp1-eager-cpu and not vllm"
+    run = [sys.executable, "-m", "pytest", "--plan", "plan.yaml", "--reports-dir", str(reports), "-p",
+           "no:cacheprovider", "-q", "-k", one]
+    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    path = reports / "rms_norm" / "results" / "cpu.json"
+    ran = load(path).cells["decode-fp32-tp1-eager-cpu"]
+    assert ran.stamp == stamp(load_plan(ROOT / "plan.yaml"), ran)
+    assert {"values", "interpreter", "tf32"} <= set(ran.stamp.checks) and "accumulation" not in ran.stamp.checks
+    unchanged = subprocess.run([*run, "--cells", "stale"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert unchanged.returncode == 5 and "1468 deselected in" in unchanged.stdout, unchanged.stdout[-3000:]
+    results = load(path)
+    results.cells["decode-fp32-tp1-eager-cpu"].stamp = None
+    write_atomic(path, results)
+    again = subprocess.run([*run, "--cells", "stale"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "1 passed" in again.stdout, again.stdout[-3000:]
+    assert load(path).cells["decode-fp32-tp1-eager-cpu"].stamp is not None

@@ -14,7 +14,6 @@ from harness.decisions.reasons import by_reason, excluded_by_reason, first_line
 from harness.decisions.recommendations import Recommendation, pairs_text, undecided, wanted
 from harness.decisions.speedups import stale
 from harness.results.merge import Merged
-from harness.results.store import BenchRecord
 from harness.spec.matrix import Cell
 from harness.spec.status import Status
 
@@ -49,8 +48,7 @@ def open_items(res: Merged, recs: list[Recommendation]) -> list[OpenItem]:
     for sm in plan.matrix["sm"]:  # what stale records say is not current: re-run them first
         mine = tuple(r for r in other_checks if r.sm == sm)
         if mine:
-            bench = " --bench" if any(isinstance(r, BenchRecord) for r in mine) else ""
-            items.append(OpenItem("stale records", where=sm, records=mine, command=f"{run} --cells all{bench}"))
+            items.append(OpenItem("stale records", where=sm, records=mine, command=f"{run} --cells stale"))
     for reason, cells in by_reason(res, failed):
         items.append(OpenItem("failed", why=reason, cells=tuple(cells)))
     for c in res.cells_with(Status.XPASS):

@@ -210,8 +210,10 @@ def _unless_stale(res: Merged, sm: str, cells: list, word_rule: tuple[str, str])
     stale = [r for r in basis if res.stale_checks(r)]
     if not stale:
         return word_rule
-    return STALE, (f"{n_records(stale)} made by other checks (the harness's checks or the plan changed since): "
-                   f"re-run them; until then they give: {word} ({rule})")
+    why = sorted({res.stale_checks(r) for r in stale})
+    return STALE, (f"{n_records(stale)} could now come out differently ({'; '.join(why[:3])}"
+                   f"{f'; and {len(why) - 3} more' if len(why) > 3 else ''}): re-run them; until then they give: "
+                   f"{word} ({rule})")
 
 
 def verdict_rank(v: SmVerdict) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from harness.spec.vocabulary import AXES, PROFILES
 
-CELL_CHOICES = ("all", "sampled", "retry")
+CELL_CHOICES = ("all", "sampled", "retry", "stale")
 
 
 def pytest_addoption(parser):
@@ -27,7 +27,9 @@ def pytest_addoption(parser):
                     help="numerics cells to run: all (every cell this machine can run), sampled (a pairwise sample "
                          "of them: every pair of axis values that can run here, in one cell at least) or retry (the "
                          "cells and vLLM items a run here left not run for GPU memory other processes held, e.g. "
-                         "plans side by side: run again with the GPU to themselves; the rest deselected). Default: "
+                         "plans side by side: run again with the GPU to themselves; the rest deselected) or stale "
+                         "(the cells, vLLM items and, on a GPU, benchmarks whose record on this machine's SM is "
+                         "missing or could now come out differently; nothing on an unchanged tree). Default: "
                          "all for the nightly profile, sampled for dev and ci. A -k, -m or node-id selection that "
                          "leaves out cells runs every selected one")
     group.addoption("--reports-dir", action="store", default=None, metavar="DIR",

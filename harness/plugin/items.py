@@ -52,7 +52,7 @@ class PlanFile(pytest.File):
             yield item
         yield from self._integration_items(plan, hw)
         yield from vllm_run_items(self, plan, hw.sm)  # vLLM's fusion passes; a running engine
-        if self.config.getoption("--bench"):
+        if s.bench:
             for spec in bench_specs(plan, hw.sm):
                 item = BenchItem.create(self, spec, skip_reason(plan, spec, hw, s.max_cpu_ranks))
                 for marker in ("bench", spec.phase, spec.dtype, spec.graph_mode, spec.sm):

@@ -17,12 +17,13 @@ from hypothesis import settings
 
 from harness.decisions.verdicts import sm_verdicts, verdict
 from harness.plugin.items import MARKERS as VLLM_RUN_MARKERS
-from harness.plugin.items import CellItem, PlanFile
+from harness.plugin.items import BenchItem, CellItem, PlanFile
 from harness.plugin.state import SESSION_KEY, Session, session_of, start_memchecks, xdist_worker
 from harness.plugin.summary import SAMPLED_OUT, cells_summary
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.merge import collect
+from harness.results.stamps import section_of, stamp
 from harness.results.store import Recorder, Status, load
 from harness.runtime.bench.measure import prepare_benchmarks
 from harness.runtime.bench.models import check_models
@@ -47,7 +48,10 @@ def pytest_configure(config):
     try:
         plan = load_plan(plan_path)
         plan_warnings = [*plan.warnings, *plan_code_warnings(plan)]  # a bad import path: a usage error, at its line
-        if config.getoption("--bench"):
+        cells = config.getoption("--cells")
+        # Benchmark items: with --bench, and where --cells stale may find stale timings (a GPU times them)
+        bench = config.getoption("--bench") or (cells == "stale" and detect().device == "cuda")
+        if bench:
             check_models(plan)
     except PlanError as exc:
         raise pytest.UsageError(f"invalid plan: {exc}") from None
@@ -63,14 +67,14 @@ def pytest_configure(config):
     examples = config.getoption("--examples") or \
         plan.numerics.examples * (NIGHTLY_FACTOR if profile == "nightly" else 1)
     reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
-    cells = config.getoption("--cells") or ("all" if profile == "nightly" else "sampled")
+    cells = cells or ("all" if profile == "nightly" else "sampled")
     config.stash[SESSION_KEY] = Session(plan, plan_path, profile, examples, reports / plan.name,
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
                                      str(config.rootpath / ".hypothesis" / "examples"), cells=cells,
-                                     plan_warnings=plan_warnings)
+                                     plan_warnings=plan_warnings, bench=bench)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not xdist_worker(config)
-    if config.getoption("--bench") and not config.option.collectonly and not xdist_controller:
+    if bench and not config.option.collectonly and not xdist_controller:
         # The benchmark process imports torch, makes its CUDA context and loads vLLM's library (seconds) while
         # this one starts the session and collects.
         session_of(config).worker("kernels").start(prepare=(prepare_benchmarks, plan))
@@ -105,11 +109,29 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 # ---------------------------------------------------------------- results and report
 
 
+def item_key(item) -> tuple[str, str]:
+    """An item's section and key in the results file."""
+    if isinstance(item, CellItem):
+        return "cells", item.cell.id
+    return ("benchmarks", item.spec.id) if isinstance(item, BenchItem) else ("integration", item.name)
+
+
+def runs_here(item) -> bool:
+    """Whether this machine runs the item at all (cells and vLLM route items decide before they run; a benchmark
+    item times only on a GPU; fusion and engine items say at set-up, and record it)."""
+    if isinstance(item, BenchItem):
+        return not item.skip and detect().device == "cuda"
+    decision = getattr(item, "decision", None)
+    return decision is None or decision.runs
+
+
 def pytest_sessionstart(session):
     s = session_of(session.config)
-    prov = provenance(session.config.rootpath, s.plan_path)  # with the checks' version: the report marks others' stale
+    prov = provenance(session.config.rootpath)
     run_id = f"{prov.date}-{socket.gethostname()}-{os.getpid()}"
-    s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=xdist_worker(session.config))
+    s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=xdist_worker(session.config),
+                          stamp=lambda key, rec: stamp(s.plan, rec, Cell.from_id(key).provider
+                                                       if section_of(rec) == "cells" else ""))
 
 
 def pytest_collection_finish(session):
@@ -127,6 +149,8 @@ def pytest_collection_finish(session):
         ran = f"every runnable cell ({len(runnable)})"
     elif s.cells == "retry":  # pytest_collection_modifyitems kept those alone
         ran = f"the {len(runnable)} runnable cells a run here left not run for memory other processes held"
+    elif s.cells == "stale":  # pytest_collection_modifyitems kept those alone
+        ran = f"the {len(runnable)} runnable cells whose records were missing or stale"
     elif len(cells) < len(every_cell(s.plan)):
         ran = f"the {len(runnable)} runnable cells selected (-k, -m, --lf or node ids; no sampling)"
     else:  # the kernel's cells and each provider's sampled apart: each covers its own pairs
@@ -145,15 +169,22 @@ def pytest_collection_finish(session):
 
 def pytest_collection_modifyitems(session, config, items):
     """--cells retry: only the cells and vLLM items whose record in this machine's results file says not run for GPU
-    memory other processes held (plans side by side); the rest are deselected, their records kept as they are."""
+    memory other processes held (plans side by side). --cells stale: only the items this machine runs whose record
+    is missing on its SM or could now come out differently (Merged.needs_run). The rest are deselected, their
+    records kept as they are."""
     s = session_of(config)
-    if s.cells != "retry":
+    if s.cells == "retry":
+        path = s.recorder.machine_file
+        records = load(path, s.plan.name) if path.exists() else None
+        left = {key for section in ("cells", "integration") if records
+                for key, rec in records.section(section).items()
+                if rec.status == Status.NOT_RUN and left_for_memory(rec.reason)}
+        keep = [i for i in items if item_key(i)[1] in left]
+    elif s.cells == "stale":
+        res = collect(s.plan, s.op_dir)
+        keep = [i for i in items if runs_here(i) and res.needs_run(*item_key(i), left_for_memory)]
+    else:
         return
-    path = s.recorder.machine_file
-    records = load(path, s.plan.name) if path.exists() else None
-    left = {key for section in ("cells", "integration") if records for key, rec in records.section(section).items()
-            if rec.status == Status.NOT_RUN and left_for_memory(rec.reason)}
-    keep = [i for i in items if (i.cell.id if isinstance(i, CellItem) else i.name) in left]
     config.hook.pytest_deselected(items=[i for i in items if i not in keep])
     items[:] = keep
 

@@ -33,7 +33,8 @@ class Session:
     isolation: str
     max_cpu_ranks: int
     database: str
-    cells: str = "all"  # all | sampled | retry (--cells)
+    cells: str = "all"  # all | sampled | retry | stale (--cells)
+    bench: bool = False  # benchmark items collected: --bench, or --cells stale on a GPU
     recorder: Recorder | None = None
     workers: dict = field(default_factory=dict)  # "kernels" / "vllm" -> Worker; tp size -> WorkerGroup
     memchecks: dict[str, Future] = field(default_factory=dict)  # cell id -> its memcheck run, started early
@@ -46,7 +47,7 @@ class Session:
     report_problems: list = field(default_factory=list)
     verdict: str = ""  # the report's verdict line, and per SM
     verdicts: list[SmVerdict] = field(default_factory=list)
-    stale: str = ""  # how many records other checks made, said at the end (Merged.stale_summary)
+    stale: str = ""  # how many records could now come out differently, said at the end (Merged.stale_summary)
     plan_warnings: list[str] = field(default_factory=list)  # file:line: what the plan leaves idle, said at the end
     # Whether the kernel killed its worker in every numerics cell so far, and per vLLM route the first item whose
     # worker it killed: such a kernel's later items of that route are not run (each would cost a worker and vLLM's

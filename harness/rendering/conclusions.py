@@ -78,7 +78,8 @@ def open_item_text(plan: Plan, item: OpenItem) -> str:
         case "results file":
             return f"Fix or remove a results file: {what}"
         case "stale records":
-            return f"Re-run on {item.where} what other checks made ({n_records(item.records)}, stale): {command}"
+            return f"Re-run on {item.where} what could now come out differently ({n_records(item.records)}, " \
+                f"stale): {command}"
         case "failed":
             return f"Fix {cells}: {why}"
         case "unexpected pass":

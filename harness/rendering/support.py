@@ -22,7 +22,8 @@ def mark_status(res: Merged, cell: Cell) -> Status | None:
 
 
 def mark(res: Merged, cell: Cell) -> str:
-    """The cell's mark, "stale" beside it where other checks made its record (the stale results below say which)."""
+    """The cell's mark, "stale" beside it where its record could now come out differently (the stale results below
+    say why)."""
     rec = res.records.get(cell.id)
     return MARKS.get(mark_status(res, cell), NO_RESULT) + (" stale" if rec and res.stale_checks(rec) else "")
 
@@ -108,7 +109,8 @@ def _failures(res: Merged) -> list[str]:
 
 
 def _stale(res: Merged) -> list[str]:
-    """The cells and vLLM integration items whose records other checks made, by the checks that made them."""
+    """The cells and vLLM integration items whose records could now come out differently, by why; then the current
+    ones that checks added since did not check yet."""
     groups = defaultdict(lambda: ([], []))  # reason -> (cells, integration item keys)
     for c in res.cells:
         rec = res.records.get(c.id)
@@ -117,8 +119,6 @@ def _stale(res: Merged) -> list[str]:
     for key, rec in sorted(res.integration.items()):
         if res.stale_checks(rec):
             groups[res.stale_checks(rec)][1].append(key)
-    if not groups:
-        return []
     rows = []
     for reason, (cells, items) in sorted(groups.items()):
         if cells:
@@ -126,10 +126,21 @@ def _stale(res: Merged) -> list[str]:
         if items:
             shown = ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
             rows.append([f"stale: {md(reason)}", str(len(items)), f"vLLM integration items: {md(shown)}"])
-    return ["Stale results, marked \"stale\" above: made by other checks than the harness's and the plan's now (the "
-            "stamp hashes the harness modules that decide a record and the plan file), so not current; re-run them "
-            f"with {code(f'pytest --plan {res.plan_display()} --cells all')} on a machine of their SM:", "",
-            table(rows, ["checks", "records", "which"]), ""]
+    out = ["Stale results, marked \"stale\" above: they could now come out differently (a check they ran has a "
+           "higher version now, the plan fields they rest on or the implementation they ran changed), so not "
+           f"current; re-run them with {code(f'pytest --plan {res.plan_display()} --cells stale')} on a machine of "
+           "their SM:", "", table(rows, ["why", "records", "which"]), ""] if rows else []
+    unchecked = defaultdict(list)  # check -> the current records it would apply to
+    for c in res.cells:
+        for check in res.not_checked(res.records[c.id]) if c.id in res.records else ():
+            unchecked[check].append(c)
+    if unchecked:
+        rows = [[f"not checked for {md(check)} yet", str(len(cells)), md(describe(res.plan, cells))]
+                for check, cells in sorted(unchecked.items())]
+        out += ["Checks added since these results were made, so not run on them yet (the verdicts rest on the checks "
+                f"that did run; {code(f'pytest --plan {res.plan_display()} --cells stale')} runs them):", "",
+                table(rows, ["check", "records", "which"]), ""]
+    return out
 
 
 def _not_run(res: Merged) -> list[str]:

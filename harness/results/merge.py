@@ -9,9 +9,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.results.checks_version import checks_version
-from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir, record_kind
-from harness.spec.matrix import Cell, every_cell, excluded_by, expand
+from harness.results.stamps import staleness, unchecked
+from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir, steps_over
+from harness.spec.matrix import Cell, every_cell, excluded_by, expand, step_allowance
 from harness.spec.plan import Plan
 from harness.spec.status import Status
 from harness.vllm.names import ROUTE_KINDS, integration_routes
@@ -36,7 +36,7 @@ class Merged:
     covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
     sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
     integration: dict[str, IntegrationRecord] = field(default_factory=dict)
-    checks: dict[str, str] = field(default_factory=dict)  # the current code's and plan's checks_version
+    _staleness: dict = field(default_factory=dict)  # id(record) -> (record, why it is stale)
 
     def source(self, rec) -> Provenance | None:
         return self.runs.get(rec.run)
@@ -50,16 +50,38 @@ class Merged:
         return rec.status if rec else None
 
     def stale_checks(self, rec) -> str:
-        """Why a record is stale ("" where it is not): its run's checks differ from the current code's and plan's,
-        or are unknown (results from before runs recorded them). Only results count: an exclusion is the plan's as
-        it is now, another SM's machine saying "not run here" is no result for the cell, and a record of no known
-        run is a results problem (collect), not a stale one."""
+        """Why a record could now come out differently ("" where it could not: harness.results.stamps), e.g.
+        "accumulation v1 → v2". Only results count: an exclusion is the plan's as it is now, another SM's machine
+        saying "not run here" is no result for the cell, and a record of no known run is a results problem
+        (collect), not a stale one."""
         prov = self.source(rec)
         if prov is None or prov.sm != rec.sm or getattr(rec, "status", None) is Status.EXCLUDED:
             return ""
-        kind = record_kind(rec)
-        made, now = (prov.checks or {}).get(kind), self.checks.get(kind)
-        return "" if made == now else f"made by other checks ({made or 'unstamped'} ≠ {now})"
+        if id(rec) not in self._staleness:  # pages ask per section; fingerprints are taken once per record
+            self._staleness[id(rec)] = (rec, staleness(self.plan, rec))
+        return self._staleness[id(rec)][1]
+
+    def not_checked(self, rec) -> list[str]:
+        """The checks added since a current record was made that apply to it: "not checked for X yet"."""
+        prov = self.source(rec)
+        return [] if prov is None or prov.sm != rec.sm or self.stale_checks(rec) else unchecked(self.plan, rec)
+
+    def record(self, section: str, key: str):
+        """The merged record of a cell (by id), vLLM item (by name) or benchmark (by id); None where there is none."""
+        if section == "benchmarks":
+            return next((rec for bid, rec in self.benchmarks + self.untimed if bid == key), None)
+        return (self.records if section == "cells" else self.integration).get(key)
+
+    def needs_run(self, section: str, key: str, left_for_memory) -> bool:
+        """Whether `--cells stale` runs an item: its record is missing on its SM (none, only another SM's machine
+        saying "not run here", or `left_for_memory(reason)`: not run for memory other processes held), stale, or
+        not checked yet by a check added since."""
+        rec = self.record(section, key)
+        if rec is None or self.source_sm(rec) != rec.sm:
+            return True
+        if getattr(rec, "status", None) is Status.NOT_RUN and left_for_memory(rec.reason):
+            return True
+        return bool(self.stale_checks(rec) or self.not_checked(rec))
 
     def stale_records(self) -> dict[str, list]:
         """The plan's stale records, by section ("cells", "benchmarks", "integration")."""
@@ -74,10 +96,9 @@ class Merged:
         if not n:
             return ""
         sms = [sm for sm in self.plan.matrix["sm"] if any(r.sm == sm for rs in stale.values() for r in rs)]
-        bench = " --bench" if stale["benchmarks"] else ""
         where = f" on {', '.join(sms)}" if sms else ""
-        return (f"{n} stale record{'s' if n > 1 else ''} (made by other checks): re-run them{where}: "
-                f"pytest --plan {self.plan_display()} --cells all{bench}")
+        return (f"{n} stale record{'s' if n > 1 else ''} (they could now come out differently): re-run them{where}: "
+                f"pytest --plan {self.plan_display()} --cells stale")
 
     def provider_cells(self, provider: str) -> list:
         """A provider's cells (harness.spec.matrix), in plan order."""
@@ -122,6 +143,21 @@ class Merged:
             return Path(self.plan.path).name
 
 
+def judged(plan: Plan, rec: BenchRecord) -> BenchRecord:
+    """A benchmark record with the after-timing check's fraction of quantized elements one step off judged against
+    each implementation's allowance now (records keep the observation; a changed allowance re-judges them): over
+    it, the kernel's is an error, a baseline's a difference (its timing stands)."""
+    impls = {}
+    for name, impl in rec.impls.items():
+        over = steps_over(impl.step_fraction, *step_allowance(plan, name))
+        if over and name == "kernel":
+            impl = dataclasses.replace(impl, error="; ".join(filter(None, [impl.error, over])))
+        elif over:
+            impl = dataclasses.replace(impl, differs="; ".join(filter(None, [impl.differs, over])))
+        impls[name] = impl
+    return dataclasses.replace(rec, impls=impls) if impls != rec.impls else rec
+
+
 def collect(plan: Plan, op_dir: Path) -> Merged:
     """Every results file merged (per cell the latest wins), narrowed to the plan's cells and SMs."""
     results_dir = Path(op_dir) / "results"
@@ -146,6 +182,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
         records[cid] = rec
     benchmarks, untimed = [], []
     for bid, rec in sorted(merged.benchmarks.items()):
+        rec = judged(plan, rec)
         if rec.sm not in plan.matrix["sm"] or not plan.benchmark.times(rec.sizes):
             ignored += 1  # another SM's, or sizes the plan no longer times
         elif any(t.timed for t in rec.impls.values()):
@@ -159,7 +196,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
                    if rec.route not in PLUGIN_ITEM_ROUTES or rec.route in taken}
     ignored += len(merged.integration) - len(integration)
     res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
-                 integration=integration, checks=checks_version(plan.path))
+                 integration=integration)
     unknown_runs = sorted({r.run for r in records.values() if r.run not in res.runs}
                           | {r.run for _, r in benchmarks if r.run not in res.runs}, key=str)
     for run in unknown_runs:

@@ -21,7 +21,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -31,7 +31,7 @@ from harness.spec.status import Status
 FORMAT = "harness-results"
 VERSION = 2
 # Version 1 files have the same layout (records were untyped dicts); they are read as they are. Optional fields
-# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord, Provenance.checks) keep the
+# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord, every record's stamp) keep the
 # version: a harness without them skips them (from_json).
 READABLE_VERSIONS = (1, 2)
 
@@ -62,9 +62,6 @@ class Provenance:
     commit: str | None = None
     date: str = "?"
     cells: str | None = None  # which runnable cells the run ran: "a pairwise sample of 9 of 54 runnable cells"
-    # The version of the checks that made the run's records, per kind ("numerics", "bench"): harness.results.
-    # checks_version. None in older results: unknown checks, so the report shows their records as stale.
-    checks: dict[str, str] | None = None
     harness: str | None = None  # the harness's version and commit (`commit` is the plan repository's)
 
     @property
@@ -140,6 +137,18 @@ class Failure:
     minimal_example: str | None = None
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """What made a record (harness.results.stamps): the checks it ran (name -> version), and fingerprints of the plan
+    fields and of the implementation it rests on (`provider`: "" the kernel under test, else the plan's provider the
+    cell ran)."""
+
+    checks: dict[str, int] = field(default_factory=dict)
+    plan: str = ""
+    implementation: str = ""
+    provider: str = ""
+
+
 @dataclass
 class CellRecord:
     """One numerics cell: its axes, status and reason, and what the run measured."""
@@ -162,6 +171,7 @@ class CellRecord:
     readings: dict[str, float] | None = None  # each check statistic's largest value over the examples (calibration)
     repro: str | None = None
     expectation: str | None = None
+    stamp: Stamp | None = None
     finished: str = ""
     run: str = ""
 
@@ -181,6 +191,10 @@ class ImplFigures:
     error: str | None = None  # raised, or (the kernel) a wrong result after timing
     differs: str | None = None  # a baseline whose outputs differ from the reference after timing (timing kept)
     not_run: str | None = None
+    # The fraction of quantized elements one step from the reference after timing (at most one step each; more is an
+    # error or differs): an observation, judged against the implementation's allowance when a page is made
+    # (harness.results.merge), so a changed allowance re-judges stored records without a run.
+    step_fraction: float | None = None
 
     @property
     def timed(self) -> bool:
@@ -188,6 +202,14 @@ class ImplFigures:
 
 
 WRONG_AFTER_TIMING = "wrong result after timing"  # how a check after timing starts its message (harness.runtime.bench)
+
+
+def steps_over(fraction: float | None, allowed: float, field_name: str) -> str | None:
+    """The after-timing check's words where the fraction of quantized elements one step off exceeds `allowed`."""
+    if fraction is None or fraction <= allowed:
+        return None
+    return (f"{WRONG_AFTER_TIMING}: {fraction:.2%} of quantized elements are one step from the reference (at most "
+            f"{allowed:.2%} allowed: {field_name})")
 
 @dataclass
 class BenchRecord:
@@ -222,6 +244,7 @@ class BenchRecord:
     rotated_sets: int | None = None
     timer: str | None = None
     impls: dict[str, ImplFigures] = field(default_factory=dict)
+    stamp: Stamp | None = None
     finished: str = ""
     run: str = ""
 
@@ -290,6 +313,7 @@ class IntegrationRecord:
     duration_s: float | None = None
     fusion: FusionOutcome | None = None
     engine: EngineOutcome | None = None
+    stamp: Stamp | None = None
     finished: str = ""
     run: str = ""
 
@@ -485,20 +509,12 @@ def fold_files(reports: Path, source: Path) -> tuple[list[str], list[str]]:
     return done, problems
 
 
-def record_kind(rec: Record) -> str:
-    """The kind of checks that made a record (harness.results.checks_version)."""
-    return "bench" if isinstance(rec, BenchRecord) else "integration" if isinstance(rec, IntegrationRecord) \
-        else "numerics"
-
-
 def _replaces(results: Results, new: Record, old: Record) -> bool:
     """Whether a record wins over another of the same key: made on its own SM, then a result over "not run here" (a
-    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM by other
-    checks: the latest, whatever it says (the other is stale: its checks are not the ones running now)."""
-    def checks(rec):
-        return (results.provenance(rec).checks or {}).get(record_kind(rec))
-
-    if results.on_own_sm(new) and results.on_own_sm(old) and checks(new) != checks(old):
+    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM with
+    other stamps (other checks, plan fields or implementation): the latest, whatever it says (the other may be
+    stale)."""
+    if results.on_own_sm(new) and results.on_own_sm(old) and new.stamp != old.stamp:
         return new.finished >= old.finished
 
     def rank(rec):
@@ -521,7 +537,8 @@ def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:
 class Recorder:
     """The running pytest process's results file, rewritten atomically after every item that ran."""
 
-    def __init__(self, directory: Path, op: str, provenance: Provenance, run_id: str, worker: str | None = None):
+    def __init__(self, directory: Path, op: str, provenance: Provenance, run_id: str, worker: str | None = None,
+                 stamp: Callable[[str, Record], Stamp | None] | None = None):
         key = provenance.machine_key
         self.machine_file = Path(directory) / f"{key}.json"  # this machine's, where xdist workers' files fold in
         self.path = self.machine_file.with_suffix(f".{worker}.json") if worker else self.machine_file
@@ -533,6 +550,7 @@ class Recorder:
                 # Never overwrite what we cannot read: keep it beside, and start afresh.
                 self.path.replace(self.path.with_suffix(".unreadable"))
         self.run_id = run_id
+        self.stamp = stamp  # (key, record) -> what made it (harness.results.stamps), set on every record
         self.results.runs[run_id] = provenance
         self.unwritten = False  # records kept in memory only (record's `defer`)
         # Each record's text, made once: converting every record for every rewrite cost about 30 ms per item
@@ -549,6 +567,8 @@ class Recorder:
         the hundreds of those in a plan cost about 20 ms apiece), and for a benchmark item's record, written while
         the next item runs in its worker."""
         rec.run = self.run_id
+        if self.stamp is not None:
+            rec.stamp = self.stamp(key, rec)
         old = self.results.section(section).get(key)
         if old is not None and not _replaces(self.results, rec, old):
             return  # "not run here" where this machine made a result before: that result stands (fold's rule)

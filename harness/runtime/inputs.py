@@ -21,6 +21,10 @@ from harness.spec.dtypes import DTYPE
 from harness.spec.plan import Arg, Plan
 from harness.spec.vocabulary import STRUCTURED_INITS, VALUE_SCALES
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"inputs": 1}
+
 # Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
 TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}
 DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol

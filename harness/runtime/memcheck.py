@@ -33,6 +33,10 @@ from harness.runtime.runner import CellCheck, Outcome, not_run, run_examples
 from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task
 from harness.runtime.resolve import KernelUnavailable
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"memcheck": 1}
+
 EXAMPLES = 3  # drawn examples per memcheck cell: each costs the sanitizer's start and its slowed launches
 RUN = RunSettings(EXAMPLES, "ci", None)  # derandomized, no example database: the sanitizer's process writes nothing
 MARK = "harness-memcheck-example: "

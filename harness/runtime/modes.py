@@ -28,6 +28,10 @@ from harness.runtime.resolve import resolve
 from harness.spec.plan import Plan
 from harness.spec.vocabulary import BUILTIN_SYMBOLS
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"torch.compile": 1, "cuda graph": 1}
+
 class Eager:
     def __init__(self, plan: Plan, kernel: Callable, device: str):
         self.plan, self.kernel, self.facts = plan, kernel, {}

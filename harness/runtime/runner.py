@@ -38,6 +38,10 @@ from harness.runtime.tasks import CellTask, RunSettings
 from harness.runtime.tf32 import fp32_dot_precision
 from harness.runtime.providers import KernelUnavailable, load_kernel
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"cell runner": 1, "returned buffer": 1}
+
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
 FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
                        "CUDA error: an illegal instruction", "misaligned address", "CUDA-capable device(s) is/are busy")
@@ -255,13 +259,12 @@ def not_run(cell: Cell, reason: str) -> Outcome:
 
 
 def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name: str, actual, expected, values: dict,
-                   returned: bool, tie_break: bool = True) -> None:
+                   returned: bool, tie_break: bool = True) -> float | None:
     """Compare one output (Mismatch if it fails) with its own tolerance: quantized outputs in their quantized
-    domain, the rest by value, a borderline failure judged against the fp64 reference (run on `values`, the
-    inputs as drawn)."""
+    domain (returning the fraction of elements one step from the reference), the rest by value, a borderline
+    failure judged against the fp64 reference (run on `values`, the inputs as drawn)."""
     if plan.quantization.of(name):
-        compare_quantized(name, actual, expected, plan.quantization.max_step_fraction, stats)
-        return
+        return compare_quantized(name, actual, expected, plan.quantization.max_step_fraction, stats)
     tol = output_tolerance(plan, dtype, name, SHORT_NAMES.get(getattr(expected, "dtype", None)))
     try:
         compare(name, actual, expected, tol, stats, check_strides=returned)
@@ -271,6 +274,7 @@ def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name:
             raise
         exact = exact_outputs(plan, reference, values)[name]
         compare(name, actual, expected, tol, None, exact64=exact, check_strides=returned)
+    return None
 
 
 def _no_progress(event: str, **details) -> None:

@@ -11,6 +11,10 @@ from typing import Any, Callable
 
 from harness.runtime.workers import CallProgress, Fault, Worker, describe_example
 
+# The checks whose code is here and in the workers it drives, with their versions (harness.results.checks): raise
+# one when its results may differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"fault isolation": 1}
+
 # Shrinking after a crash or a device fault: at most this many replays, or this many seconds, whichever first.
 SHRINK_REPLAYS = 20
 SHRINK_BUDGET_S = 60.0

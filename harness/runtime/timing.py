@@ -45,6 +45,10 @@ from typing import Callable
 import numpy
 import torch
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"timing": 1}
+
 # Device time spent on timed samples per implementation, and on warm-up. triton.testing.do_bench spends 100 and
 # 25 ms; the intervals come from the q20/q80 spread, which 100+ samples estimate as well as 1000 do (on an H200
 # the intervals' median width stayed 4.0-4.2%, and plan.yaml's 168 items took 128 s against 200 s:

@@ -112,6 +112,14 @@ def provider_view(plan: Plan, provider: str) -> Plan:
     return view
 
 
+def step_allowance(plan: Plan, implementation: str) -> tuple[float, str]:
+    """The fraction of quantized elements an implementation may put one step from the reference, and the plan field
+    that says so: vLLM's kernel its own (vllm.kernel.max_step_fraction, as its cells), the others the plan's."""
+    if implementation == "vllm" and plan.vllm.kernel and plan.vllm.kernel.max_step_fraction is not None:
+        return provider_view(plan, "vllm").quantization.max_step_fraction, "vllm.kernel.max_step_fraction"
+    return plan.quantization.max_step_fraction, "quantization.max_step_fraction"
+
+
 def excluded_by(plan: Plan, cell: Cell) -> str | None:
     """The plan's reason when an exclude rule matches the cell, or its dtype is not one the contract of the cell's
     kernel or provider supports (on every machine)."""

@@ -41,6 +41,10 @@ from harness.spec.plan import Plan
 from harness.vllm.defaults import INDUCTOR_OFF, INDUCTOR_ON
 from harness.vllm.names import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"engine": 1}
+
 # A Llama small enough to start in about 40 s on a 2-core CPU machine (the heads and sizes of a real one, scaled
 # down). Its weights are drawn from a seed and written beside the config (write_model): vLLM's own dummy weights
 # (uniform in +-1e-3) make every logit nearly equal, so no kernel, however wrong, would change a greedy token.

@@ -29,6 +29,10 @@ from harness.spec.dtypes import DTYPE
 from harness.spec.plan import Plan
 from harness.vllm.fusion_cases import FUSION_DTYPE, FusionCase, FusionProfile, fusion_case, fusion_profiles
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"fusion": 1}
+
 ROUTE = "fusion"
 HIDDEN, NUM_TOKENS, EPS = 256, 257, 1e-6  # vLLM's fusion tests' shape: an odd token count, marked dynamic
 SEQUENCES = 2  # layer sequences in the model: the pass must rewrite each

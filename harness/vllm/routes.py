@@ -55,6 +55,10 @@ from harness.vllm.names import adapter_module, layer_class, plugin_module_name, 
     unsupported
 from harness.vllm.plugin_source import render_plugin
 
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"vllm route": 1}
+
 ROUTES = ("ir", "custom_op", "plugin")  # every route an item may take; a plan's own: vllm_ops.integration_routes
 # The layers take floating-point activations; quantized dtypes belong to other vLLM ops.
 LAYER_DTYPES = tuple(name for name in CELL_DTYPES if DTYPE[name].kind == "float")  # fp32, fp16, bf16

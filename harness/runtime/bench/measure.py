@@ -35,7 +35,8 @@ from harness.runtime.inputs import TORCH_DTYPES
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
 from harness.spec.plan import Plan
-from harness.results.store import WRONG_AFTER_TIMING, BenchRecord, ImplFigures
+from harness.results.store import WRONG_AFTER_TIMING, BenchRecord, ImplFigures, steps_over
+from harness.spec.matrix import step_allowance
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
@@ -44,6 +45,10 @@ from harness.runtime.bench.implementations import Prepared, implementations, inp
 from harness.runtime.bench.models import bytes_moved, flops_done
 from harness.runtime.bench.records import base_record
 from harness.runtime.bench.specs import BenchSpec
+
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"bench recheck": 1}
 
 CHECK_SEED = 20_251_101  # the seed of the inputs each implementation is checked on after its timing
 
@@ -73,20 +78,28 @@ class CheckInputs:
         return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.values.items()}
 
 
-def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> str | None:
+def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: CheckInputs) -> tuple[str | None,
+                                                                                                  float | None]:
     """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
-    judged as a numerics cell judges it (the same tolerance and fp64 tie-break). The call already ran outside a
-    capture (its timing loop compiled, autotuned and initialised it)."""
+    judged as a numerics cell judges it (the same tolerance and fp64 tie-break), and the largest fraction of a
+    quantized output's elements one step from the reference (None: no quantized output). That fraction is not
+    judged here: each implementation has its own allowance (vLLM's kernel its vllm.kernel.max_step_fraction), which
+    the record's readers apply (harness.results.merge). The call already ran outside a capture (its timing loop
+    compiled, autotuned and initialised it)."""
     values = inputs.fresh()
     run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
     actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])
+    measuring = plan.model_copy(update={"quantization": plan.quantization.model_copy(
+        update={"max_step_fraction": 1.0})}) if plan.quantization.outputs else plan
+    fractions = []
     try:
         for name in plan.outputs:
-            compare_judged(plan, resolve(plan).reference, spec.dtype, None, name, actual[name],
-                           inputs.expected[name], values, False)
+            fraction = compare_judged(measuring, resolve(plan).reference, spec.dtype, None, name, actual[name],
+                                      inputs.expected[name], values, False)
+            fractions += [] if fraction is None else [fraction]
     except Mismatch as exc:
-        return f"{WRONG_AFTER_TIMING}: {exc}"
-    return None
+        return f"{WRONG_AFTER_TIMING}: {exc}", None
+    return None, max(fractions, default=None)
 
 
 # ---------------------------------------------------------------- figures
@@ -163,7 +176,8 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
             timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
-            mismatch = check(plan, spec, call, inputs) if name != "native" or graph or plan.native else None
+            mismatch, steps = check(plan, spec, call, inputs) if name != "native" or graph or plan.native \
+                else (None, None)
         except Exception as exc:  # one implementation failing must not hide the others' figures
             message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
@@ -181,11 +195,13 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             _launches[key] = count_launches(run, first[0])
         launches = _launches.get(key)
         rec.impls[name] = figures(timing, launches)
+        rec.impls[name].step_fraction = steps
         rec.timer = timing.timer
         outcome.timings[name] = timing
-        if mismatch and name == "kernel":
-            rec.impls[name].error = mismatch
-            outcome.failures[name] = mismatch
+        over = steps_over(steps, *step_allowance(plan, name)) if name == "kernel" else None
+        if (mismatch or over) and name == "kernel":
+            rec.impls[name].error = mismatch  # the fraction is the record's observation, judged where it is read
+            outcome.failures[name] = mismatch or over
         elif mismatch:
             # A baseline is what a deployment runs instead (Inductor fuses away the reference's intermediate
             # roundings): its timing stands, and the report says where its outputs differ.

@@ -1,0 +1,87 @@
+"""What a record is stamped with when it is made, and whether it is still current.
+
+A stamp holds the checks the record ran with their versions (harness.results.checks), a fingerprint of the plan
+fields it rests on and one of the implementation it ran (harness.results.fingerprints). A record is stale when it
+could now come out differently: a check's version rose ("accumulation v1 → v2"), its plan fields changed, or its
+implementation's source did. A check added since is not staleness: the record reads "not checked for X yet".
+
+Plain Python.
+"""
+
+from __future__ import annotations
+
+from harness.results.checks import Subject, applicable, not_checked, version_changes
+from harness.results.fingerprints import implementation_fingerprint, plan_fingerprint
+from harness.results.store import Stamp
+from harness.spec.plan import Plan
+from harness.spec.status import Status
+
+UNKNOWN = "unknown"  # a fingerprint that cannot be taken here (a package not installed): never stale for it
+UNSTAMPED = "made before records were stamped per check"
+
+
+def section_of(rec) -> str:
+    """A record's section of the results file, by its fields (store.py's record classes)."""
+    if hasattr(rec, "impls"):
+        return "benchmarks"
+    return "integration" if hasattr(rec, "route") else "cells"
+
+
+def subject(plan: Plan, rec) -> Subject:
+    """What decides which checks apply to a record."""
+    return Subject(section_of(rec), rec.sm, rec.dtype, getattr(rec, "tp", 1), rec.graph_mode,
+                   getattr(rec, "route", ""), quantized=bool(plan.quantization.outputs),
+                   returns=bool(plan.returned_outputs), fp32_accumulation=plan.accumulation == "fp32")
+
+
+def _fingerprints(plan: Plan, rec, provider: str) -> tuple[str, str]:
+    section = section_of(rec)
+    if section == "benchmarks":
+        # one fingerprint per implementation timed, compared one by one: a baseline not installed where a page is
+        # made ("unknown" there) leaves the others' comparison standing
+        parts = {name: implementation_fingerprint(plan, "" if name == "kernel" else name) for name in rec.impls}
+        return (plan_fingerprint(plan, section, dtype=rec.dtype, sizes=rec.sizes, phase=rec.phase),
+                " ".join(f"{name}={fp}" for name, fp in sorted(parts.items())))
+    route = getattr(rec, "route", None)
+    return (plan_fingerprint(plan, section, provider, dtype=rec.dtype, route=route, phase=rec.phase),
+            implementation_fingerprint(plan, provider))
+
+
+def stamp(plan: Plan, rec, provider: str = "") -> Stamp:
+    """The stamp of a record made now, by the current checks, on the plan and implementation as they are."""
+    plan_fp, impl_fp = _fingerprints(plan, rec, provider)
+    return Stamp(applicable(subject(plan, rec)), plan_fp, impl_fp, provider)
+
+
+def staleness(plan: Plan, rec) -> str:
+    """Why a record could now come out differently ("" where it could not)."""
+    made: Stamp | None = getattr(rec, "stamp", None)
+    if made is None:
+        return UNSTAMPED
+    why = version_changes(made.checks)
+    plan_fp, impl_fp = _fingerprints(plan, rec, made.provider)
+    if plan_fp != made.plan:
+        why.append("the plan fields it rests on changed")
+    if _changed(made.implementation, impl_fp):
+        who = "an implementation it timed" if section_of(rec) == "benchmarks" else \
+            f"{made.provider}'s source" if made.provider else "the kernel's source"
+        why.append(f"{who} changed")
+    return "; ".join(why)
+
+
+def _changed(made: str, now: str) -> bool:
+    """Whether an implementation fingerprint changed: one for a cell's implementation, `name=fp` pairs for a
+    benchmark's; one that cannot be taken here ("unknown") on either side changes nothing."""
+    def parts(text: str) -> dict[str, str]:
+        return dict(p.split("=", 1) for p in text.split()) if "=" in text else {"": text}
+
+    before, after = parts(made), parts(now)
+    return any(before[k] != after[k] for k in before.keys() & after.keys() if UNKNOWN not in (before[k], after[k]))
+
+
+def unchecked(plan: Plan, rec) -> list[str]:
+    """The checks that apply to a record now and that it did not run (added since it was made)."""
+    made: Stamp | None = getattr(rec, "stamp", None)
+    if made is None or getattr(rec, "status", None) in (Status.EXCLUDED, Status.NOT_RUN):
+        return []
+    return not_checked(made.checks, subject(plan, rec))
