@@ -103,7 +103,7 @@ def test_formatting_comments_and_docstrings_change_no_hash(tmp_path):
     text = text.replace('"""Worst errors seen over a cell\'s examples."""', '"""The worst errors a cell saw."""')
     numerics.write_text("# a comment at the top\n" + text)
     edit(root, "spec/plan.py", '"""', '"""Also: ')  # a docstring of a module in nearly every closure
-    edit(root, "runtime/numerics.py", "'quantized steps': 1", "'quantized steps': 2")
+    edit(root, "runtime/numerics.py", '"quantized steps": 1', '"quantized steps": 2')
     after = manifest_now(root)
     assert {n: e["code"] for n, e in after.items()} == {n: e["code"] for n, e in before.items()}
     assert after["quantized steps"]["version"] == before["quantized steps"]["version"] + 1
@@ -140,7 +140,7 @@ def test_a_changed_comparison_needs_its_version_raised(tmp_path):
     assert "harness/runtime/numerics.py" in quantized[0] and "its version did not" in quantized[0]
     assert "CHECK_VERSIONS['quantized steps']" in quantized[0]
 
-    edit(root, "runtime/numerics.py", "'quantized steps': 1", "'quantized steps': 2")
+    edit(root, "runtime/numerics.py", '"quantized steps": 1', '"quantized steps": 2')
     quantized = [p for p in manifest_problems(root) if "check 'quantized steps'" in p]
     assert len(quantized) == 1 and "version rose from 1 to 2" in quantized[0] and "python -m harness manifest" \
         in quantized[0]

@@ -102,20 +102,21 @@ def test_made_by_other_checks_the_later_record_wins_even_not_run(tmp_path):
     machine's own file and across files; the old failure is gone, not kept as a finding the checks no longer make."""
     import dataclasses
 
-    from harness.results.store import IntegrationRecord, Provenance, Recorder, Results, fold
+    from harness.results.store import IntegrationRecord, Provenance, Recorder, Results, Stamp, fold
 
-    old = Provenance("sm90", "cuda", "x86_64", 1, 16, host="vm", commit="abc", date="2026-12-06",
-                     checks={"integration": "aaaa", "numerics": "nnnn"})
-    new = dataclasses.replace(old, checks={"integration": "bbbb", "numerics": "nnnn"})
+    old = new = Provenance("sm90", "cuda", "x86_64", 1, 16, host="vm", commit="abc", date="2026-12-06")
     key = "fusion[all-bf16-sm90]"
+
+    def made_by(version):  # the stamps of records made by fusion check v1 and v2
+        return lambda key, rec: Stamp({"fusion": version}, "p", "i")
 
     def item(status, reason, finished):
         return IntegrationRecord(route="fusion", phase="all", dtype="bf16", tp=1, sm="sm90", status=status,
                                  graph_mode="torch_compile", reason=reason, finished=finished)
 
-    Recorder(tmp_path, "op", old, "run-1").record("integration", key, item(Status.FAILED, "NotImplementedError",
+    Recorder(tmp_path, "op", old, "run-1", stamp=made_by(1)).record("integration", key, item(Status.FAILED, "NotImplementedError",
                                                                           "2026-12-06T01:00:00Z"))
-    again = Recorder(tmp_path, "op", new, "run-2")
+    again = Recorder(tmp_path, "op", new, "run-2", stamp=made_by(2))
     again.record("integration", key, item(Status.NOT_RUN, "vLLM cannot run its own layers here",
                                           "2026-12-06T02:00:00Z"))
     assert load(again.path, "op").integration[key].status is Status.NOT_RUN
