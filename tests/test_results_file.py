@@ -114,8 +114,8 @@ def test_made_by_other_checks_the_later_record_wins_even_not_run(tmp_path):
         return IntegrationRecord(route="fusion", phase="all", dtype="bf16", tp=1, sm="sm90", status=status,
                                  graph_mode="torch_compile", reason=reason, finished=finished)
 
-    Recorder(tmp_path, "op", old, "run-1", stamp=made_by(1)).record("integration", key, item(Status.FAILED, "NotImplementedError",
-                                                                          "2026-12-06T01:00:00Z"))
+    first = Recorder(tmp_path, "op", old, "run-1", stamp=made_by(1))
+    first.record("integration", key, item(Status.FAILED, "NotImplementedError", "2026-12-06T01:00:00Z"))
     again = Recorder(tmp_path, "op", new, "run-2", stamp=made_by(2))
     again.record("integration", key, item(Status.NOT_RUN, "vLLM cannot run its own layers here",
                                           "2026-12-06T02:00:00Z"))
