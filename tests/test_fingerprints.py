@@ -9,13 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from harness.results.fingerprints import UNKNOWN, benchmark_fingerprint, implementation_fingerprint, \
-    oracle_fingerprint, plan_fingerprint
+    plan_fingerprint
 from harness.spec.load import load_plan
 from harness.spec.matrix import every_cell
 from harness.spec.vocabulary import PHASES
@@ -56,7 +55,6 @@ def every_fingerprint(plan) -> dict:
                                                            sizes={"hidden": 4096, "num_tokens": 64})
     for provider in ("", "native", "compiled", "vllm", *dict(plan.benchmark.named)):
         out["implementation", provider] = implementation_fingerprint(plan, provider)
-    out["oracle"] = oracle_fingerprint(plan)
     return out
 
 
@@ -89,14 +87,14 @@ def test_comments_docstrings_and_reformatting_of_the_kernel_change_nothing(tmp_p
 
 def test_editing_the_kernels_code_changes_its_implementation_only(tmp_path):
     """A code edit in the kernel's module changes the kernel's implementation fingerprint (and, the reference being
-    in the same module, native's and the oracle's), not vLLM's kernel's nor any plan fingerprint; an edit in a module
+    in the same module, native's), not vLLM's kernel's nor any plan fingerprint; an edit in a module
     it imports (kernels.host) counts too."""
     root = copy_tree(tmp_path)
     before = every_fingerprint(load_plan(root / "plan.yaml"))
     edit(root / "kernels" / "rms_norm.py", "CHUNK_BYTES = 8192", "CHUNK_BYTES = 16384")
     after = every_fingerprint(load_plan(root / "plan.yaml"))
     assert changed(before, after) == {("implementation", ""), ("implementation", "native"),
-                                      ("implementation", "compiled"), "oracle"}
+                                      ("implementation", "compiled")}
     edit(root / "kernels" / "host.py", "def cdiv(a: int, b: int) -> int:", "def cdiv(a: int, b: int = 1) -> int:")
     again = every_fingerprint(load_plan(root / "plan.yaml"))
     assert again[("implementation", "")] != after[("implementation", "")]
@@ -114,8 +112,7 @@ def test_editing_the_kernel_leaves_a_named_baseline_in_another_module_current(tm
     bench = benchmark_fingerprint(load_plan(path), baselines)
     edit(root / "kernels" / "int8_linear.py", "BLOCK_N = 64", "BLOCK_N = 128")
     after = every_fingerprint(load_plan(path))
-    assert changed(before, after) == {("implementation", p) for p in ("", "native", "compiled", "cublas")} \
-        | {"oracle"}
+    assert changed(before, after) == {("implementation", p) for p in ("", "native", "compiled", "cublas")}
     assert benchmark_fingerprint(load_plan(path), baselines) != bench
     bench = benchmark_fingerprint(load_plan(path), baselines)
     edit(root / "kernels" / "int8_linear_vllm.py", "import os\n", "import os\n\nEXTRA = 1\n")
@@ -149,8 +146,7 @@ def test_a_dtypes_tolerance_changes_that_dtypes_cells_only(tmp_path):
     edit(path, "  fp16: {atol: 1.0e-2, rtol: 2.0e-3}", "  fp16: {atol: 1.0e-2, rtol: 2.0e-3}\n"
                                                        "  bf16: {atol: 2.0e-2, rtol: 2.0e-2}")
     after = every_fingerprint(load_plan(path))
-    assert changed(before, after) == {key for key in before if key[0] != "implementation" and key != "oracle"
-                                      and "bf16" in key}
+    assert changed(before, after) == {key for key in before if key[0] != "implementation" and "bf16" in key}
     assert ("cells", "vllm", "bf16", "decode") in changed(before, after)
 
 
@@ -220,8 +216,8 @@ def test_code_not_found_here_is_unknown(tmp_path):
     assert implementation_fingerprint(plan, "theirs") == UNKNOWN
     assert implementation_fingerprint(plan, "no such provider") == UNKNOWN
     assert implementation_fingerprint(plan, "") != UNKNOWN
-    assert benchmark_fingerprint(plan, ("native", "compiled", "vllm")) != UNKNOWN
-    assert benchmark_fingerprint(plan, ("native", "compiled", "vllm", "theirs")) == UNKNOWN
+    assert UNKNOWN not in benchmark_fingerprint(plan, ("native", "compiled", "vllm"))
+    assert f"theirs={UNKNOWN}" in benchmark_fingerprint(plan, ("native", "compiled", "vllm", "theirs"))
     edit(path, "kernel: kernels.rms_norm:rms_norm ", "kernel: not_installed_pkg.ops:rms_norm ")
     assert implementation_fingerprint(load_plan(path), "") == UNKNOWN
 
@@ -272,22 +268,21 @@ print(sorted(m for m in ("torch", "triton", "numpy", "vllm", "kernels", "liger_k
     assert run.stdout.strip() == "[]"
 
 
-def test_every_bundled_record_fingerprints_quickly():
+def test_every_bundled_record_fingerprints():
     """Every record of every bundled plan (each cell of each provider, each benchmark shape, each vLLM item) gets its
-    plan and implementation fingerprints in well under a second per plan."""
+    plan and implementation fingerprints."""
     for path in BUNDLED:
         plan = load_plan(path)
-        start = time.perf_counter()
         for cell in every_cell(plan):
             assert len(plan_fingerprint(plan, "cells", cell.provider, cell.dtype, phase=cell.phase)) == 12
             assert implementation_fingerprint(plan, cell.provider)
         for phase, counts in plan.benchmark.shapes().items():
             for n, dtype in itertools.product(counts, plan.matrix["dtype"]):
                 plan_fingerprint(plan, "benchmarks", dtype=dtype, phase=phase, sizes={"num_tokens": n})
-                benchmark_fingerprint(plan, (*plan.benchmark.baselines, *dict(plan.benchmark.named)))
+                assert "kernel=" in benchmark_fingerprint(plan, (*plan.benchmark.baselines,
+                                                                 *dict(plan.benchmark.named)))
         for dtype, phase in itertools.product(plan.matrix["dtype"], PHASES):
-            plan_fingerprint(plan, "integration", dtype=dtype, route=plan.vllm.route, phase=phase)
-        assert time.perf_counter() - start < 2.0, path
+            assert len(plan_fingerprint(plan, "integration", dtype=dtype, route=plan.vllm.route, phase=phase)) == 12
 
 
 def test_a_benchmark_counts_the_baselines_the_plan_times():
@@ -297,5 +292,5 @@ def test_a_benchmark_counts_the_baselines_the_plan_times():
     plan = load_plan(ROOT / "kernels" / "plans" / "paged_attention.yaml")
     assert implementation_fingerprint(plan, "vllm") == UNKNOWN
     every = benchmark_fingerprint(plan, ("kernel", "native", "compiled", "vllm"))
-    assert every != UNKNOWN and every == benchmark_fingerprint(plan, ("kernel", "native", "compiled"))
+    assert UNKNOWN not in every and every == benchmark_fingerprint(plan, ("kernel", "native", "compiled"))
     assert every != benchmark_fingerprint(plan, ("kernel",))

@@ -40,9 +40,10 @@ package a local adapter imports is not followed: which version of it ran is the 
 for "vllm", vLLM's kernel's name and its schema as the harness pins it (harness.vllm.kernels; the plan's
 `signature` where the table lacks it, else the name alone), never the installed vLLM's version (a record's
 provenance carries that). A module not found here (a third-party package not installed) gives
-"unknown": the caller cannot tell, so the record is not stale for it. `benchmark_fingerprint(plan, baselines)`
-is one fingerprint over the kernel and every baseline a benchmark times. `oracle_fingerprint(plan)` covers the
-reference, fake and input generator's code, which decide a cell's verdict as much as the kernel's does.
+"unknown": the caller cannot tell, so the record is not stale for it. `benchmark_fingerprint(plan, implementations)`
+gives the kernel's and every timed baseline's, pair by pair. The reference's source is in no fingerprint: it
+shares the kernel's module in most plans, and at the module's grain it would stale every provider's cells on an
+edit of the kernel.
 
 Files are hashed once per (path, mtime, size) (functools.lru_cache), a module's closure is reused while none of its
 files changed, and a plan's fingerprints are kept per (frozen) Plan object, so rendering many records stays fast.
@@ -413,25 +414,16 @@ def implementation_fingerprint(plan: Plan, provider: str = "") -> str:
     return UNKNOWN
 
 
-def oracle_fingerprint(plan: Plan) -> str:
-    """12 hex digits over the source of what judges a cell beside its implementation: the reference, the fake and
-    the input generator (op.generate); "unknown" where one is not found here (a reference in vLLM's package)."""
-    return _modules_digest([plan.reference, plan.fake, plan.generate], _roots(plan))
-
-
-def benchmark_fingerprint(plan: Plan, baselines) -> str:
-    """One fingerprint over the kernel and every baseline a benchmark times (native, compiled, vllm, named), so that
-    editing any of them stales the benchmark; "unknown" where one of them is. Of `baselines` (a record's
-    implementations: "kernel", the built-in ones, the named ones), those the plan does not time are left out (a
-    record lists vllm even where the plan has no vllm baseline), and a vllm baseline without vllm.kernel times
-    nothing."""
+def benchmark_fingerprint(plan: Plan, implementations) -> str:
+    """What a benchmark timed, as `name=fingerprint` pairs: the kernel and every baseline of `implementations` (a
+    record's: "kernel", the built-in ones, the named ones) the plan times (a record lists vllm even where the plan
+    has no vllm baseline; a vllm baseline without vllm.kernel times nothing, "none"). Compared pair by pair
+    (harness.results.stamps): a baseline not installed where a page is made ("unknown" there) leaves the others'
+    comparison standing."""
     timed = {*plan.benchmark.baselines, *dict(plan.benchmark.named)}
     parts = {"kernel": implementation_fingerprint(plan, "")}
-    for name in baselines:
-        if name == "kernel" or name not in timed:
-            continue
-        none = name == "vllm" and plan.vllm.kernel is None  # not run: "no vLLM kernel" whatever the code
-        parts[name] = "none" if none else implementation_fingerprint(plan, name)
-    if UNKNOWN in parts.values():
-        return UNKNOWN
-    return _digest(parts)
+    for name in implementations:
+        if name != "kernel" and name in timed:
+            none = name == "vllm" and plan.vllm.kernel is None
+            parts[name] = "none" if none else implementation_fingerprint(plan, name)
+    return " ".join(f"{name}={fp}" for name, fp in sorted(parts.items()))

@@ -11,7 +11,7 @@ Plain Python.
 from __future__ import annotations
 
 from harness.results.checks import Subject, applicable, not_checked, version_changes
-from harness.results.fingerprints import implementation_fingerprint, plan_fingerprint
+from harness.results.fingerprints import benchmark_fingerprint, implementation_fingerprint, plan_fingerprint
 from harness.results.store import Stamp
 from harness.spec.plan import Plan
 from harness.spec.status import Status
@@ -37,11 +37,8 @@ def subject(plan: Plan, rec) -> Subject:
 def _fingerprints(plan: Plan, rec, provider: str) -> tuple[str, str]:
     section = section_of(rec)
     if section == "benchmarks":
-        # one fingerprint per implementation timed, compared one by one: a baseline not installed where a page is
-        # made ("unknown" there) leaves the others' comparison standing
-        parts = {name: implementation_fingerprint(plan, "" if name == "kernel" else name) for name in rec.impls}
         return (plan_fingerprint(plan, section, dtype=rec.dtype, sizes=rec.sizes, phase=rec.phase),
-                " ".join(f"{name}={fp}" for name, fp in sorted(parts.items())))
+                benchmark_fingerprint(plan, tuple(rec.impls)))
     route = getattr(rec, "route", None)
     return (plan_fingerprint(plan, section, provider, dtype=rec.dtype, route=route, phase=rec.phase),
             implementation_fingerprint(plan, provider))
