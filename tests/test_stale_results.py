@@ -101,6 +101,22 @@ def test_a_check_whose_version_rose_stales_the_records_it_made_and_says_which(tm
     assert "stale: " not in section(text, "Performance")
 
 
+def test_a_check_that_acts_on_faults_only_stales_only_the_cells_that_faulted(tmp_path, monkeypatch):
+    """A check's version rising stales the records it acted on: the shrinking after a fault acts on a cell whose
+    kernel faulted (its facts say it was shrunk), not on one that passed, though both ran under it."""
+    faulted = cell(CELLS[0], "failed", reason="the worker process running this cell was killed by SIGSEGV",
+                   facts={"shrunk after the fault": {"replays": 3}})
+    plan, _ = page(tmp_path, **{CELLS[0]: faulted})
+    declared = checks.declared_versions
+    now = declared("runtime/shrinking.py")
+    monkeypatch.setattr(checks, "declared_versions", lambda module, *root: {"fault isolation": now["fault isolation"]
+                        + 1} if module == "runtime/shrinking.py" else declared(module, *root))
+    res = collect(plan, tmp_path / "reports" / "rms_norm")
+    assert res.stale_checks(res.records[CELLS[0]]) == f"fault isolation v{now['fault isolation']} → " \
+        f"v{now['fault isolation'] + 1}"
+    assert res.stale_checks(res.records[CELLS[1]]) == ""
+
+
 def test_a_check_added_later_leaves_plans_it_does_not_apply_to_current(tmp_path, monkeypatch):
     plan, _ = page(tmp_path)
     new = checks.Check("determinism", "runtime/numerics.py", lambda s: s.section == "cells" and s.quantized,

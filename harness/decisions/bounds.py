@@ -78,9 +78,10 @@ def fastest_possible_us(rec: BenchRecord) -> float | None:
     bandwidth where that is above the copy bandwidth. A copy reads and writes alike; a call that mostly reads (SiLU
     and mul quantizing fp32 to fp8 reads 8 bytes per byte written) moves its bytes faster than a copy does, and is
     shown above 100% of its bound rather than failed."""
-    if bound(rec)[0] is None or not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps)
-                                     and rec.read_bw_gbps > rec.copy_bw_gbps):
-        return bound(rec)[0]
+    us = bound(rec)[0]
+    if us is None or not (finite_number(rec.read_bw_gbps) and finite_number(rec.copy_bw_gbps)
+                          and rec.read_bw_gbps > rec.copy_bw_gbps):
+        return us
     # The same bound with the bytes at the read bandwidth: still no faster than the flops or the launch floor allow.
     return physical_bound(rec.bytes, rec.read_bw_gbps, rec.flops, rec.peak_tflops, rec.launch_floor_us)[0]
 

@@ -136,12 +136,9 @@ class CellItem(PlanItem):
             facts = worker.facts
             # A crash or a device fault killed the worker hypothesis was shrinking in: shrink in fresh ones.
             multiples = tp_multiples(plan, self.cell.tp) if self.cell.tp > 1 else None
-            known = s.fault_minimals.setdefault((self.cell.phase, self.cell.tp, self.cell.provider), [])
             shrunk = shrink_fault(worker, fn, task, s.plan.numerics.timeout_s, value,
-                                  lambda ex, reproduces: shrink_example(plan, self.cell, ex, reproduces, multiples,
-                                                                        known))
-            if shrunk and shrunk.example not in known:
-                known.append(shrunk.example)
+                                  lambda ex, reproduces: shrink_example(plan, self.cell, ex, reproduces, multiples),
+                                  s.fault_minimals.setdefault((self.cell.phase, self.cell.tp, self.cell.provider), []))
         if s.isolation != "none" or self.cell.tp > 1:
             if isinstance(value, Fault):
                 s.cells_killed += 1

@@ -40,6 +40,7 @@ class Subject:
     quantized: bool = False  # the plan quantizes an output
     returns: bool = False  # the op returns outputs it allocates
     fp32_accumulation: bool = False  # op.accumulation: fp32
+    faulted: bool = False  # the kernel crashed its worker or the device, and the input was shrunk after it
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ def _routes(s: Subject) -> bool:
 # Every check a record can be made by, in the order a cell runs them.
 CHECKS = (
     Check("cell runner", "runtime/runner.py", _cells, "one cell's examples run and judged (hypothesis, shrinking)"),
-    Check("fault isolation", "runtime/shrinking.py", _cells,
-          "a kernel that raises, crashes or hangs fails its own cell, with the smallest input that still faults"),
+    Check("fault isolation", "runtime/shrinking.py", lambda s: _cells(s) and s.faulted,
+          "a kernel that crashes or faults the device fails its own cell, with the smallest input that still faults"),
     Check("inputs", "runtime/inputs.py", lambda s: s.section in ("cells", "integration"),
           "the examples drawn: token counts, sizes, layouts, value scales, poisoned outputs"),
     Check("values", "runtime/numerics.py", lambda s: s.section in ("cells", "integration"),
@@ -123,19 +124,15 @@ def declared_versions(module: str, root: Path = HARNESS_DIR) -> dict[str, int]:
     raise LookupError(f"harness/{module} declares no CHECK_VERSIONS")
 
 
-def current_versions() -> dict[str, int]:
-    """Every check's version now."""
-    return {c.name: c.version for c in CHECKS}
-
-
 def applicable(subject: Subject) -> dict[str, int]:
     """The checks that apply to a record of this subject, with their versions now: what a record made now ran."""
     return {c.name: c.version for c in CHECKS if c.applies(subject)}
 
 
-def version_changes(ran: dict[str, int]) -> list[str]:
-    """The checks a record ran whose version rose since ("accumulation v2 → v3"); a check since removed is none."""
-    now = current_versions()
+def version_changes(ran: dict[str, int], subject: Subject) -> list[str]:
+    """The checks a record ran whose version rose since ("accumulation v2 → v3"), of those that apply to it as it
+    came out (a fault's shrinking acts on a cell whose kernel faulted only); a check since removed is none."""
+    now = {c.name: c.version for c in CHECKS if c.applies(subject)}
     return [f"{name} v{v} → v{now[name]}" for name, v in ran.items() if name in now and now[name] > v]
 
 

@@ -18,6 +18,7 @@ from harness.spec.status import Status
 
 UNKNOWN = "unknown"  # a fingerprint that cannot be taken here (a package not installed): never stale for it
 UNSTAMPED = "made before records were stamped per check"
+FAULT_SHRUNK = "shrunk after the fault"  # the fact a cell whose kernel faulted records (harness.runtime.shrinking)
 
 
 def section_of(rec) -> str:
@@ -31,7 +32,8 @@ def subject(plan: Plan, rec) -> Subject:
     """What decides which checks apply to a record."""
     return Subject(section_of(rec), rec.sm, rec.dtype, getattr(rec, "tp", 1), rec.graph_mode,
                    getattr(rec, "route", ""), quantized=bool(plan.quantization.outputs),
-                   returns=bool(plan.returned_outputs), fp32_accumulation=plan.accumulation == "fp32")
+                   returns=bool(plan.returned_outputs), fp32_accumulation=plan.accumulation == "fp32",
+                   faulted=FAULT_SHRUNK in (getattr(rec, "facts", None) or {}))
 
 
 def _fingerprints(plan: Plan, rec, provider: str) -> tuple[str, str]:
@@ -55,7 +57,7 @@ def staleness(plan: Plan, rec) -> str:
     made: Stamp | None = getattr(rec, "stamp", None)
     if made is None:
         return UNSTAMPED
-    why = version_changes(made.checks)
+    why = version_changes(made.checks, subject(plan, rec))
     plan_fp, impl_fp = _fingerprints(plan, rec, made.provider)
     if plan_fp != made.plan:
         why.append("the plan fields it rests on changed")

@@ -11,7 +11,6 @@ import math
 import re
 import time
 import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -397,12 +396,9 @@ def run_cell(task: CellTask, progress=None) -> Outcome:
 
 
 def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple: dict | None = None,
-                   known: Sequence[Example] = (), token_floor: int | None = None) -> Example:
+                   token_floor: int | None = None) -> Example:
     """The smallest example near `ex` that still reproduces a fault, for a fault hypothesis could not shrink
-    (it killed the worker, or poisoned its device). First the examples earlier cells of this phase shrank
-    their faults to (`known`; no larger than `ex` in tokens): the first that reproduces is where the walk
-    starts, since a kernel that faults in one dtype or graph mode usually faults alike in the next, and the
-    walk from `ex` spent the whole budget on every cell. Then field by field (the token counts, each size,
+    (it killed the worker, or poisoned its device). Field by field (the token counts, each size,
     each input's row padding, the value scale), bisects toward the field's smallest value this cell could
     draw, keeping a candidate only when `reproduces(candidate)` (a replay in a fresh worker) says it faults
     too; repeats while a pass gains. `reproduces` answers False once its budget is spent, so this always
@@ -413,8 +409,7 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
     def faults(candidate: Example) -> bool:  # outside the kernel's contract: never drawn, so never tried
         return within_contract(plan, candidate) and reproduces(candidate)
 
-    best = next((k for k in known if k != ex and k.num_tokens <= ex.num_tokens
-                 and k.decode_tokens <= ex.decode_tokens and faults(k)), ex)
+    best = ex
 
     def bisect(values, make) -> bool:
         """`values` ascending, the last one `best`'s: move `best` to the smallest that reproduces."""

@@ -9,11 +9,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from harness.results.stamps import FAULT_SHRUNK
 from harness.runtime.workers import CallProgress, Fault, Worker, describe_example
 
 # The checks whose code is here and in the workers it drives, with their versions (harness.results.checks): raise
 # one when its results may differ; a refactor rewrites the manifest instead (python -m harness manifest).
-CHECK_VERSIONS = {"fault isolation": 1}
+CHECK_VERSIONS = {"fault isolation": 2}
 
 # Shrinking after a crash or a device fault: at most this many replays, or this many seconds, whichever first.
 SHRINK_REPLAYS = 20
@@ -104,21 +105,31 @@ class Shrunk:
     @property
     def facts(self) -> dict:
         budget = f"{SHRINK_REPLAYS} replays or {SHRINK_BUDGET_S:g} s"
-        return {"shrunk after the fault": {"replays": self.replays, "seconds": round(self.seconds, 1),
+        return {FAULT_SHRUNK: {"replays": self.replays, "seconds": round(self.seconds, 1),
                                            "from": describe_example(self.first), "to": describe_example(self.example),
                                            "budget": budget + (" (spent)" if self.spent else "")}}
 
 
 def shrink_fault(worker, fn: Callable, task: Any, timeout_s: float, value: Any,
-                 shrink: Callable[[Any, Callable[[Any], bool]], Any]) -> Shrunk | None:
+                 shrink: Callable[[Any, Callable[[Any], bool]], Any], known: list | None = None) -> Shrunk | None:
     """After a call that `faulted`: `shrink(first, reproduces)` walks toward smaller examples, replaying each
-    in a fresh worker; None when the call did not fault or named no example."""
+    in a fresh worker; None when the call did not fault or named no example. `known`: the examples earlier cells of
+    the same phase, TP size and provider shrank their faults to (no larger than the first in tokens), tried first:
+    a kernel that faults in one dtype or graph mode usually faults alike in the next, and the first of them that
+    reproduces is already as small as a walk finds (its own walk ended there), so it is taken as it is, in one
+    replay, where a walk from it cost the whole budget again (45-65 s a cell of vLLM's kernel on an H100). The
+    smallest found is added to `known`."""
     first = fault_example(value, worker.progress)
     if not faulted(value) or first is None:
         return None
+    known = [] if known is None else known
     replays = Replays(worker, fn, task, timeout_s, value)
     try:
-        smallest = shrink(first, replays)
+        smaller = [k for k in known if k != first and k.num_tokens <= first.num_tokens
+                   and k.decode_tokens <= first.decode_tokens]
+        smallest = next((k for k in smaller if replays(k)), None) or shrink(first, replays)
     finally:
         replays.close()
+    if smallest not in known:
+        known.append(smallest)
     return Shrunk(smallest, first, replays.count, time.monotonic() - replays.started, replays.spent)
