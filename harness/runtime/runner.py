@@ -152,6 +152,7 @@ class CellCheck:
         self.accumulation_note = accumulation.NOT_ON_CPU if sixteen_bit and device != "cuda" and \
             plan.reduction != "row_scale" else None
         self.accumulation_checked = sixteen_bit and self.accumulation_note is None
+        self.one_rank = cell.tp == 1  # the checks of one call's buffers (TPCheck: the ranks hold them)
         self.count = 0
         self.last_failure: tuple[Example, BaseException] | None = None
         self.passing = InputsSeen()  # what the examples that passed looked like
@@ -178,49 +179,70 @@ class CellCheck:
             raise kernel_error(exc, ex, self.device) from None
 
     def _check(self, ex: Example) -> None:
+        """One example through every check that applies to the cell (harness.results.checks), in one sequence for
+        tp1 and tensor-parallel cells alike: the outputs (TPCheck: recombined from the ranks) against the
+        reference, then on one rank the accumulation, the inputs left unchanged and the returned buffers."""
         plan = self.plan
         self.count += 1
         values = build_args(plan, self.cell, ex, self.device)
         expected = reference_outputs(plan, self.reference, values)
-        untouched = {a.name: values[a.name].clone() for a in plan.tensor_args
-                     if a.role == "input" and a.name not in plan.mutates and a.name not in ex.omitted}
+        untouched = {a.name: values[a.name].clone() for a in plan.tensor_args if self.one_rank and
+                     a.role == "input" and a.name not in plan.mutates and a.name not in ex.omitted}
         inputs = {**values, **{n: values[n].clone() for n in plan.mutates}}  # as drawn, for the fp64 tie-break
+        actual, returned = self._outputs(values, ex)
+        self._values(actual, expected, inputs, returned)
+        if self.accumulation_checked:
+            self._accumulation(actual, expected, inputs)
+        for name, before in untouched.items():
+            numerics.check_unchanged(name, before, values[name])
+        if self.one_rank and plan.returned_outputs:
+            self._returned_buffers(actual, ex)
+
+    def _outputs(self, values: dict, ex: Example) -> tuple[dict, object]:
+        """The op's outputs by name, and what the call returned."""
         returned = self._call(values, ex)
-        actual = kernel_outputs(plan, values, returned)
+        return kernel_outputs(self.plan, values, returned), returned
+
+    def _values(self, actual: dict, expected: dict, inputs: dict, returned) -> None:
+        plan = self.plan
         for name in plan.outputs:
             try:
-                self.compare(name, actual[name], expected[name], inputs, name in plan.returned_outputs)
+                self.compare(name, actual[name], expected[name], inputs,
+                             self.one_rank and name in plan.returned_outputs)
             except Mismatch as exc:
-                if name in plan.mutates and name not in plan.returned_outputs and \
+                if self.one_rank and name in plan.mutates and name not in plan.returned_outputs and \
                         isinstance(actual[name], torch.Tensor) and isinstance(expected[name], torch.Tensor):
                     tol = output_tolerance(plan, self.cell.dtype, name, SHORT_NAMES.get(expected[name].dtype))
                     exc.message += "; " + in_place_reason(name, actual[name], inputs[name], returned,
                                                           expected[name], tol)
                 raise
-        if self.accumulation_checked and \
-                max((t.numel() for t in actual.values() if isinstance(t, torch.Tensor)), default=0) <= \
+
+    def _accumulation(self, actual: dict, expected: dict, inputs: dict) -> None:
+        plan = self.plan
+        if max((t.numel() for t in actual.values() if isinstance(t, torch.Tensor)), default=0) > \
                 accumulation.MAX_ELEMENTS:
-            truth = exact_outputs(plan, self.reference, inputs)
-            for name in plan.outputs:
-                if not plan.quantization.of(name):
-                    self.accumulation.check(name, actual[name], expected[name], truth[name])
-        for name, before in untouched.items():
-            numerics.check_unchanged(name, before, values[name])
-        if plan.returned_outputs:
-            # A returned tensor must still hold its result after the next call, on other inputs (no cached output
-            # buffer): bit for bit, since what it held has passed already (a tolerance here would fail a result
-            # the fp64 tie-break accepted).
-            held = {n: actual[n].clone() for n in plan.returned_outputs if isinstance(actual[n], torch.Tensor)}
-            self._call(build_args(plan, self.cell, replace(ex, seed=ex.seed + 1), self.device), ex)
-            for name, before in held.items():
-                after = actual[name]
-                if not numerics.bits_equal(before, after):
-                    # A buffer resized in place between the calls has no element-wise count to give.
-                    changed = f"{int((numerics.ordered(before) != numerics.ordered(after)).sum())} of " \
-                        f"{before.numel()} elements" if after.shape == before.shape else \
-                        f"its shape {tuple(before.shape)} became {tuple(after.shape)}"
-                    raise Mismatch(f"output '{name}' changed when the op was called again on other inputs "
-                                   f"({changed}): it returns a buffer it reuses across calls")
+            return
+        truth = exact_outputs(plan, self.reference, inputs)
+        for name in plan.outputs:
+            if not plan.quantization.of(name):
+                self.accumulation.check(name, actual[name], expected[name], truth[name])
+
+    def _returned_buffers(self, actual: dict, ex: Example) -> None:
+        """A returned tensor must still hold its result after the next call, on other inputs (no cached output
+        buffer): bit for bit, since what it held has passed already (a tolerance here would fail a result the fp64
+        tie-break accepted)."""
+        plan = self.plan
+        held = {n: actual[n].clone() for n in plan.returned_outputs if isinstance(actual[n], torch.Tensor)}
+        self._call(build_args(plan, self.cell, replace(ex, seed=ex.seed + 1), self.device), ex)
+        for name, before in held.items():
+            after = actual[name]
+            if not numerics.bits_equal(before, after):
+                # A buffer resized in place between the calls has no element-wise count to give.
+                changed = f"{int((numerics.ordered(before) != numerics.ordered(after)).sum())} of " \
+                    f"{before.numel()} elements" if after.shape == before.shape else \
+                    f"its shape {tuple(before.shape)} became {tuple(after.shape)}"
+                raise Mismatch(f"output '{name}' changed when the op was called again on other inputs "
+                               f"({changed}): it returns a buffer it reuses across calls")
 
     def compare(self, name, actual, expected, values, returned: bool) -> None:
         if isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor) and actual.dim() > 0 and \

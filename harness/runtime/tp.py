@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from harness.runtime import numerics
-from harness.runtime.calls import kernel_outputs, reference_outputs
+from harness.runtime.calls import kernel_outputs
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example, build_args, in_layout, poisoned
 from harness.spec.matrix import Cell
@@ -295,11 +295,10 @@ class TPCheck(CellCheck):
         self.rank_traceback: str | None = None  # of the last rank that raised
         self.restart = False  # a rank raised or a collective failed: the group is replaced after the cell
 
-    def _check(self, ex: Example) -> None:
+    def _outputs(self, full: dict, ex: Example) -> tuple[dict, None]:
+        """Every rank's outputs for the example, recombined as the plan's `tp` section says (CellCheck._check
+        compares them with the unsharded reference)."""
         plan = self.plan
-        self.count += 1
-        full = build_args(plan, self.cell, ex, self.device)
-        expected = reference_outputs(plan, self.reference, full)
         try:
             _broadcast(("example", ex))
             metas, pieces = exchange(*self.local(ex, full), 0, self.size)
@@ -317,9 +316,7 @@ class TPCheck(CellCheck):
             raise Mismatch(f"{where}: {err['message']}")
         if pieces is None:
             raise Mismatch(_disagreement(metas))
-        for name in plan.outputs:
-            actual = recombine(plan, name, pieces[name], ex.num_tokens, ex.sizes)
-            self.compare(name, actual, expected[name], full, False)
+        return {name: recombine(plan, name, pieces[name], ex.num_tokens, ex.sizes) for name in plan.outputs}, None
 
 
 def run_cell_on_rank(task: CellTask, progress=None) -> Outcome | None:
