@@ -35,6 +35,7 @@ VERDICT_DIRS = ("runtime", "interpreter", "vllm", "spec")
 NO_VERDICT = {
     "spec/schema.py": "the plan file's JSON Schema export (python -m harness schema)",
     "spec/field_docs.py": "the plan fields in words (python -m harness fields, the README, the schema's hover text)",
+    "runtime/mutants.py": "validate's wrong kernels made from the reference: they refuse a plan, in no record",
     "runtime/check_code.py": "warnings about a plan's code (validate's child, the run's start): printed, in no record",
     "runtime/upcast.py": "one of check_code's warnings (a native baseline computing in fp32): printed, in no record",
     "runtime/worker_preload.py": "the fork server's preload: imports, and workers.start_up() (fault isolation's "

@@ -1,15 +1,17 @@
-"""The child process of `python -m harness validate`: each plan's code resolved (harness.runtime.resolve) and the
-function its native baseline times run once on a tiny CPU example (harness.runtime.upcast), answering per plan on
-stdout. Also what the pytest plugin asks when a run starts. In a process of its own, as a user's import can crash
-or hang: `python -m harness.runtime.check_code PLAN...`."""
+"""The child process of `python -m harness validate`: each plan's code resolved (harness.runtime.resolve), the
+function its native baseline times run once on a tiny CPU example (harness.runtime.upcast), and the plan refused
+where a wrong kernel made from its reference passes its comparison (harness.runtime.mutants), answering per plan on
+stdout. The warnings are also what the pytest plugin asks when a run starts. In a process of its own, as a user's
+import can crash or hang: `python -m harness.runtime.check_code PLAN...`."""
 
 from __future__ import annotations
 
 import sys
 
+from harness.runtime.mutants import blind_spots
 from harness.runtime.resolve import main, resolve
 from harness.runtime.upcast import upcast_warnings
-from harness.spec.plan import Plan
+from harness.spec.plan import Plan, PlanError
 
 
 def plan_code_warnings(plan: Plan) -> list[str]:
@@ -18,5 +20,21 @@ def plan_code_warnings(plan: Plan) -> list[str]:
     return [*resolve(plan).warnings, *upcast_warnings(plan)]
 
 
+class BlindPlan(PlanError):
+    """A plan whose comparison passes a wrong kernel: it cannot fail for that mistake, so it is refused."""
+
+    def __init__(self, plan: Plan, found: list[str]):
+        super().__init__(str(plan.path), None, "", "", None)
+        self.args = (f"{plan.path}: a plan that cannot fail is refused:\n  " + "\n  ".join(found),)
+
+
+def validated_code_warnings(plan: Plan) -> list[str]:
+    """plan_code_warnings, after refusing a plan that cannot see a generated wrong kernel (BlindPlan)."""
+    found = blind_spots(plan)
+    if found:
+        raise BlindPlan(plan, found)
+    return plan_code_warnings(plan)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:], warnings_of=plan_code_warnings))
+    sys.exit(main(sys.argv[1:], warnings_of=validated_code_warnings))
