@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from harness.results.checks import Subject, applicable, not_checked, version_changes
 from harness.results.fingerprints import benchmark_fingerprint, implementation_fingerprint, plan_fingerprint
-from harness.results.store import Stamp
+from harness.results.store import FAULT_SHRUNK, Stamp
 from harness.spec.plan import Plan
 from harness.spec.status import Status
 
 UNKNOWN = "unknown"  # a fingerprint that cannot be taken here (a package not installed): never stale for it
 UNSTAMPED = "made before records were stamped per check"
-FAULT_SHRUNK = "shrunk after the fault"  # the fact a cell whose kernel faulted records (harness.runtime.shrinking)
 
 
 def section_of(rec) -> str:

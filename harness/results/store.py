@@ -201,6 +201,7 @@ class ImplFigures:
         return finite_number(self.median_us)
 
 
+FAULT_SHRUNK = "shrunk after the fault"  # the fact of a cell whose kernel faulted (harness.runtime.shrinking)
 WRONG_AFTER_TIMING = "wrong result after timing"  # how a check after timing starts its message (harness.runtime.bench)
 
 

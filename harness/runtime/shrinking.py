@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness.results.stamps import FAULT_SHRUNK
+from harness.results.store import FAULT_SHRUNK
 from harness.runtime.workers import CallProgress, Fault, Worker, describe_example
 
 # The checks whose code is here and in the workers it drives, with their versions (harness.results.checks): raise
