@@ -75,9 +75,19 @@ def support_matrix(res: Merged) -> str:
     return "\n".join(lines).rstrip()
 
 
+# What a failure that no comparison measured was, by its reason's words (harness.runtime.runner, workers).
+NOT_MEASURED = (("killed by", "crashed"), ("faulted on the device", "faulted"), ("did not return", "hung"),
+                ("no example finished", "hung"), ("raised", "raised"))
+
+
 def _error_fields(rec: CellRecord) -> tuple[str, str]:
+    """The failed-cells table's error columns: the worst errors measured, or, where the kernel raised, crashed,
+    faulted or hung before any output was compared, which (an error of 0 there would read as a near pass)."""
     err = rec.error
-    return (fmt(err.max_abs), fmt(err.max_ulp)) if err else (NO_RESULT, NO_RESULT)
+    if err is None or (not err.output and not err.max_abs):
+        word = next((w for words, w in NOT_MEASURED if words in rec.reason), NO_RESULT)
+        return word, word
+    return fmt(err.max_abs), fmt(err.max_ulp)
 
 
 def _failures(res: Merged) -> list[str]:

@@ -207,13 +207,23 @@ def compare_quantized(name: str, actual, expected: torch.Tensor, max_step_fracti
         raise Mismatch(f"output '{name}': {int((steps > 1).sum())} of {actual.numel()} quantized elements are more "
                        f"than "
                        f"one step from the reference (up to {worst} steps, first at index {first}: "
-                       f"{float(actual[first]):g} against {float(expected[first]):g})",
-                       ErrorStats(abs_err, None, worst, name))
+                       f"{float(actual[first]):g} against {float(expected[first]):g})"
+                       + step_directions(actual, expected, steps > 0), ErrorStats(abs_err, None, worst, name))
     if one_step > max_step_fraction:
         raise Mismatch(f"output '{name}': {one_step:.2%} of quantized elements are one step from the reference "
-                       f"(at most {max_step_fraction:.2%} allowed: quantization.max_step_fraction)",
-                       ErrorStats(abs_err, None, worst, name))
+                       f"(at most {max_step_fraction:.2%} allowed: quantization.max_step_fraction)"
+                       + step_directions(actual, expected, steps > 0), ErrorStats(abs_err, None, worst, name))
     return one_step
+
+
+def step_directions(actual: torch.Tensor, expected: torch.Tensor, moved: torch.Tensor) -> str:
+    """Which way the elements off the reference moved: all toward zero is the mark of a truncating cast (rounding
+    goes either way)."""
+    toward = int((actual.double().abs() < expected.double().abs())[moved].sum())
+    total = int(moved.sum())
+    if total and toward == total:
+        return f"; all {total:,} toward zero: a truncating cast?"
+    return f"; {toward:,} toward zero, {total - toward:,} away from it" if total else ""
 
 
 def in_place_reason(name: str, after: torch.Tensor, before: torch.Tensor, returned, expected: torch.Tensor,
