@@ -70,7 +70,8 @@ def pytest_configure(config):
     cells = cells or ("all" if profile == "nightly" else "sampled")
     config.stash[SESSION_KEY] = Session(plan, plan_path, profile, examples, reports / plan.name,
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
-                                     str(config.rootpath / ".hypothesis" / "examples"), cells=cells,
+                                     # the example database beside the results, not in the plan's folder
+                                     str(reports / ".hypothesis" / "examples"), cells=cells,
                                      plan_warnings=plan_warnings, bench=bench)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not xdist_worker(config)
