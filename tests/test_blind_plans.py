@@ -57,3 +57,15 @@ def test_validate_refuses_a_plan_that_cannot_fail(tmp_path):
 def _args(name: str) -> dict:
     from tests.plans import read_plan
     return read_plan(ROOT / "kernels" / "plans" / f"{name}.yaml")["op"]["args"]
+
+
+def test_prefill_benchmarks_sized_like_decode_are_refused(tmp_path):
+    """A "prefill" of 2-32 tokens is decode-sized: it would be decided as a prefill regime."""
+    from harness.spec.plan import PlanError
+
+    path = write_plan(tmp_path / "small_prefill.yaml", ROOT / "plan.yaml", benchmark={"prefill": [2, 8, 32]})
+    with pytest.raises(PlanError) as caught:
+        load_plan(path)
+    assert str(caught.value).startswith(f"{path}:")
+    assert "benchmark.prefill[0]: expected a prefill batch of no fewer tokens than the largest decode batch timed " \
+           "(256)" in str(caught.value)

@@ -434,6 +434,14 @@ def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, contract_o
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
                          f"({numerics.max_num_seqs}) tokens, one per sequence", tokens)
+    # vLLM's phases by size: a decode batch is at most max_num_seqs tokens, a prefill or a chunked-prefill batch no
+    # fewer than the largest decode batch (a "prefill" of 2-32 tokens is decode-sized, and decided as prefill)
+    for phase in ("chunked_prefill", "prefill"):
+        for i, tokens in enumerate(getattr(b, phase)):
+            if b.decode and tokens < max(b.decode):
+                raise w.fail(("benchmark", phase, i), f"a {phase.replace('_', ' ')} batch of no fewer tokens than "
+                             f"the largest decode batch timed ({max(b.decode)}), as vLLM's phases are sized "
+                             "(decode ≤ chunked prefill ≤ prefill)", tokens)
     builtin, named = [], []
     for i, item in enumerate(many(b.listed_baselines)):
         loc = ("benchmark", "baselines", i)
