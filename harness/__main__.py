@@ -76,6 +76,13 @@ def main(argv=None) -> int:
         except PlanError as exc:
             print(f"error: {exc}", file=sys.stderr)
             status = 2
+    owners: dict[str, str] = {}
+    for plan in loaded:  # one op.name per plan: each op's page and results are its own (reports/<op.name>/)
+        first = owners.setdefault(plan.name, str(plan.path))
+        if first != str(plan.path):
+            print(f"error: {plan.path}:{plan.where('op.name')}: op.name: {plan.name!r} is already the op of {first}: "
+                  "the two would write one page and one results folder", file=sys.stderr)
+            status = 2
     if status or args.command == "validate":
         warned: dict[str, list[str]] = {}
         resolved = resolve_in_child([str(plan.path) for plan in loaded], warnings=warned) \

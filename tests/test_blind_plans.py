@@ -69,3 +69,24 @@ def test_prefill_benchmarks_sized_like_decode_are_refused(tmp_path):
     assert str(caught.value).startswith(f"{path}:")
     assert "benchmark.prefill[0]: expected a prefill batch of no fewer tokens than the largest decode batch timed " \
            "(256)" in str(caught.value)
+
+
+def test_a_copied_op_name_is_refused_naming_both_plans(tmp_path):
+    """Two plans of one op.name would write one page and one results folder: validate names both, and a run refuses
+    a reports folder another plan's runs wrote."""
+    from harness.results.store import Provenance, Results, write_atomic
+
+    copy = tmp_path / "copy.yaml"
+    copy.write_text((ROOT / "plan.yaml").read_text())
+    done = subprocess.run([sys.executable, "-m", "harness", "validate", "plan.yaml", str(copy)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert f"error: {copy}:3: op.name: 'rms_norm' is already the op of plan.yaml" in done.stderr, done.stderr
+    reports = tmp_path / "reports"
+    other = Provenance("cpu", "cpu", "x86_64", 0, 2, date="2026-12-07T00:00:00Z", plan="kernels/plans/other.yaml")
+    write_atomic(reports / "rms_norm" / "results" / "cpu.json", Results("rms_norm", {"run": other}))
+    run = subprocess.run([sys.executable, "-m", "pytest", "--plan", "plan.yaml", "--reports-dir", str(reports),
+                          "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 4, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "op.name: 'rms_norm' is already the op of kernels/plans/other.yaml" in run.stderr, run.stderr[-2000:]

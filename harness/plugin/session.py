@@ -24,7 +24,7 @@ from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.merge import collect
 from harness.results.stamps import section_of, stamp
-from harness.results.store import Recorder, Status, load
+from harness.results.store import Recorder, Status, load, other_plans
 from harness.runtime.bench.measure import prepare_benchmarks
 from harness.runtime.bench.models import check_models
 from harness.runtime.check_code import plan_code_warnings
@@ -55,6 +55,13 @@ def pytest_configure(config):
             check_models(plan)
     except PlanError as exc:
         raise pytest.UsageError(f"invalid plan: {exc}") from None
+    reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
+    others = other_plans(reports / plan.name / "results", plan.name, plan_key(config.rootpath, plan_path))
+    if others:
+        raise pytest.UsageError(
+            f"invalid plan: {plan_path}:{plan.where('op.name')}: op.name: {plan.name!r} is already the op of "
+            f"{', '.join(others)}, whose results and page are in {reports / plan.name}: give this plan an op.name of "
+            "its own (or its own --reports-dir)")
     for values in plan.matrix.values():
         for v in values:
             config.addinivalue_line("markers", f"{f'tp{v}' if isinstance(v, int) else v}: cells with this matrix value")
@@ -66,7 +73,6 @@ def pytest_configure(config):
     profile = config.getoption("--plan-profile") or _hypothesis_profile() or ("ci" if os.environ.get("CI") else "dev")
     examples = config.getoption("--examples") or \
         plan.numerics.examples * (NIGHTLY_FACTOR if profile == "nightly" else 1)
-    reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
     cells = cells or ("all" if profile == "nightly" else "sampled")
     config.stash[SESSION_KEY] = Session(plan, plan_path, profile, examples, reports / plan.name,
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
@@ -110,6 +116,14 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 # ---------------------------------------------------------------- results and report
 
 
+def plan_key(root: Path, plan_path: Path) -> str:
+    """The plan as its runs name it: its path relative to the run's root, else as it is."""
+    try:
+        return plan_path.resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return str(plan_path)
+
+
 def item_key(item) -> tuple[str, str]:
     """An item's section and key in the results file."""
     if isinstance(item, CellItem):
@@ -128,7 +142,7 @@ def runs_here(item) -> bool:
 
 def pytest_sessionstart(session):
     s = session_of(session.config)
-    prov = provenance(session.config.rootpath)
+    prov = provenance(session.config.rootpath, plan_key(session.config.rootpath, s.plan_path))
     run_id = f"{prov.date}-{socket.gethostname()}-{os.getpid()}"
     s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=xdist_worker(session.config),
                           stamp=lambda key, rec: stamp(s.plan, rec, Cell.from_id(key).provider

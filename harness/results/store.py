@@ -63,6 +63,7 @@ class Provenance:
     date: str = "?"
     cells: str | None = None  # which runnable cells the run ran: "a pairwise sample of 9 of 54 runnable cells"
     harness: str | None = None  # the harness's version and commit (`commit` is the plan repository's)
+    plan: str | None = None  # the plan file, relative to the run's root: which plan's results these are
 
     @property
     def machine_key(self) -> str:
@@ -522,6 +523,13 @@ def _replaces(results: Results, new: Record, old: Record) -> bool:
         return results.on_own_sm(rec), getattr(rec, "status", None) is not Status.NOT_RUN, rec.finished
 
     return rank(new) >= rank(old)
+
+
+def other_plans(directory: Path, op: str, plan: str) -> list[str]:
+    """The plan files other than `plan` whose runs wrote results for `op` in `directory` (a copied op.name: the two
+    plans would overwrite each other's page and records). Runs from before runs named their plan say nothing."""
+    merged, _ = merge_dir(directory, op)
+    return sorted({prov.plan for prov in merged.runs.values() if prov.plan and prov.plan != plan})
 
 
 def merge_dir(directory: Path, op: str) -> tuple[Results, list[str]]:

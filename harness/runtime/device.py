@@ -75,9 +75,9 @@ def inductor_settings() -> str:
                        if k.startswith("TORCHINDUCTOR_") and k not in INDUCTOR_KEY_IGNORES))
 
 
-def provenance(root: Path) -> Provenance:
-    """Where and with what a run happened: stored with every result so merged reports can say it (what made each
-    record is its own stamp, harness.results.stamps)."""
+def provenance(root: Path, plan: str | None = None) -> Provenance:
+    """Where and with what a run of `plan` (its path relative to `root`) happened: stored with every result so merged
+    reports can say it (what made each record is its own stamp, harness.results.stamps)."""
     hw = detect()
     return Provenance(
         sm=hw.sm, device=hw.device, gpu=hw.gpu, device_count=hw.device_count, cpu_count=hw.cpu_count,
@@ -85,7 +85,7 @@ def provenance(root: Path) -> Provenance:
         vllm=package_version("vllm"), cuda=torch.version.cuda, python=platform.python_version(),
         triton_interpreter=os.environ.get("TRITON_INTERPRET") == "1", commit=_git_commit(root),
         date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        harness=harness_version(),
+        harness=harness_version(), plan=plan,
     )
 
 
