@@ -126,6 +126,28 @@ def test_made_by_other_checks_the_later_record_wins_even_not_run(tmp_path):
     assert fold(load(again.path, "op"), stale).integration[key].status is Status.NOT_RUN
 
 
+def test_a_not_run_record_of_the_same_checks_never_replaces_a_result(tmp_path):
+    """A machine without vLLM's kernel records its provider's cells "not run"; made by the same checks on the same
+    plan and implementation, that never replaces the failure a machine with vLLM found (fold's rule)."""
+    from harness.results.store import IntegrationRecord, Provenance, Recorder, Stamp
+
+    prov = Provenance("cpu", "cpu", "x86_64", 0, 2, host="vm", commit="abc", date="2026-12-07")
+    key = "vllm-ir[decode-bf16-cpu]"
+
+    def item(status, reason, finished):
+        return IntegrationRecord(route="ir", phase="decode", dtype="bf16", tp=1, sm="cpu", status=status,
+                                 graph_mode="eager", reason=reason, finished=finished)
+
+    def same(key, rec):
+        return Stamp({"values": 1}, "p", "i")
+
+    Recorder(tmp_path, "op", prov, "run-1", stamp=same).record("integration", key, item(
+        Status.FAILED, "output 'out' differs", "2026-12-07T01:00:00Z"))
+    again = Recorder(tmp_path, "op", prov, "run-2", stamp=lambda key, rec: Stamp({}, "p", "i"))
+    again.record("integration", key, item(Status.NOT_RUN, "vllm not installed", "2026-12-07T02:00:00Z"))
+    assert load(again.path, "op").integration[key].status is Status.FAILED
+
+
 def test_merge_folds_two_runs_files_of_one_name_record_by_record(tmp_path):
     """Nightly CI's artifacts: two runners of one GPU kind write the same file name (sm90-nvidia-h200.json), each with
     cells the other did not run. `python -m harness merge` keeps both runs' records where a copy keeps one file; a

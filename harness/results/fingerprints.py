@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results.code_hash import normalized_source
+from harness.results.store import UNKNOWN
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE
 from harness.spec.matrix import contract_of, provider_view
 from harness.spec.plan import Plan
@@ -71,7 +72,6 @@ from harness.spec.tolerances import DEFAULT_TOLERANCE, output_tolerance, toleran
 from harness.spec.vocabulary import PHASES
 from harness.vllm.kernels import kernel_schema
 
-UNKNOWN = "unknown"  # an implementation whose code cannot be found here: cannot tell, not stale
 SECTIONS = ("cells", "integration", "benchmarks")
 REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")  # where the search for a plan's code stops
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from harness.results.checks import Subject, applicable, not_checked, version_changes
 from harness.results.fingerprints import benchmark_fingerprint, implementation_fingerprint, plan_fingerprint
-from harness.results.store import FAULT_SHRUNK, Stamp
+from harness.results.store import FAULT_SHRUNK, Stamp, implementation_changed
 from harness.spec.plan import Plan
 from harness.spec.status import Status
 
-UNKNOWN = "unknown"  # a fingerprint that cannot be taken here (a package not installed): never stale for it
 UNSTAMPED = "made before records were stamped per check"
 
 
@@ -60,21 +59,11 @@ def staleness(plan: Plan, rec) -> str:
     plan_fp, impl_fp = _fingerprints(plan, rec, made.provider)
     if plan_fp != made.plan:
         why.append("the plan fields it rests on changed")
-    if _changed(made.implementation, impl_fp):
+    if implementation_changed(made.implementation, impl_fp):
         who = "an implementation it timed" if section_of(rec) == "benchmarks" else \
             f"{made.provider}'s source" if made.provider else "the kernel's source"
         why.append(f"{who} changed")
     return "; ".join(why)
-
-
-def _changed(made: str, now: str) -> bool:
-    """Whether an implementation fingerprint changed: one for a cell's implementation, `name=fp` pairs for a
-    benchmark's; one that cannot be taken here ("unknown") on either side changes nothing."""
-    def parts(text: str) -> dict[str, str]:
-        return dict(p.split("=", 1) for p in text.split()) if "=" in text else {"": text}
-
-    before, after = parts(made), parts(now)
-    return any(before[k] != after[k] for k in before.keys() & after.keys() if UNKNOWN not in (before[k], after[k]))
 
 
 def unchecked(plan: Plan, rec) -> list[str]:

@@ -150,6 +150,30 @@ class Stamp:
     provider: str = ""
 
 
+UNKNOWN = "unknown"  # a fingerprint that cannot be taken here (a package not installed): never stale for it
+
+
+def implementation_changed(made: str, now: str) -> bool:
+    """Whether an implementation fingerprint changed: one for a cell's implementation, `name=fp` pairs for a
+    benchmark's; one that cannot be taken here ("unknown") on either side changes nothing."""
+    def parts(text: str) -> dict[str, str]:
+        return dict(p.split("=", 1) for p in text.split()) if "=" in text else {"": text}
+
+    before, after = parts(made), parts(now)
+    return any(before[k] != after[k] for k in before.keys() & after.keys() if UNKNOWN not in (before[k], after[k]))
+
+
+def outdates(new: Stamp | None, old: Stamp | None) -> bool:
+    """Whether a record of stamp `new` was made by what has since replaced what made `old`'s: a check both ran at a
+    higher version, other plan fields, another implementation, or `old` from before records were stamped."""
+    if new is None:
+        return False
+    if old is None:
+        return True
+    return any(old.checks.get(name, version) < version for name, version in new.checks.items()) \
+        or new.plan != old.plan or implementation_changed(old.implementation, new.implementation)
+
+
 @dataclass
 class CellRecord:
     """One numerics cell: its axes, status and reason, and what the run measured."""
@@ -513,11 +537,11 @@ def fold_files(reports: Path, source: Path) -> tuple[list[str], list[str]]:
 
 def _replaces(results: Results, new: Record, old: Record) -> bool:
     """Whether a record wins over another of the same key: made on its own SM, then a result over "not run here" (a
-    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM with
-    other stamps (other checks, plan fields or implementation): the latest, whatever it says (the other may be
-    stale)."""
-    if results.on_own_sm(new) and results.on_own_sm(old) and new.stamp != old.stamp:
-        return new.finished >= old.finished
+    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM, the new
+    one by what has since replaced what made the old (`outdates`): the new, whatever it says (the old is stale)."""
+    if results.on_own_sm(new) and results.on_own_sm(old) and outdates(new.stamp, old.stamp) \
+            and new.finished >= old.finished:
+        return True
 
     def rank(rec):
         return results.on_own_sm(rec), getattr(rec, "status", None) is not Status.NOT_RUN, rec.finished
