@@ -148,6 +148,20 @@ def test_a_not_run_record_of_the_same_checks_never_replaces_a_result(tmp_path):
     assert load(again.path, "op").integration[key].status is Status.FAILED
 
 
+def test_a_record_of_newer_checks_wins_in_either_order_of_folding(tmp_path):
+    """Two machines of one SM: an older record made before stamps (passed) and a newer one of the current checks
+    (not run for memory): the current one stands, whichever file is folded first."""
+    from harness.results.store import CellRecord, Provenance, Results, Stamp, fold
+
+    prov = Provenance("sm90", "cuda", "NVIDIA H200", 1, 16, host="vm", commit="abc", date="2026-12-07")
+    old = CellRecord("decode", "bf16", 1, "eager", "sm90", Status.PASSED, finished="2026-12-04T00:00:00Z", run="a")
+    new = CellRecord("decode", "bf16", 1, "eager", "sm90", Status.NOT_RUN, reason="memory held elsewhere",
+                     stamp=Stamp({"values": 1}, "p", "i"), finished="2026-12-01T00:00:00Z", run="b")
+    for first, second in ((old, new), (new, old)):
+        into = Results("op", {"a": prov, "b": prov}, cells={"k": first})
+        assert fold(into, Results("op", {"a": prov, "b": prov}, cells={"k": second})).cells["k"] is new
+
+
 def test_merge_folds_two_runs_files_of_one_name_record_by_record(tmp_path):
     """Nightly CI's artifacts: two runners of one GPU kind write the same file name (sm90-nvidia-h200.json), each with
     cells the other did not run. `python -m harness merge` keeps both runs' records where a copy keeps one file; a

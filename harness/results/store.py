@@ -537,11 +537,14 @@ def fold_files(reports: Path, source: Path) -> tuple[list[str], list[str]]:
 
 def _replaces(results: Results, new: Record, old: Record) -> bool:
     """Whether a record wins over another of the same key: made on its own SM, then a result over "not run here" (a
-    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM, the new
-    one by what has since replaced what made the old (`outdates`): the new, whatever it says (the old is stale)."""
-    if results.on_own_sm(new) and results.on_own_sm(old) and outdates(new.stamp, old.stamp) \
-            and new.finished >= old.finished:
-        return True
+    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM, one of
+    them by what has since replaced what made the other (`outdates`): that one, whatever it says (the other is
+    stale), in whichever order the files are folded."""
+    if results.on_own_sm(new) and results.on_own_sm(old):
+        if outdates(new.stamp, old.stamp):
+            return True
+        if outdates(old.stamp, new.stamp):
+            return False
 
     def rank(rec):
         return results.on_own_sm(rec), getattr(rec, "status", None) is not Status.NOT_RUN, rec.finished
