@@ -71,7 +71,20 @@ def normalized_source(path: Path | str) -> str:
 # Cached by the source text (so never stale): each check's closure parses the same modules again.
 @functools.cache
 def _normalized(text: str) -> str:
-    return ast.dump(_strip(ast.parse(text)), include_attributes=False)
+    return _dump(_strip(ast.parse(text)))
+
+
+def _dump(node) -> str:
+    """The tree as text, alike on every Python that parses it alike: fields left empty are left out, as newer Pythons
+    add empty ones (3.12's type_params) and ast.dump writes them; ast.unparse is no help, it quotes f-strings
+    differently from one Python to the next. A fingerprint taken on a GPU machine's Python must equal a CPU
+    machine's."""
+    if isinstance(node, ast.AST):
+        fields = ((name, _dump(getattr(node, name, None))) for name in node._fields)
+        return f"{type(node).__name__}(" + ",".join(f"{k}={v}" for k, v in fields if v not in ("None", "[]")) + ")"
+    if isinstance(node, list):
+        return "[" + ",".join(_dump(item) for item in node) + "]"
+    return repr(node)
 
 
 @functools.cache
