@@ -173,3 +173,17 @@ def test_checks_sharing_a_module_share_its_hash():
     now = manifest_now()
     assert len({now[n]["code"] for n in ("values", "nan origin", "unchanged inputs", "quantized steps")}) == 1
     assert now["values"]["code"] == code_hash("runtime/numerics.py")
+
+
+def test_the_normalized_code_is_alike_on_every_python():
+    """A GPU machine's Python (3.12) adds empty fields to the tree (a function's type_params) that 3.11's lacks, and
+    ast.unparse quotes f-strings differently across versions: the normalized text leaves empty fields out, so a
+    fingerprint taken on one Python equals another's."""
+    import ast
+
+    from harness.results.code_hash import _dump
+
+    tree = ast.parse('def f(x):\n    return f"{x!r} in {\'a\'}"\n')
+    bare = _dump(tree)
+    tree.body[0].type_params = []  # as 3.12 parses it
+    assert _dump(tree) == bare and "type_params" not in bare
