@@ -46,6 +46,19 @@ def pytester(pytester, tmp_path_factory):
     return pytester
 
 
+@pytest.fixture
+def run_plan(pytester, monkeypatch):
+    """`run_plan(plan, *args)`: `pytest --plan plan` in pytester's folder and this process (a fresh interpreter would
+    import torch and the harness again), under the ci profile, its reports in pytester's folder."""
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))
+
+    def run(plan, *args: str):
+        return pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
+                                            "--reports-dir", str(pytester.path / "reports"), "-p", "no:cacheprovider",
+                                            *args)
+    return run
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """`--dist loadgroup` (scripts/test.sh) sends the items of one `xdist_group` to one worker by the `@<group>`

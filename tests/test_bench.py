@@ -657,3 +657,16 @@ def test_the_nightlys_precompile_step_names_a_plan_it_cannot_load_and_goes_on(tm
     assert "plan.yaml" not in out.stderr
     if not torch.cuda.is_available():
         assert "nothing to do on a CPU machine" in out.stdout, out.stdout
+
+
+def test_memory_other_processes_hold_is_not_run_even_inside_a_comparison(tmp_path, monkeypatch):
+    """torch.testing wraps an out-of-memory raised while comparing in "RuntimeError: Comparing ...": its cause
+    still says whose fault it is, so the implementation is not run here rather than failed."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the message alone, not this machine's GPU
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
+        "decode": [4], "baselines": ["native", {"denied": "tests.broken.rms_norm_bugs:oom_inside_a_comparison"}]})
+    plan = load_plan(path)
+    outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
+    denied = outcome.record.impls["denied"]
+    assert denied.not_run == "the GPU ran out of memory (39.3 GiB held by other processes)", denied
+    assert not denied.timed and denied.error is None and not outcome.failures

@@ -14,7 +14,7 @@ from harness.results.checks import CHECKS, HARNESS_DIR
 from harness.results.code_hash import (NO_VERDICT, code_hash, import_closure, manifest_now, manifest_problems,
                                        read_manifest, uncovered_modules, write_manifest)
 
-COMPARISON = "one_step > max_step_fraction"
+COMPARISON = "count > allowed"
 
 
 def harness_copy(tmp_path: Path) -> Path:
@@ -97,13 +97,13 @@ def test_formatting_comments_and_docstrings_change_no_hash(tmp_path):
     numerics = root / "runtime/numerics.py"
     text = numerics.read_text()
     # Reformatted: blank lines, a line split inside brackets, a trailing comment.
-    text = text.replace("\n\n\n", "\n\n\n\n").replace(COMPARISON, "(one_step >  # why not\n        max_step_fraction)")
+    text = text.replace("\n\n\n", "\n\n\n\n").replace(COMPARISON, "(count >  # why not\n        allowed)")
     text = text.replace('"""Comparing one output with the reference', '"""Comparing, in other words, one output with '
                                                                        'the reference')
     text = text.replace('"""Worst errors seen over a cell\'s examples."""', '"""The worst errors a cell saw."""')
     numerics.write_text("# a comment at the top\n" + text)
     edit(root, "spec/plan.py", '"""', '"""Also: ')  # a docstring of a module in nearly every closure
-    edit(root, "runtime/numerics.py", '"quantized steps": 1', '"quantized steps": 2')
+    edit(root, "runtime/numerics.py", '"quantized steps": 2', '"quantized steps": 3')
     after = manifest_now(root)
     assert {n: e["code"] for n, e in after.items()} == {n: e["code"] for n, e in before.items()}
     assert after["quantized steps"]["version"] == before["quantized steps"]["version"] + 1
@@ -133,21 +133,21 @@ def test_a_changed_comparison_needs_its_version_raised(tmp_path):
     """`>` made `>=` in the quantized-steps check is a problem naming the check and its module until its version
     rises; raising CHECK_VERSIONS there and rewriting the manifest clears it."""
     root = harness_copy(tmp_path)
-    edit(root, "runtime/numerics.py", COMPARISON, "one_step >= max_step_fraction")
+    edit(root, "runtime/numerics.py", COMPARISON, "count >= allowed")
     problems = manifest_problems(root)
     quantized = [p for p in problems if "check 'quantized steps'" in p]
     assert len(quantized) == 1
     assert "harness/runtime/numerics.py" in quantized[0] and "its version did not" in quantized[0]
     assert "CHECK_VERSIONS['quantized steps']" in quantized[0]
 
-    edit(root, "runtime/numerics.py", '"quantized steps": 1', '"quantized steps": 2')
+    edit(root, "runtime/numerics.py", '"quantized steps": 2', '"quantized steps": 3')
     quantized = [p for p in manifest_problems(root) if "check 'quantized steps'" in p]
-    assert len(quantized) == 1 and "version rose from 1 to 2" in quantized[0] and "python -m harness manifest" \
+    assert len(quantized) == 1 and "version rose from 2 to 3" in quantized[0] and "python -m harness manifest" \
         in quantized[0]
     changes = write_manifest(root)
-    assert any(line.startswith("quantized steps: version 1 → 2, code ") for line in changes)
+    assert any(line.startswith("quantized steps: version 2 → 3, code ") for line in changes)
     assert manifest_problems(root) == []
-    assert read_manifest(root)["quantized steps"]["version"] == 2
+    assert read_manifest(root)["quantized steps"]["version"] == 3
 
 
 def test_manifest_entries_out_of_step_are_problems(tmp_path):

@@ -195,8 +195,8 @@ def test_a_record_of_other_sizes_or_phase_has_its_own_fingerprint(tmp_path):
     assert plan_fingerprint(plan, **shape) != plan_fingerprint(plan, **{**shape, "sizes": {"hidden": 8192,
                                                                                           "num_tokens": 8}})
     assert plan_fingerprint(plan, **shape) != plan_fingerprint(plan, **{**shape, "phase": "prefill"})
-    edit(path, "  baselines: [native, compiled, vllm]", "  baselines: [native, compiled, vllm]\n"
-                                                        "  bytes: 4 * num_tokens * hidden * act_bytes")
+    edit(path, "  baselines: [native, compiled, vllm]",
+         "  baselines: [native, compiled, vllm]\n  bytes: 2 * num_tokens * hidden * act_bytes + hidden * act_bytes")
     assert plan_fingerprint(load_plan(path), **shape) != plan_fingerprint(plan, **shape)
     kernel_cell, vllm_cell = (plan_fingerprint(plan, "cells", p, "bf16", phase="decode") for p in ("", "vllm"))
     edit(path, "  outputs: [out]", "  outputs: [out]\n  contract: {contiguous: [x]}")

@@ -216,7 +216,9 @@ def test_a_kernel_failing_every_input_is_shrunk_below_the_phase_sizes(tmp_path):
     tokens = [int(e.split()[0].removeprefix("num_tokens=")) for e in (walked["from"], walked["to"])]
     total = int(re.search(r"Mismatched elements: \d+ / (\d+)", rec.reason).group(1))
     assert total % tokens[1] == 0 and total // tokens[1] * tokens[0] != total, rec.reason
-    assert rec.examples == 3  # the walk's checks are not the cell's examples
+    # the walk's checks are not the cell's examples: its bisection from 128 tokens to 2 alone takes 7 or more, while
+    # hypothesis's 3 examples and its search for other failures after the first (multiple-bug reporting) took 6
+    assert 3 <= rec.examples < 10, rec.examples
 
 
 def test_relative_error_near_zero_is_taken_against_the_output_scale():
@@ -236,7 +238,7 @@ def test_quantized_comparison_allows_a_bounded_fraction_one_step_off():
     off = bits.clone()
     off[:5] += 1  # five elements one fp8 step away (same sign)
     compare_quantized("out", off.view(torch.float8_e4m3fn), ref, 0.01, Stats())
-    off[:20] = bits[:20] + 1
+    off[:40] = bits[:40] + 1  # 4%: beyond what chance puts one step off in 1000 elements at 1% (27)
     with pytest.raises(Mismatch, match="one step"):
         compare_quantized("out", off.view(torch.float8_e4m3fn), ref, 0.01, Stats())
     far = bits.clone()

@@ -212,7 +212,7 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
     results = pytester.path / "reports" / "rms_norm" / "results" / "cpu.json"
 
     full = run_plan(plan, "--cells", "all", "--plan-profile", "ci", in_process=True)
-    full.assert_outcomes(passed=8, skipped=8)
+    full.assert_outcomes(passed=8, deselected=8)  # the sm90 cells: deselected, counted once, recorded
     out = full.stdout.str()
     assert summary_rows(out) == {("eager", "tp1"): {"passed": 4, "not run here": 4},
                                  ("eager", "tp2"): {"passed": 4, "not run here": 4}}
@@ -221,13 +221,14 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
     progress = next(line for line in out.splitlines() if line.startswith("plan.yaml "))
     assert "s" not in progress.split()[1], progress  # cells of another SM print no `s` each
     first = read_results(results)
+    assert sorted(s["status"] for s in first["cells"].values()) == ["not_run"] * 8 + ["passed"] * 8
     assert [r["cells"] for r in first["runs"].values()] == ["every runnable cell (8)"]
 
-    sampled = run_plan(plan, "--plan-profile", "ci", "-rs", "-p", "xdist", "-n", "2", in_process=True)
-    sampled.assert_outcomes(passed=4, skipped=12)  # both xdist workers pick the same sample
+    sampled = run_plan(plan, "--plan-profile", "ci", "-p", "xdist", "-n", "2", in_process=True)
+    sampled.assert_outcomes(passed=4)  # both xdist workers pick the same sample, and deselect the rest
     assert sorted(p.name for p in results.parent.glob("*.json")) == ["cpu.json"]  # the workers' files folded in
     out = sampled.stdout.str()
-    assert "sampled out: pairwise sample of 4 of 8 runnable cells; --cells all runs it" in out
+    # xdist's controller learns of the cells its workers deselected from the first worker's output
     assert summary_rows(out) == {("eager", "tp1"): {"passed": 2, "sampled out": 2, "not run here": 4},
                                  ("eager", "tp2"): {"passed": 2, "sampled out": 2, "not run here": 4}}
     assert "pairwise sample: 4 of 8 runnable cells ran" in out
@@ -240,15 +241,17 @@ def test_a_sampled_run_keeps_earlier_results_and_all_runs_every_cell(pytester, r
     rerun = {cid for cid, rec in ours.items() if rec["run"] in new_runs}
     kept = set(ours) - rerun
     assert len(rerun) == 4 and len(kept) == 4
+    # the sm90 cells' "not run here", recorded when collection ended, by the first worker
+    assert {rec["run"] in new_runs for cid, rec in second["cells"].items() if cid.endswith("-sm90")} == {True}
     assert all(second["cells"][cid] == first["cells"][cid] for cid in kept)
     assert value_pairs([Cell.from_id(cid) for cid in rerun]) == value_pairs(
         [Cell.from_id(cid) for cid in first["cells"] if cid.endswith("-cpu")])
 
-    # A selection runs what it selects, sampled out or not; -v still names every skipped cell.
+    # A selection runs what it selects, sampled out or not; the summary says why the rest did not run.
     left_out = sorted(kept)[0]
     chosen = run_plan(plan, "-k", left_out.removesuffix("-cpu"), "-v", in_process=True)
-    chosen.assert_outcomes(passed=1, skipped=1)
-    assert f"numerics[{left_out.removesuffix('-cpu')}-sm90] SKIPPED" in chosen.stdout.str()
+    chosen.assert_outcomes(passed=1, deselected=15)  # 14 by -k, and its sm90 cell
+    assert "1 not run here: needs sm90; this machine is cpu" in chosen.stdout.str()
     assert read_results(results)["cells"][left_out]["run"] not in new_runs
 
 

@@ -93,8 +93,8 @@ def test_a_check_whose_version_rose_stales_the_records_it_made_and_says_which(tm
     plan, _ = page(tmp_path)
     declared = checks.declared_versions
     now = declared("runtime/numerics.py")
-    monkeypatch.setattr(checks, "declared_versions", lambda module, *root: {**now, "values": now["values"] + 1}
-                        if module == "runtime/numerics.py" else declared(module, *root))
+    monkeypatch.setattr(checks, "declared_versions", lambda module, *root, **kw: {**now, "values": now["values"] + 1}
+                        if module == "runtime/numerics.py" and not kw else declared(module, *root, **kw))
     why = f"values v{now['values']} → v{now['values'] + 1}"
     text = rerender(plan, tmp_path)
     assert_stale(text, why, benchmarks=0)  # benchmarks do not run the value check of cells: they stay current
@@ -109,30 +109,50 @@ def test_a_check_that_acts_on_faults_only_stales_only_the_cells_that_faulted(tmp
     plan, _ = page(tmp_path, **{CELLS[0]: faulted})
     declared = checks.declared_versions
     now = declared("runtime/shrinking.py")
-    monkeypatch.setattr(checks, "declared_versions", lambda module, *root: {"fault isolation": now["fault isolation"]
-                        + 1} if module == "runtime/shrinking.py" else declared(module, *root))
+    monkeypatch.setattr(checks, "declared_versions", lambda module, *root, **kw: {"fault isolation":
+                        now["fault isolation"] + 1} if module == "runtime/shrinking.py" and not kw
+                        else declared(module, *root, **kw))
     res = collect(plan, tmp_path / "reports" / "rms_norm")
     assert res.stale_checks(res.records[CELLS[0]]) == f"fault isolation v{now['fault isolation']} → " \
         f"v{now['fault isolation'] + 1}"
     assert res.stale_checks(res.records[CELLS[1]]) == ""
 
 
+def test_a_rise_that_changes_only_failures_stales_only_the_records_of_failures(tmp_path, monkeypatch):
+    """A version rise declared in FAILURES_ONLY (what a failure says or shrinks to) leaves a passed record current
+    and stales a failed one."""
+    failed = cell(CELLS[0], "failed", reason="output 'out': max abs error 0.5")
+    plan, _ = page(tmp_path, **{CELLS[0]: failed})
+    declared = checks.declared_versions
+    v = declared("runtime/numerics.py")["values"]
+
+    def rose(module, *root, literal="CHECK_VERSIONS"):
+        if module != "runtime/numerics.py":
+            return declared(module, *root, literal=literal)
+        return {**declared(module), "values": v + 1} if literal == "CHECK_VERSIONS" else {"values": [v + 1]}
+
+    monkeypatch.setattr(checks, "declared_versions", rose)
+    res = collect(plan, tmp_path / "reports" / "rms_norm")
+    assert res.stale_checks(res.records[CELLS[0]]) == f"values v{v} → v{v + 1}"
+    assert res.stale_checks(res.records[CELLS[1]]) == ""
+
+
 def test_a_check_added_later_leaves_plans_it_does_not_apply_to_current(tmp_path, monkeypatch):
     plan, _ = page(tmp_path)
-    new = checks.Check("determinism", "runtime/numerics.py", lambda s: s.section == "cells" and s.quantized,
-                       "two calls on the same inputs give the same bits")
+    new = checks.Check("racecheck", "runtime/numerics.py", lambda s: s.section == "cells" and s.quantized,
+                       "compute-sanitizer racecheck finds no hazard between threads")
     declared = checks.declared_versions
     now = declared("runtime/numerics.py")
     monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS, new))
-    monkeypatch.setattr(checks, "declared_versions", lambda module, *root: {**now, "determinism": 1}
-                        if module == "runtime/numerics.py" else declared(module, *root))
+    monkeypatch.setattr(checks, "declared_versions", lambda module, *root, **kw: {**now, "racecheck": 1}
+                        if module == "runtime/numerics.py" and not kw else declared(module, *root, **kw))
     text = rerender(plan, tmp_path)  # small_plan quantizes nothing: the check does not apply
     assert verdict_line(text) == "- **Verdict:** sm90: go" and "not checked for" not in text
     monkeypatch.setattr(checks, "CHECKS", (*checks.CHECKS[:-1],
                                            dataclasses.replace(new, applies=lambda s: s.section == "cells")))
     text = rerender(plan, tmp_path)
     assert verdict_line(text) == "- **Verdict:** sm90: go"  # the verdict rests on the checks that did run
-    assert "| not checked for determinism yet | 2 " in section(text, "Support matrix")
+    assert "| not checked for racecheck yet | 2 " in section(text, "Support matrix")
     res = collect(plan, tmp_path / "reports" / "rms_norm")
     assert res.needs_run("cells", CELLS[0], lambda reason: False)  # --cells stale runs them
     assert not res.needs_run("benchmarks", "decode-64", lambda reason: False)

@@ -53,7 +53,7 @@ def test_the_bundled_plans_drive_the_routes_vllm_has_for_their_kind():
     routes = {load_plan(p).name: load_plan(p).vllm.route for p in BUNDLED_PLANS}
     assert routes["rms_norm"] == routes["fused_add_rms_norm"] == "ir"
     assert routes["silu_and_mul"] == routes["rotary_embedding"] == routes["dynamic_per_token_fp8_quant"] == "custom_op"
-    assert routes["paged_attention"] == "attention"
+    assert routes["paged_attention"] == "attention_backend"
     assert routes["int8_linear_column"] == routes["int8_linear_row"] == "quantization"
     assert {routes[n] for n in ("rms_norm_static_fp8_quant", "fused_add_rms_norm_static_fp8_quant",
                                 "silu_and_mul_quant")} == {"fusion"}
@@ -66,7 +66,8 @@ def test_rendered_plugin_lints_and_names_the_one_op(plan_path, tmp_path):
     assert f'OP = "{plan.op_qualname}"' in text and enable_setting(plan) in text
     assert (f'PROVIDER = "{provider_name(plan)}"' in text) == (plan.vllm.route == "ir")
     assert (f'QUANTIZATION = "{provider_name(plan)}"' in text) == (plan.vllm.route == "quantization")
-    assert f"import {adapter_module(plan)} as adapter" in text
+    # the attention backend maps vLLM's tensors onto the kernel's by the plan's shapes: no adapter module
+    assert (f"import {adapter_module(plan)} as adapter" in text) == (plan.vllm.route != "attention_backend")
     (tmp_path / "plugin.py").write_text(text)
     proc = _ruff(tmp_path / "plugin.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -92,6 +93,7 @@ import torch
 from vllm import ir
 from vllm.model_executor.custom_op import CustomOp, op_registry
 from vllm.model_executor.layers.linear import LinearBase
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from harness.runtime.resolve import import_object
 from harness.spec.load import load_plan
 
@@ -103,6 +105,7 @@ for plan_path, _ in pairs:  # vLLM's own names, before any plugin registered
     layer = import_object(v.layer)  # vLLM and the layer the plugin replaces, imported once
     entry = {"custom_op": v.custom_op is None or op_registry.get(v.custom_op) in [c for c in layer.__mro__],
              "is_custom_op": issubclass(layer, CustomOp), "is_linear": issubclass(layer, LinearBase),
+             "is_attention": issubclass(layer, AttentionLayerBase),
              "ir_op": v.ir_op is None or hasattr(ir.ops, v.ir_op), "tolerance": {}, "providers": []}
     if v.ir_op and hasattr(ir.ops, v.ir_op):
         entry["providers"] = sorted(getattr(ir.ops, v.ir_op).impls)
@@ -175,7 +178,8 @@ def test_the_plans_names_match_vllms_own_registries(in_vllm):
     for path in map(str, DRIVEN):
         plan, entry = load_plan(path), in_vllm["registries"][path]
         assert entry["custom_op"], f"{path}: {plan.vllm.custom_op} is not {plan.vllm.layer}'s"
-        assert entry["is_linear"] if plan.vllm.route == "quantization" else entry["is_custom_op"], entry
+        kind = {"quantization": "is_linear", "attention_backend": "is_attention"}.get(plan.vllm.route, "is_custom_op")
+        assert entry[kind], entry
         assert entry["ir_op"], f"{path}: vLLM has no vllm.ir.ops.{plan.vllm.ir_op}"
         assert not plan.vllm.in_tree_provider or plan.vllm.in_tree_provider in entry["providers"], entry
         for dt, (atol, rtol) in entry["tolerance"].items():

@@ -44,6 +44,9 @@ def pytest_addoption(parser):
     group.addoption("--vllm-ops-library", action="store", default=None, metavar="PATH",
                     help="a compiled vLLM ops library (e.g. vllm/_C_stable_libtorch.abi3.so) providing torch.ops._C "
                          "without vLLM's Python package (also: HARNESS_VLLM_OPS_LIBRARY)")
+    group.addoption("--replay", action="store", default=None, metavar="CELL",
+                    help="check again, alone, the failing example a run saved for this cell (reports/<op>/failures/"
+                         "<cell>.json, with its inputs where small); says whether it reproduced and records nothing")
     group.addoption("--no-report", action="store_true", default=False,
                     help="do not regenerate reports/<op>/PLAN.md at the end of the run")
 

@@ -17,13 +17,16 @@ from harness.vllm.engine import engine_profiles, engine_unsupported, run_engine_
 from harness.vllm.engine import item_name as engine_item_name
 from harness.vllm.fusion import FusionTask, fusion_items, run_fusion_item
 from harness.vllm.routes import LAYER_DTYPES, MAX_EXAMPLES, run_integration_item
+from harness.vllm.attention_backend import ROUTE as ATTENTION_ROUTE, run_attention_item
 from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
-from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status
+from harness.plugin.replay import keep, replayed
+from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status, lead_reason
 from harness.runtime.bench.measure import BenchOutcome, run_benchmark
 from harness.runtime.bench.precompile import precompile
 from harness.runtime.bench.records import not_run_record
 from harness.runtime.bench.specs import BenchSpec, bench_specs, skip_reason
 from harness.runtime.device import detect
+from harness.runtime.inputs import Example
 from harness.runtime.memcheck import run_memcheck
 from harness.runtime.runner import Outcome, run_cell, shrink_example
 from harness.runtime.shrinking import shrink_fault
@@ -90,8 +93,9 @@ class PlanItem(pytest.Item):
 
     def reportinfo(self):
         # Line 0 (the plan file's first line), not None: pytest places a skip by marker (--benchmark-skip,
-        # --benchmark-only, -m with skipif) at the item's line, and asserts there is one.
-        return self.path, 0, f"{self.parent.name}::{self.name}"
+        # --benchmark-only, -m with skipif) at the item's line, and asserts there is one. The name alone, as a test
+        # function's: pytest's -v line turns each "." before a "[" into "::" (plan.yaml became plan::yaml).
+        return self.path, 0, self.name
 
 
 def _expected(decision: Decision, status: Status) -> Status:
@@ -106,6 +110,7 @@ class CellItem(PlanItem):
         super().__init__(**kwargs)
         self.cell, self.decision, self.outcome = cell, decision, None
         self.sampled_out = ""  # why the run's sample left this cell out (pytest_collection_finish)
+        self.saved = False  # its failure is saved under reports/<op>/failures/ (harness.plugin.replay)
 
     def setup(self):
         if not self.decision.runs:
@@ -123,7 +128,8 @@ class CellItem(PlanItem):
             self.fail_if_failed()
             return
         plan = provider_view(s.plan, self.cell.provider)
-        task = CellTask(plan, self.cell, s.run_settings())
+        replaying = s.replay == self.cell.id  # --replay: the saved failure's example alone
+        task = CellTask(plan, self.cell, s.run_settings(), replay=s.replay_example if replaying else None)
         shrunk = None
         if s.isolation == "none" and self.cell.tp == 1:
             value, facts = run_cell(task), {}
@@ -136,9 +142,10 @@ class CellItem(PlanItem):
             facts = worker.facts
             # A crash or a device fault killed the worker hypothesis was shrinking in: shrink in fresh ones.
             multiples = tp_multiples(plan, self.cell.tp) if self.cell.tp > 1 else None
-            shrunk = shrink_fault(worker, fn, task, s.plan.numerics.timeout_s, value,
-                                  lambda ex, reproduces: shrink_example(plan, self.cell, ex, reproduces, multiples),
-                                  s.fault_minimals.setdefault((self.cell.phase, self.cell.tp, self.cell.provider), []))
+            shrunk = None if replaying else shrink_fault(
+                worker, fn, task, s.plan.numerics.timeout_s, value,
+                lambda ex, reproduces: shrink_example(plan, self.cell, ex, reproduces, multiples),
+                s.fault_minimals.setdefault((self.cell.phase, self.cell.tp, self.cell.provider), []))
         if s.isolation != "none" or self.cell.tp > 1:
             if isinstance(value, Fault):
                 s.cells_killed += 1
@@ -146,12 +153,19 @@ class CellItem(PlanItem):
                 s.cells_survived += 1
         if isinstance(value, Fault):
             value = Outcome(CellRecord(**self.cell.axes(), status=Status.FAILED, reason=value.reason,
-                                       examples=value.examples, facts=value.facts or {}), traceback=value.traceback)
+                                       examples=value.examples, facts=value.facts or {}), traceback=value.traceback,
+                            failing=[value.example if isinstance(value.example, Example) else None])
         value.record.facts.update(facts)
         if shrunk:
             value.record.minimal_example = shrunk.example.describe()
             value.record.facts.update(shrunk.facts)
+            value.failing = [shrunk.example, *value.failing[1:]]
+            value.inputs, value.inputs_note = None, "the kernel faulted: the example rebuilds them"
         self.outcome = value
+        if replaying:
+            s.replay_said = replayed(s.op_dir, self.cell.id, s.replay_data, value.record)
+        else:
+            self.saved = keep(s.op_dir, s.plan.name, self.cell.id, value)
         if value.record.status == Status.NOT_RUN:  # a provider cannot be loaded here: not run, as memcheck cells
             pytest.skip(value.record.reason)
         self.fail_if_failed()
@@ -167,23 +181,34 @@ class CellItem(PlanItem):
 
     def failure_text(self) -> str:
         rec = self.outcome.record
-        lines = [f"cell {self.cell.id} failed: {rec.reason}"]
+        lines = [f"cell {self.cell.id} failed: {lead_reason(rec)}"]
         if rec.minimal_example:
             lines.append(f"minimal example: {rec.minimal_example}")
-        for f in rec.more_failures or ():  # distinct failures besides the first (a provider's cells)
-            lines.append(f"also failed: {f.reason}" + (f"; minimal example: {f.minimal_example}" if f.minimal_example
-                                                       else ""))
+        for i, f in enumerate(rec.more_failures or (), start=2):  # the distinct failures besides the first
+            lines.append(f"also failed [{i}]: {f.reason}" + (f"; minimal example: {f.minimal_example}"
+                                                             if f.minimal_example else ""))
+        s = session_of(self.config)
+        if s.replay == self.cell.id:
+            lines.append(s.replay_said)
         lines.append(f"reproduce: {self.repro_command()}")
         if self.outcome.traceback:
             lines.append(self.outcome.traceback)
         return "\n".join(lines)
 
     def repro_command(self) -> str:
+        """`pytest --plan P --replay <cell>` where the cell's failing example is saved (a replay of it, too), else the
+        command that runs the cell again."""
         s = session_of(self.config)
-        try:
-            plan = os.path.relpath(s.plan_path, self.config.invocation_params.dir)
-        except ValueError:
-            plan = str(s.plan_path)
+
+        def shown(path) -> str:
+            try:
+                return os.path.relpath(path, self.config.invocation_params.dir)
+            except ValueError:
+                return str(path)
+        plan = shown(s.plan_path)
+        if self.saved or s.replay == self.cell.id:
+            reports = f" --reports-dir {shown(s.reports_option)}" if s.reports_option else ""
+            return f"pytest --plan {plan}{reports} --replay {self.cell.id}"
         return f"pytest --plan {plan} --plan-profile {s.profile} -k '{self.cell.id}'"
 
     def result(self, skipped: bool) -> CellRecord:
@@ -226,7 +251,8 @@ class VllmItem(PlanItem):
                    f"{s.route_faults[self.route]}; this route's other items would only crash again")
             self._record(IntegrationRecord(route=self.route, **self.cell.axes(), status=Status.NOT_RUN, reason=why))
             pytest.skip(why)
-        value = s.worker("vllm").call(run_integration_item, task, s.plan.numerics.timeout_s)
+        run = run_attention_item if self.route == ATTENTION_ROUTE else run_integration_item
+        value = s.worker("vllm").call(run, task, s.plan.numerics.timeout_s)
         if isinstance(value, Fault):
             s.route_faults.setdefault(self.route, f"{self.name} ({value.reason.splitlines()[0][:160]})")
         rec = value.record if not isinstance(value, Fault) else IntegrationRecord(

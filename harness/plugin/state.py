@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.decisions.verdicts import SmVerdict
+from harness.plugin.progress import Progress
 from harness.results.store import Recorder
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.runtime.runner import RunSettings
@@ -55,6 +56,17 @@ class Session:
     cells_killed: int = 0
     cells_survived: int = 0
     route_faults: dict[str, str] = field(default_factory=dict)
+    # The cells deselected when collection ended, as (cell, status, reason): not run here, excluded, sampled out.
+    left_out: list[tuple[Cell, str, str]] = field(default_factory=list)
+    progress: Progress | None = None  # the numerics cells' elapsed time and estimate (harness.plugin.progress)
+    # --replay: the cell whose saved failure this run checks again, that failure (harness.plugin.replay) and its
+    # example; what the replay said, for the terminal summary. A replay records nothing.
+    replay: str = ""
+    replay_data: dict | None = None
+    replay_example: object = None
+    replay_said: str = ""
+    # The --reports-dir given on the command line, as a reproduce command repeats it ("" for the default)
+    reports_option: str = ""
 
     def run_settings(self, examples: int | None = None) -> RunSettings:
         return RunSettings(examples=examples or self.examples, profile=self.profile, database=self.database)
@@ -65,6 +77,8 @@ class Session:
         return self.workers[key]
 
     def record(self, section: str, key: str, rec, defer: bool = False) -> None:
+        if self.replay:  # one example checked again is not a run of the cell: its record stays as it was
+            return
         rec.finished = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.recorder.record(section, key, rec, defer)
 

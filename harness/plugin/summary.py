@@ -15,6 +15,7 @@ SAMPLED_OUT = "sampled_out"  # a cell's status in the summary only: sampled-out 
 
 SUMMARY_STATUSES = {"passed": "passed", "failed": "failed", "xfail": "expected failure", "xpass": "unexpected pass",
                     SAMPLED_OUT: "sampled out", "not_run": "not run here", "excluded": "excluded"}
+RAN = ("passed", "failed", "xfail", "xpass")  # the statuses of cells that ran
 OTHER_SM = re.compile(r"needs (\w+); (this machine is .*)")
 
 
@@ -30,7 +31,7 @@ def cells_summary(plan: Plan, cells: list[tuple[Cell, str, str]]) -> list[str]:
                      disable_numparse=True).splitlines()
     sampled = sum(1 for _, status, _ in cells if status == SAMPLED_OUT)
     if sampled:
-        ran = sum(1 for _, status, _ in cells if status in ("passed", "failed", "xfail", "xpass"))
+        ran = sum(1 for _, status, _ in cells if status in RAN)
         lines.append(f"pairwise sample: {ran} of {ran + sampled} runnable cells ran, every pair of axis values in one "
                      f"at least; --cells all runs all {ran + sampled}")
     groups: dict[tuple[str, str, bool], list[Cell]] = {}
@@ -48,3 +49,24 @@ def cells_summary(plan: Plan, cells: list[tuple[Cell, str, str]]) -> list[str]:
         lines.append(f"… and {sum(len(g) for _, g in shown[6:])} more cells for {len(shown) - 6} other reasons "
                      "(the living plan lists them)")
     return lines
+
+
+def provider_summary(plan: Plan, provider: str, tried: list[tuple[Cell, str, str]],
+                     cells: list[tuple[Cell, str, str]]) -> str:
+    """One line for a provider none of whose cells ran here, saying why, where its table would count only cells
+    that did not run; "" where some ran (or it has no cell in the run). `tried`: its cells that were to run and
+    found they cannot (vLLM's kernel not installed); `cells`: all of its cells in the run."""
+    if not cells or any(status in RAN for _, status, _ in cells):
+        return ""
+    line = f"{plan.name}: {provider} through the same cells: none ran here"
+    if tried:
+        why = Counter(reason for _, _, reason in tried)
+        line += ": " + "; ".join(reason if len(why) == 1 else f"{n}: {reason}" for reason, n in why.most_common())
+    tried_cells = {c for c, _, _ in tried}
+    rest = Counter(status for c, status, _ in cells if c not in tried_cells and status in SUMMARY_STATUSES)
+    counts = ", ".join(f"{n} {SUMMARY_STATUSES[st]}" for st, n in sorted(rest.items(), key=lambda kv: -kv[1]))
+    if tried:
+        tried_words = f"{len(tried)} cell{'s' if len(tried) > 1 else ''} tried"
+        return f"{line} ({tried_words}; the other {len(cells) - len(tried)}: {counts})" if counts else \
+            f"{line} ({tried_words})"
+    return f"{line}: of its {len(cells)} cells, {counts}"

@@ -8,6 +8,7 @@ from collections import Counter
 
 from harness.decisions.reasons import n_cells
 from harness.decisions.verdicts import SmVerdict, Verdict, grouped_verdicts
+from harness.rendering.hazards import HAZARDS, hazard_lines
 from harness.rendering.markdown import code, fmt, md, table
 from harness.rendering.plan_words import INTENTS, capture_sizes, contract_text, quantization_text, rule_text, \
     provider_words, tp_answer, vllm_answer
@@ -46,7 +47,7 @@ def provenance_line(res: Merged) -> str:
         descr = []
         for run in runs:
             p = res.runs[run]
-            descr.append(f"{md(p.host)} ({md(p.gpu)}), commit {md(p.commit or '?')}, {md(p.date)}"
+            descr.append(f"{md(p.host)} ({md(p.gpu)}), {md(p.commit_words())}, {md(p.date)}"
                          + (f", ran {md(p.cells)}" if p.cells else ""))
         parts.append(f"{sm}: " + "; ".join(dict.fromkeys(descr)))  # xdist workers of one run read alike
     missing = [sm for sm in res.plan.matrix["sm"] if sm not in res.sources]
@@ -128,7 +129,7 @@ def machines_table(res: Merged) -> str:
         p = res.runs[run]
         rows.append([md(p.sm), md(p.host), md(p.gpu), fmt(p.device_count), fmt(p.cpu_count), md(p.torch or "—"),
                      md(p.triton or "—"), md(p.cuda or "—"), md(p.vllm or "not installed"), md(p.python or "—"),
-                     "yes" if p.triton_interpreter else "no", md(p.commit or "—")])
+                     "yes" if p.triton_interpreter else "no", md(p.commit_words(prefix="", unknown="—"))])
     return table(rows, ["SM", "machine", "GPU / CPU", "GPUs", "CPUs", "torch", "triton", "CUDA", "vLLM", "python",
                         "Triton interpreter", "commit"])
 
@@ -146,7 +147,7 @@ def detected_facts(res: Merged) -> str:
         if f.get("token_cap") is not None:
             caps[(plan.matrix["sm"].index(c.sm), json.dumps(f["token_cap"]))] += 1
         for key, value in f.items():
-            if key != "token_cap":
+            if key != "token_cap" and key not in HAZARDS:  # the hazards have lines of their own
                 shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
                 facts[(plan.matrix["graph_mode"].index(c.graph_mode), key, shown)] += 1
     if not ran:
@@ -165,4 +166,6 @@ def detected_facts(res: Merged) -> str:
                 for (g, key, value), n in sorted(facts.items())]
         lines += ["Facts the cells reported (graph-mode runners, the examples past each `op.paths` path, "
                   "int32-overflow examples):", "", table(rows, ["graph mode", "fact", "value", "cells"]), ""]
+    hazards = hazard_lines(res)
+    lines += [*hazards, ""] if hazards else []
     return "\n".join(lines).rstrip()

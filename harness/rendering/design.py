@@ -7,6 +7,7 @@ from __future__ import annotations
 from harness.rendering.markdown import code, md, mm
 from harness.rendering.plan_words import capture_sizes, custom_op_name, layer_class, layer_path, route_proof, \
     route_words
+from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE, cache_words
 from harness.vllm.plugin_source import ADAPTER_FUNCTIONS, render_plugin
 from harness.rendering.python_source import custom_op_source
 from harness.results.store import IntegrationRecord
@@ -43,6 +44,8 @@ def design(plan: Plan, integration: dict | None = None) -> str:
                      f"against: {md(lacking)}. Nothing here draws it:")
         return "\n".join(["## High-level design", "", where, "", "```mermaid", *g, *edges, "    customop --> kernel",
                           "```"])
+    if route == ATTENTION_ROUTE:
+        return _attention_design(plan, op, g)
     flag = oot_flag(plan)
     if route == "ir":
         g += [f'    dispatch{{"{mm("vLLM IR dispatch: vllm.ir.ops." + plan.vllm.ir_op + ", priority per platform")}"}}',
@@ -88,6 +91,22 @@ def interfaces(plan: Plan, integration: dict) -> str:
     return "\n".join(lines)
 
 
+def _attention_design(plan: Plan, op: str, g: list[str]) -> str:
+    """The attention_backend route's flowchart: vLLM's backend selection, the plugin's impl calling the kernel."""
+    g += [f'    dispatch{{"{mm("attention backend selection: --attention-backend CUSTOM (a CPU: over CPU_ATTN)")}"}}',
+          f'    provider["{mm("PluginAttentionImpl.forward: vLLM KV cache views + metadata")}"]',
+          f'    native["{mm("vLLM own backend (FLASH_ATTN, TRITON_ATTN, CPU_ATTN, ...)")}"]',
+          f'    kernel["{mm("kernel " + plan.kernel)}"]',
+          f'    dynamo["{mm("torch.compile: vllm.unified_attention_with_output, one opaque splitting op")}"]',
+          f'    cudagraph["{mm(CUDA_GRAPH_BOX)}"]']
+    edges = ["    caller --> layer --> dispatch", f'    dispatch -->|"{mm("CUSTOM")}"| provider --> kernel',
+             f'    dispatch -->|"{mm("another backend")}"| native', "    dynamo -.-> provider",
+             "    cudagraph -.-> kernel"]
+    return "\n".join(["## High-level design", "",
+                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route "
+                      f"{code(plan.vllm.route)}; {md(cache_words(plan))}):", "", "```mermaid", *g, *edges, "```"])
+
+
 def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None = None) -> str:
     """The plugin as the report shows it: entry point, module, how to select it, and whether it was verified."""
     why = unsupported(plan) or md(route_lacking(plan, integration))
@@ -95,9 +114,12 @@ def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None
         return f"No vLLM plugin: {why}.\n"
     route = plugin_route(plan)
     functions = ", ".join(code(ADAPTER_FUNCTIONS[r]) for r in plugin_routes(plan))
+    side = (f"no op-specific vLLM side: the plugin maps vLLM's tensors onto the kernel's by the plan's shapes "
+            f"({md(cache_words(plan))})" if route == ATTENTION_ROUTE else
+            f"the op's vLLM side is {code(adapter_module(plan))} ({functions}, and {code('vllm_layer')} for the "
+            "integration items)")
     lines = [f"vLLM general plugin ({ROUTE_KINDS[route].words.split(' (')[0]} route), rendered from "
-             f"the route's template; the op's vLLM side is {code(adapter_module(plan))} ({functions}, and "
-             f"{code('vllm_layer')} for the integration items). "
+             f"the route's template; {side}. "
              "Entry point, in the pyproject.toml of the package that ships the kernel:", "",
              "```toml", plugin_entry_point(plan).rstrip(), "```", "",
              f"Module `{plugin_module_name(plan)}.py`:", "", "```python", render_plugin(plan).rstrip(), "```", "",
@@ -105,15 +127,19 @@ def plugin_markdown(plan: Plan, integration: dict[str, IntegrationRecord] | None
              + (f" (`{in_tree_flag(plan)}` in `custom_ops` turns on vLLM's own kernel instead.)"
                 if in_tree_flag(plan) else ""), ""]
     if integration is not None:
-        plugin_items = {k: v for k, v in sorted(integration.items()) if k.startswith("vllm-plugin[")}
+        loaded = ATTENTION_ROUTE if route == ATTENTION_ROUTE else "plugin"  # the items loading it by vLLM's loader
+        plugin_items = {k: v for k, v in sorted(integration.items()) if k.startswith(f"vllm-{loaded}[")}
         passed = [k for k, v in plugin_items.items() if v.status == Status.PASSED]
         failed = [k for k, v in plugin_items.items() if v.status in (Status.FAILED, Status.XFAIL)]
         if failed:
             lines.append(f"Loading it through vLLM's plugin loader FAILED in {len(failed)} of {len(plugin_items)} "
                          f"items: {plugin_items[failed[0]].reason}")
         elif passed:
-            lines.append(f"Verified: loaded through vLLM's plugin loader, vLLM's layer called the kernel and matched "
-                         f"the reference in {len(passed)} items ({', '.join(passed)}).")
+            what = ("vLLM's Attention layer ran the backend on vLLM's own KV cache and metadata, calling the kernel, "
+                    "and matched vLLM's own backend and the reference" if route == ATTENTION_ROUTE else
+                    "vLLM's layer called the kernel and matched the reference")
+            lines.append(f"Verified: loaded through vLLM's plugin loader, {what} in {len(passed)} items "
+                         f"({', '.join(passed)}).")
         else:
             lines.append("Not verified on any machine yet (vLLM not installed where the plan ran).")
         lines.append("")

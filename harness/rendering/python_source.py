@@ -52,10 +52,15 @@ def custom_op_source(plan: Plan, op_fn: str | None = None, kernel_fn: str | None
                   "    return None  # writes its arguments only: nothing to allocate"]
     else:
         rmod, _, rattr = plan.reference.partition(":")
-        ref_inputs = ", ".join(f"{a.name}={a.name}" for a in plan.args if a.role != "output")
+        given = [f"{a.name}={a.name}" for a in plan.args if a.role != "output" and not a.is_null]
+        nulls = [a.name for a in plan.args if a.is_null]
+        if nulls:  # `name: null` reaches the reference only where its signature names it, as the harness calls it
+            pairs = ", ".join(f"({py_str(n)}, {n})" for n in nulls)
+            given.append(f"**{{n: v for n, v in ({pairs},) if n in inspect.signature({rattr}).parameters}}")
+        ref_inputs = ", ".join(given)
         idx = [plan.outputs.index(r) for r in returns]
         outs = ", ".join(f"torch.empty_like(ref[{i}])" for i in idx)
-        lines += [f"from {rmod} import {rattr.split('.')[0]}", "", "",
+        lines += [*(["import inspect"] if nulls else []), f"from {rmod} import {rattr.split('.')[0]}", "", "",
                   f"@{op_fn}.register_fake", f"def _({', '.join(names)}):",
                   f"    ref = {rattr}({ref_inputs})  # on fake tensors: shapes and dtypes only",
                   "    ref = ref if isinstance(ref, tuple) else (ref,)",

@@ -10,7 +10,7 @@ from harness.decisions.reasons import by_reason, excluded_by_reason, first_line,
 from harness.rendering.markdown import LEGEND, MARKS, NO_RESULT, code, fmt, md, table
 from harness.rendering.plan_words import axis_value, describe, provider_words
 from harness.results.merge import Merged
-from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen
+from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen, lead_reason
 from harness.spec.matrix import Cell
 from harness.spec.status import RAN, Status
 
@@ -39,7 +39,8 @@ def support_matrix(res: Merged) -> str:
     for sm in m["sm"]:
         if sm in res.covered:
             ps = [res.runs[r] for r in res.covered[sm]]
-            source.append("; ".join(dict.fromkeys(f"{md(p.host)} ({md(p.gpu)}, {md(p.commit or '?')})" for p in ps)))
+            source.append("; ".join(dict.fromkeys(f"{md(p.host)} ({md(p.gpu)}, {md(p.commit_words(prefix=''))})"
+                                                  for p in ps)))
         else:
             source.append("no results from this SM yet")
     for status in (*MARKS, None):
@@ -98,8 +99,13 @@ def _failures(res: Merged) -> list[str]:
         for c in failed:
             rec = res.records[c.id]
             max_abs, ulp = _error_fields(rec)
-            rows.append([code(c.id), md(first_line(rec.reason, 400)), max_abs, ulp,
+            more = rec.more_failures or ()
+            shown = f"{code(c.id)} (1 of {len(more) + 1} distinct failures)" if more else code(c.id)
+            rows.append([shown, md(first_line(lead_reason(rec), 400)), max_abs, ulp,
                          md(rec.minimal_example or "—"), code(rec.repro) if rec.repro else "—"])
+            for i, f in enumerate(more, start=2):  # each distinct failure on a row of its own, with its input
+                rows.append([f"{code(c.id)} ({i} of {len(more) + 1})", md(first_line(f.reason, 400)), "—", "—",
+                             md(f.minimal_example or "—"), "—"])
         out += ["Failed cells:", "", table(rows, ["cell", "reason", "max abs error", "ULP", "minimal input",
                                                   "reproduce"]), ""]
     xpass = res.cells_with(Status.XPASS)
@@ -245,7 +251,7 @@ def accepted_inputs(res: Merged, provider: str = "") -> str:
         groups = defaultdict(list)  # (reason, minimal input) -> the cells that failed so
         for c in failed:  # every distinct failure of a cell, each with its minimal input
             rec = res.records[c.id]
-            for reason, example in [(rec.reason, rec.minimal_example),
+            for reason, example in [(lead_reason(rec), rec.minimal_example),
                                     *((f.reason, f.minimal_example) for f in rec.more_failures or ())]:
                 groups[(first_line(reason, 300), example or NO_RESULT)].append(c)
         rows = [[md(describe(plan, cells)), str(len(cells)), md(reason), md(example)]

@@ -6,11 +6,12 @@ refactors, moves and other providers' edits stale nothing; a check added later r
 records it would apply to, and their verdicts rest on the checks that did run.
 
 Each check declares its version beside its code: a `CHECK_VERSIONS = {name: version}` literal in the module named
-here, read from that module's source, never imported (no torch here). A committed manifest keeps the versions honest
-(harness/results/checks_manifest.json, tests/test_checks_manifest.py): it holds, per check, a hash of the
-comment-stripped code of the module's import closure inside harness/; a change to that code fails the test until
-the version rises (results may differ) or the manifest is rewritten (`python -m harness manifest`: a refactor,
-results stand).
+here, read from that module's source, never imported (no torch here), and, where a rise changed only what a failure
+says or shrinks to, a `FAILURES_ONLY = {name: [version, ...]}` literal: records that did not fail stand across it.
+A committed manifest keeps the versions honest (harness/results/checks_manifest.json,
+tests/test_checks_manifest.py): it holds, per check, a hash of the comment-stripped code of the module's import
+closure inside harness/; a change to that code fails the test until the version rises (results may differ) or the
+manifest is rewritten (`python -m harness manifest`: a refactor, results stand).
 
 Plain Python.
 """
@@ -36,11 +37,14 @@ class Subject:
     dtype: str
     tp: int = 1
     graph_mode: str = "eager"
-    route: str = ""  # integration items: ir, custom_op, quantization, plugin, fusion, engine
+    route: str = ""  # integration items: ir, custom_op, quantization, plugin, attention_backend, fusion, engine
     quantized: bool = False  # the plan quantizes an output
     returns: bool = False  # the op returns outputs it allocates
     fp32_accumulation: bool = False  # op.accumulation: fp32
     faulted: bool = False  # the kernel crashed its worker or the device, and the input was shrunk after it
+    failed: bool = False  # the record is of a failure (failed, or an expected failure)
+    token_rows: bool = False  # an input has a num_tokens dimension: vLLM pads it (harness.spec.token_rows)
+    batch_invariance: bool = False  # the op's token rows are independent and the plan has the probe on
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,19 @@ class Check:
     def version(self) -> int:
         return declared_versions(self.module)[self.name]
 
+    @property
+    def failures_only(self) -> tuple[int, ...]:
+        """The versions whose rise changed what a failure says or shrinks to, and nothing of a record that did not
+        fail (the module's FAILURES_ONLY literal): such a record stands across them."""
+        return tuple(declared_versions(self.module, literal="FAILURES_ONLY").get(self.name, ()))
+
 
 def _cells(s: Subject) -> bool:
     return s.section == "cells"
 
 
 def _routes(s: Subject) -> bool:
-    return s.section == "integration" and s.route not in ("fusion", "engine")
+    return s.section == "integration" and s.route not in ("fusion", "engine", "attention_backend")
 
 
 # Every check a record can be made by, in the order a cell runs them.
@@ -87,6 +97,18 @@ CHECKS = (
           "a 16-bit kernel accumulates in fp32 (its error against fp64 beside the reference's)"),
     Check("tf32", "runtime/tf32.py", lambda s: _cells(s) and s.dtype == "fp32",
           "what the kernel's fp32 dots compute in"),
+    # vLLM's hazards no value comparison sees, on the cells that can show each once: eager tp1 cells for a call's
+    # own properties (a graph replays the same launches; ranks run the same kernel), CUDA-graph cells for padding
+    # (eager cells on a CPU machine, which runs no CUDA-graph cell: the padded launch is the same call).
+    Check("determinism", "runtime/determinism.py", lambda s: _cells(s) and s.tp == 1 and s.graph_mode == "eager",
+          "the same call twice (on a GPU, again on a second CUDA stream) gives bit-identical outputs"),
+    Check("padding isolation", "runtime/padding.py",
+          lambda s: _cells(s) and s.tp == 1 and s.token_rows and (
+              s.graph_mode == "cuda_graph" or (s.graph_mode == "eager" and s.sm == "cpu")),
+          "real rows bit-identical to an unpadded call when the CUDA-graph padding rows hold NaN or huge values"),
+    Check("batch invariance", "runtime/batch_invariance.py",
+          lambda s: _cells(s) and s.tp == 1 and s.graph_mode == "eager" and s.batch_invariance,
+          "the same rows alone and at the front, middle and end of larger batches give the same bits"),
     Check("torch.compile", "runtime/modes.py", lambda s: _cells(s) and s.graph_mode == "torch_compile",
           "opcheck of the custom op, fullgraph compile with unbacked token counts, no recompile per token count"),
     Check("cuda graph", "runtime/modes.py", lambda s: _cells(s) and s.graph_mode == "cuda_graph",
@@ -107,20 +129,30 @@ CHECKS = (
           "vLLM's fusion pass over vLLM's layer sequence: matched count, the fused node's kernel"),
     Check("engine", "vllm/engine.py", lambda s: s.section == "integration" and s.route == "engine",
           "vLLM's engine serving a tiny model with the plugin: the kernel's calls per step kind, greedy tokens"),
+    Check("attention backend", "vllm/attention_backend.py",
+          lambda s: s.section == "integration" and s.route == "attention_backend",
+          "the plugin's attention backend, selected as CUSTOM, on vLLM's own KV cache and metadata against vLLM's "
+          "own backend on the same batch, and the reference"),
 )
 BY_NAME = {c.name: c for c in CHECKS}
 
 
+# The module-level literals a check's module declares its versions in (left out of its code's hash).
+VERSION_LITERALS = ("CHECK_VERSIONS", "FAILURES_ONLY")
+
+
 @functools.cache
-def declared_versions(module: str, root: Path = HARNESS_DIR) -> dict[str, int]:
-    """The `CHECK_VERSIONS` literal of a harness module (relative to harness/, or to `root`, a copy of it), read from
-    its source."""
+def declared_versions(module: str, root: Path = HARNESS_DIR, literal: str = "CHECK_VERSIONS") -> dict:
+    """The `CHECK_VERSIONS` literal (or another of VERSION_LITERALS) of a harness module (relative to harness/, or to
+    `root`, a copy of it), read from its source; a FAILURES_ONLY the module leaves out is empty."""
     tree = ast.parse((root / module).read_text())
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == "CHECK_VERSIONS" for t in targets):
+            if any(isinstance(t, ast.Name) and t.id == literal for t in targets):
                 return ast.literal_eval(node.value)
+    if literal != "CHECK_VERSIONS":
+        return {}
     raise LookupError(f"harness/{module} declares no CHECK_VERSIONS")
 
 
@@ -131,9 +163,18 @@ def applicable(subject: Subject) -> dict[str, int]:
 
 def version_changes(ran: dict[str, int], subject: Subject) -> list[str]:
     """The checks a record ran whose version rose since ("accumulation v2 → v3"), of those that apply to it as it
-    came out (a fault's shrinking acts on a cell whose kernel faulted only); a check since removed is none."""
-    now = {c.name: c.version for c in CHECKS if c.applies(subject)}
-    return [f"{name} v{v} → v{now[name]}" for name, v in ran.items() if name in now and now[name] > v]
+    came out (a fault's shrinking acts on a cell whose kernel faulted only; a rise changing only failures, on a
+    record that failed only); a check since removed is none."""
+    now = {c.name: c for c in CHECKS if c.applies(subject)}
+    out = []
+    for name, v in ran.items():
+        check = now.get(name)
+        if check is None or check.version <= v:
+            continue
+        if not subject.failed and all(r in check.failures_only for r in range(v + 1, check.version + 1)):
+            continue
+        out.append(f"{name} v{v} → v{check.version}")
+    return out
 
 
 def not_checked(ran: dict[str, int], subject: Subject) -> list[str]:

@@ -23,7 +23,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from harness.results.checks import CHECKS, HARNESS_DIR, declared_versions
+from harness.results.checks import CHECKS, HARNESS_DIR, VERSION_LITERALS, declared_versions
 
 MANIFEST = HARNESS_DIR / "results" / "checks_manifest.json"
 PACKAGE = "harness"
@@ -37,6 +37,8 @@ NO_VERDICT = {
     "spec/field_docs.py": "the plan fields in words (python -m harness fields, the README, the schema's hover text)",
     "runtime/mutants.py": "validate's wrong kernels made from the reference: they refuse a plan, in no record",
     "runtime/check_code.py": "warnings about a plan's code (validate's child, the run's start): printed, in no record",
+    "runtime/preflight.py": "validate's run of the reference at the plan's sizes and on TP shards: it refuses a plan, "
+                            "in no record",
     "runtime/upcast.py": "one of check_code's warnings (a native baseline computing in fp32): printed, in no record",
     "runtime/worker_preload.py": "the fork server's preload: imports, and workers.start_up() (fault isolation's "
                                  "closure) run ahead of the fork; each child runs start_up again",
@@ -46,7 +48,7 @@ NO_VERDICT = {
 
 
 def _strip(tree: ast.Module) -> ast.Module:
-    """The tree without docstrings (module, class, function) and without the top-level CHECK_VERSIONS literal."""
+    """The tree without docstrings (module, class, function) and without the top-level version literals."""
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
@@ -60,7 +62,7 @@ def _strip(tree: ast.Module) -> ast.Module:
 def _declares_versions(node: ast.stmt) -> bool:
     targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
         else []
-    return any(isinstance(t, ast.Name) and t.id == "CHECK_VERSIONS" for t in targets)
+    return any(isinstance(t, ast.Name) and t.id in VERSION_LITERALS for t in targets)
 
 
 def normalized_source(path: Path | str) -> str:

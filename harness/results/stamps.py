@@ -15,6 +15,7 @@ from harness.results.fingerprints import benchmark_fingerprint, implementation_f
 from harness.results.store import FAULT_SHRUNK, Stamp, implementation_changed
 from harness.spec.plan import Plan
 from harness.spec.status import Status
+from harness.spec.token_rows import batch_invariance_probed, token_inputs
 
 UNSTAMPED = "made before records were stamped per check"
 
@@ -31,7 +32,9 @@ def subject(plan: Plan, rec) -> Subject:
     return Subject(section_of(rec), rec.sm, rec.dtype, getattr(rec, "tp", 1), rec.graph_mode,
                    getattr(rec, "route", ""), quantized=bool(plan.quantization.outputs),
                    returns=bool(plan.returned_outputs), fp32_accumulation=plan.accumulation == "fp32",
-                   faulted=FAULT_SHRUNK in (getattr(rec, "facts", None) or {}))
+                   faulted=FAULT_SHRUNK in (getattr(rec, "facts", None) or {}),
+                   failed=getattr(rec, "status", None) in (Status.FAILED, Status.XFAIL),
+                   token_rows=bool(token_inputs(plan)), batch_invariance=batch_invariance_probed(plan))
 
 
 def _fingerprints(plan: Plan, rec, provider: str) -> tuple[str, str]:
@@ -51,7 +54,10 @@ def stamp(plan: Plan, rec, provider: str = "") -> Stamp:
 
 
 def staleness(plan: Plan, rec) -> str:
-    """Why a record could now come out differently ("" where it could not)."""
+    """Why a record could now come out differently ("" where it could not). A cell not run here or excluded holds
+    no result to go stale: what decides it (the machine, the plan's rules) is decided again at each run."""
+    if getattr(rec, "status", None) in (Status.EXCLUDED, Status.NOT_RUN):
+        return ""
     made: Stamp | None = getattr(rec, "stamp", None)
     if made is None:
         return UNSTAMPED

@@ -59,11 +59,21 @@ class Provenance:
     cuda: str | None = None
     python: str | None = None
     triton_interpreter: bool = False
-    commit: str | None = None
+    commit: str | None = None  # the plan file's repository's commit (None: in none); in older records, the run root's
     date: str = "?"
     cells: str | None = None  # which runnable cells the run ran: "a pairwise sample of 9 of 54 runnable cells"
-    harness: str | None = None  # the harness's version and commit (`commit` is the plan repository's)
+    harness: str | None = None  # the harness's version and commit
     plan: str | None = None  # the plan file, relative to the run's root: which plan's results these are
+    # The commit of the repository holding the harness package (the tool), beside the plan's: a user's plan lives in
+    # a repository of its own. None in records from before it was recorded.
+    tool_commit: str | None = None
+
+    def commit_words(self, prefix: str = "commit ", unknown: str = "?") -> str:
+        """The commits that made the run, each named where they differ: `commit abc` (one repository, or a record from
+        before tool_commit), else `harness commit abc, plan commit def` (the plan in a repository of its own)."""
+        if self.tool_commit is None or self.tool_commit == self.commit:
+            return f"{prefix}{self.commit or unknown}"
+        return f"harness commit {self.tool_commit}, plan commit {self.commit or 'none (not in a git repository)'}"
 
     @property
     def machine_key(self) -> str:
@@ -138,6 +148,28 @@ class Failure:
     minimal_example: str | None = None
 
 
+MORE_FAILURES = "; and {n} more distinct failure{s}: "  # how a record's reason goes on to its other failures
+
+
+def more_failures_words(failures: list[Failure]) -> str:
+    """What a failed cell's reason adds after its leading failure: `; and 2 more distinct failures: [2] <reason>
+    (minimal example: ...); [3] ...`, each reason on one line."""
+    listed = "; ".join(f"[{i}] {' '.join(f.reason.split())}" + (f" (minimal example: {f.minimal_example})"
+                                                               if f.minimal_example else "")
+                       for i, f in enumerate(failures, start=2))
+    return MORE_FAILURES.format(n=len(failures), s="s" if len(failures) > 1 else "") + listed
+
+
+def lead_reason(rec: "CellRecord") -> str:
+    """A failed record's reason without what `more_failures_words` added: its leading failure's (records made before
+    the words were added, a provider's, are as they were)."""
+    if not rec.more_failures:
+        return rec.reason
+    n = len(rec.more_failures)
+    marker = MORE_FAILURES.format(n=n, s="s" if n > 1 else "")
+    return rec.reason.split(marker, 1)[0]
+
+
 @dataclass(frozen=True)
 class Stamp:
     """What made a record (harness.results.stamps): the checks it ran (name -> version), and fingerprints of the plan
@@ -192,7 +224,7 @@ class CellRecord:
     facts: dict = field(default_factory=dict)
     minimal_example: str | None = None
     passing: InputsSeen | None = None  # the inputs of the examples that passed
-    more_failures: list[Failure] | None = None  # distinct failures besides `reason` (plans of vLLM's own kernels)
+    more_failures: list[Failure] | None = None  # distinct failures besides the leading one (`reason` lists them too)
     readings: dict[str, float] | None = None  # each check statistic's largest value over the examples (calibration)
     repro: str | None = None
     expectation: str | None = None

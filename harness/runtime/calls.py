@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from harness.runtime.numerics import Mismatch
+from harness.runtime.resolve import given_to_reference
 from harness.spec.plan import Plan
 
 
@@ -24,15 +25,16 @@ def kernel_outputs(plan: Plan, values: dict, returned: Any) -> dict:
             else values[name] for name in plan.outputs}
 
 
-def reference_inputs(plan: Plan, values: dict, copy: bool = True) -> dict:
-    """The reference's keyword arguments: every input (output buffers left out), copied unless `copy` is off."""
+def reference_inputs(plan: Plan, values: dict, copy: bool = True, fn: Callable | None = None) -> dict:
+    """The keyword arguments of the reference `fn` (or the native): every input (output buffers left out), copied
+    unless `copy` is off; a `name: null` only where `fn`'s signature names it (harness.runtime.resolve)."""
     return {a.name: values[a.name].clone() if copy and isinstance(values[a.name], torch.Tensor) else values[a.name]
-            for a in plan.args if a.role != "output"}
+            for a in plan.args if given_to_reference(fn, a)}
 
 
 def reference_outputs(plan: Plan, reference: Callable, values: dict, copy: bool = True) -> dict:
     """Run the functional reference (on copies of the inputs, so the kernel's inputs stay as drawn)."""
-    ref = reference(**reference_inputs(plan, values, copy))
+    ref = reference(**reference_inputs(plan, values, copy, reference))
     ref = ref if isinstance(ref, tuple) else (ref,)
     if len(ref) != len(plan.outputs):
         raise Mismatch(f"the reference returned {len(ref)} values; op.outputs names {len(plan.outputs)}")
@@ -43,3 +45,14 @@ def first_line(exc: BaseException) -> str:
     """What a call raised, in one line: the exception's type and the first line of its message."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def chain_text(exc: BaseException) -> str:
+    """Every message of an exception and of those it was raised from or during: torch.testing's "Comparing ...
+    resulted in the unexpected exception above" hides a CUDA out-of-memory in its cause."""
+    texts, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        texts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(texts)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from harness.runtime.mutants import blind_spots
+from harness.runtime.mutants import explained_blind_spots
+from harness.runtime.preflight import ReferenceFails, preflight
 from harness.runtime.resolve import main, resolve
 from harness.runtime.upcast import upcast_warnings
 from harness.spec.plan import Plan, PlanError
@@ -29,11 +30,16 @@ class BlindPlan(PlanError):
 
 
 def validated_code_warnings(plan: Plan) -> list[str]:
-    """plan_code_warnings, after refusing a plan that cannot see a generated wrong kernel (BlindPlan)."""
-    found = blind_spots(plan)
+    """plan_code_warnings, after refusing a plan whose reference cannot run as it says (ReferenceFails) or that
+    cannot see a generated wrong kernel (BlindPlan), with those
+    the plan explains (an input's `ignorable`) as warnings."""
+    failing = preflight(plan)
+    if failing:
+        raise ReferenceFails(str(plan.path), failing)
+    found, explained = explained_blind_spots(plan)
     if found:
         raise BlindPlan(plan, found)
-    return plan_code_warnings(plan)
+    return [*explained, *plan_code_warnings(plan)]
 
 
 if __name__ == "__main__":

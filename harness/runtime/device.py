@@ -29,12 +29,36 @@ def detect() -> Hardware:
     return Hardware("cpu", "cpu", platform.processor() or platform.machine(), 0, cpus)
 
 
+TOOL_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the harness package
+
+
 def harness_version() -> str:
     """The harness's own version: its package's, and its checkout's commit where it runs from one (a user's plan
     repository has its own commit, `Provenance.commit`)."""
     version = package_version("vllm-op-plan") or "unknown"
-    commit = _git_commit(Path(__file__).resolve().parents[2], named=False)
+    commit = _git_commit(TOOL_ROOT, named=False)
     return f"{version} ({commit})" if commit else version
+
+
+def _toplevel(folder: Path) -> Path | None:
+    """The root of the git repository `folder` is in (None: in none, or no git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()).resolve() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def plan_commit(plan_file: Path) -> str | None:
+    """The commit of the repository holding the plan file: the harness's own (Provenance.tool_commit, named by
+    HARNESS_COMMIT where the job names it) where the plan lives in the harness's repository, else git's of the
+    plan's folder; None where the plan is in no repository."""
+    folder = Path(plan_file).resolve().parent
+    top, tool_top = _toplevel(folder), _toplevel(TOOL_ROOT)
+    # a copied tree without .git: the plan is the harness's where it lies inside the harness's folder
+    same = top == tool_top if top or tool_top else folder.is_relative_to(TOOL_ROOT)
+    return _git_commit(TOOL_ROOT) if same else _git_commit(folder, named=False)
 
 
 def _git_commit(root: Path, named: bool = True) -> str | None:
@@ -77,15 +101,17 @@ def inductor_settings() -> str:
 
 def provenance(root: Path, plan: str | None = None) -> Provenance:
     """Where and with what a run of `plan` (its path relative to `root`) happened: stored with every result so merged
-    reports can say it (what made each record is its own stamp, harness.results.stamps)."""
+    reports can say it (what made each record is its own stamp, harness.results.stamps). Two commits, each named: the
+    plan's repository's (`commit`; without a plan, the root's) and the harness's (`tool_commit`)."""
     hw = detect()
     return Provenance(
         sm=hw.sm, device=hw.device, gpu=hw.gpu, device_count=hw.device_count, cpu_count=hw.cpu_count,
         host=platform.node(), torch=torch.__version__, triton=package_version("triton"),
         vllm=package_version("vllm"), cuda=torch.version.cuda, python=platform.python_version(),
-        triton_interpreter=os.environ.get("TRITON_INTERPRET") == "1", commit=_git_commit(root),
+        triton_interpreter=os.environ.get("TRITON_INTERPRET") == "1",
+        commit=plan_commit(Path(root) / plan) if plan else _git_commit(root),
         date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        harness=harness_version(), plan=plan,
+        harness=harness_version(), plan=plan, tool_commit=_git_commit(TOOL_ROOT),
     )
 
 

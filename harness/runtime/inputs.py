@@ -8,10 +8,11 @@ tensors themselves are built on the device from the drawn seed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.runtime.batches import Batch, draw_batch
 from harness.spec.matrix import Cell
@@ -19,6 +20,7 @@ from harness.spec.expressions import evaluate
 from harness.runtime.resolve import resolve
 from harness.spec.dtypes import DTYPE
 from harness.spec.plan import Arg, Plan
+from harness.spec.sections import Dim
 from harness.spec.vocabulary import STRUCTURED_INITS, VALUE_SCALES
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
@@ -28,8 +30,26 @@ CHECK_VERSIONS = {"inputs": 1}
 # Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
 TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}
 DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol
-# Largest magnitude drawn per scale; "large" stays inside fp16's range after squaring in fp32.
+# The value scales: a standard normal draw times this ("large" stays inside fp16's range after squaring in fp32);
+# "outliers" then multiplies about one element in OUTLIER_EVERY by OUTLIER_FACTOR, "zero_rows" zeroes each row with
+# probability ZERO_ROW_CHANCE. scale_words says them in these numbers (an example's words, the README).
 _SCALE = {"normal": 1.0, "tiny": 1e-3, "large": 100.0, "outliers": 1.0, "zero_rows": 1.0}
+OUTLIER_EVERY, OUTLIER_FACTOR = 100, 300.0
+ZERO_ROW_CHANCE = 0.5
+# Inputs built from an example's sequences whose lengths its words say (a paged or varlen attention's).
+LENGTH_INITS = ("seq_lens", "query_start_loc", "block_tables", "slot_mapping")
+SHOWN_SEQUENCES = 16  # an example of more sequences says the first of them and how many there are
+
+
+def scale_words(scale: str) -> str:
+    """A value scale in numbers, from the constants the draw uses: `100*N(0,1)`, `N(0,1), ~1 in 100 elements times
+    300`. ASCII: an example's words cross processes' stdout (memcheck) in whatever encoding the locale has."""
+    drawn = (f"{_SCALE[scale]:g}*" if _SCALE[scale] != 1 else "") + "N(0,1)"
+    if scale == "outliers":
+        return f"{drawn}, ~1 in {OUTLIER_EVERY} elements times {OUTLIER_FACTOR:g}"
+    if scale == "zero_rows":
+        return f"{drawn}, each row zero with probability {ZERO_ROW_CHANCE:g}"
+    return drawn
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,9 @@ class Example:
     seed: int = 0
     decode_tokens: int = 0  # chunked prefill: how many of num_tokens are decode tokens
     omitted: tuple[str, ...] = ()  # optional inputs passed as None in this call
+    # How its sequences are drawn, where the plan's inputs are built from them: its words then say their lengths.
+    # Not part of what the example is (equality, hashing): it follows from the cell and the plan.
+    sequences: Sequences | None = field(default=None, compare=False, repr=False)
 
     def layout(self, name: str) -> tuple[str, int]:
         """(layout, padding) drawn for an argument; contiguous where none was drawn."""
@@ -53,14 +76,61 @@ class Example:
         return tuple(sorted(self.sizes.items())), tuple(sorted(self.layouts.items()))
 
     def describe(self) -> str:
+        """The example in words: `num_tokens=3 seq_lens=[17, 40, 5] ... scale=large (100*N(0,1)) seed=7`."""
         parts = [f"num_tokens={self.num_tokens}"]
         if self.decode_tokens:
             parts.append(f"(decode {self.decode_tokens} + prefill {self.num_tokens - self.decode_tokens})")
+        if self.sequences is not None:
+            lens = self.sequences.batch(self).context_lens
+            shown = ", ".join(map(str, lens[:SHOWN_SEQUENCES]))
+            parts.append(f"seq_lens=[{shown}]" if len(lens) <= SHOWN_SEQUENCES else
+                         f"seq_lens=[{shown}, ...] ({len(lens)} sequences)")
         parts += [f"{k}={v}" for k, v in sorted(self.sizes.items())]
         parts += [f"{k}:{lay}" + (f"+{pad}" if pad else "") for k, (lay, pad) in sorted(self.layouts.items())]
         parts += [f"{name}=None" for name in self.omitted]
-        parts += [f"scale={self.scale}", f"seed={self.seed}"]
+        parts += [f"scale={self.scale} ({scale_words(self.scale)})", f"seed={self.seed}"]
         return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """What an example's sequences (harness.runtime.batches) are drawn from besides the example itself: its cell's
+    phase and the plan's limits on a context on this device. Kept by a drawn example (small: it travels with each
+    example to the parent process) so that its words recompute its lengths after any shrink."""
+
+    phase: str
+    max_model_len: int
+    cpu_budget: int | None = None  # numerics.cpu_element_budget on a CPU machine, None elsewhere
+    paged: tuple[tuple[Dim, ...], ...] = ()  # the shapes of the plan's tensors with a num_blocks dimension
+
+    def context_cap(self, sizes: dict) -> int:
+        """The longest context a batch may reach: numerics.max_model_len, RoPE's max_position, and on CPU the budget
+        (a paged cache holds every context token of every sequence)."""
+        cap = min(self.max_model_len, sizes.get("max_position", self.max_model_len))
+        if self.cpu_budget is not None:
+            block = sizes.get("block_size", DEFAULT_BLOCK_SIZE)
+            per_block = max((math.prod(d.size(sizes) for d in shape if d.names <= set(sizes))
+                             for shape in self.paged), default=0)
+            if per_block:
+                cap = min(cap, max(block, self.cpu_budget * block // per_block // 8))
+        return cap
+
+    def batch(self, ex: Example) -> Batch:
+        """The sequences behind `ex` (positions, lengths, block tables all come from it)."""
+        return draw_batch(self.phase, ex.num_tokens, ex.decode_tokens, ex.seed, self.context_cap(ex.sizes),
+                          ex.sizes.get("block_size", DEFAULT_BLOCK_SIZE))
+
+
+def sequences_of(plan: Plan, phase: str, device: str) -> Sequences:
+    return Sequences(phase, plan.numerics.max_model_len, plan.numerics.cpu_element_budget if device == "cpu" else None,
+                     tuple(a.shape for a in plan.tensor_args if any(d.symbol == "num_blocks" for d in a.shape)))
+
+
+def with_sequences(plan: Plan, cell: Cell, ex: Example, device: str) -> Example:
+    """`ex` keeping how its sequences are drawn, where the plan builds inputs from their lengths (else as it is)."""
+    if not any(a.is_tensor and a.init in LENGTH_INITS for a in plan.args):
+        return ex
+    return replace(ex, sequences=sequences_of(plan, cell.phase, device))
 
 
 def token_cap(plan: Plan, sizes: dict, device: str) -> int | None:
@@ -80,19 +150,6 @@ def per_token_elements(arg: Arg, sizes: dict) -> int:
         if d.symbol != "num_tokens" and d.names <= set(sizes):
             n *= d.size(sizes)
     return n
-
-
-def context_cap(plan: Plan, sizes: dict, device: str) -> int:
-    """The longest context a batch may reach: numerics.max_model_len, RoPE's max_position, and on CPU the budget
-    (a paged cache holds every context token of every sequence)."""
-    cap = min(plan.numerics.max_model_len, sizes.get("max_position", plan.numerics.max_model_len))
-    if device == "cpu":
-        block = sizes.get("block_size", DEFAULT_BLOCK_SIZE)
-        per_block = max((math.prod(d.size(sizes) for d in a.shape if d.names <= set(sizes))
-                         for a in plan.tensor_args if any(d.symbol == "num_blocks" for d in a.shape)), default=0)
-        if per_block:
-            cap = min(cap, max(block, plan.numerics.cpu_element_budget * block // per_block // 8))
-    return cap
 
 
 # ---------------------------------------------------------------- strategies
@@ -203,14 +260,14 @@ def examples(draw, plan: Plan, cell: Cell, device: str, tp_multiple: dict | None
     sizes = draw(sizes_for(plan, tp_multiple or {}, device))
     cap = token_cap(plan, sizes, device)
     num_tokens, decode_tokens = draw(token_counts(cell.phase, plan, cap), label="tokens")
-    return Example(
+    return with_sequences(plan, cell, Example(
         num_tokens=num_tokens, decode_tokens=decode_tokens, sizes=sizes,
         layouts=draw(layouts(plan, sizes), label="layouts"),
         scale=draw(st.sampled_from(VALUE_SCALES), label="scale"),
         seed=draw(st.integers(0, 2**31 - 1), label="seed"),
         # an optional input is given or None; shrinking prefers given, so a minimal failure without it means None
         omitted=tuple(a.name for a in plan.tensor_args if a.optional and draw(st.booleans(), label=f"{a.name}=None")),
-    )
+    ), device)
 
 
 # ---------------------------------------------------------------- tensors
@@ -225,7 +282,7 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
     values = {}
     for arg in plan.args:
         if not arg.is_tensor or arg.name in ex.omitted:
-            values[arg.name] = int(evaluate(arg.value_expr, sizes)) if arg.value_expr else arg.value
+            values[arg.name] = computed(arg, sizes) if arg.value_expr else arg.value
             continue
         dtype = act if arg.dtype == "act" else TORCH_DTYPES[arg.dtype]
         shape = [d.size(sizes) for d in arg.shape]
@@ -241,10 +298,15 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
     return values
 
 
+def computed(arg: Arg, sizes: dict) -> int | float:
+    """A scalar computed from the sizes, as its expression's type (`head_size ** -0.5` a float, never 0)."""
+    value = evaluate(arg.value_expr, sizes)
+    return float(value) if arg.value_kind == "float" else int(value)
+
+
 def batch_of(plan: Plan, cell: Cell, ex: Example, device: str) -> Batch:
     """The sequences behind the example (positions, lengths, block tables all come from it)."""
-    block = ex.sizes.get("block_size", DEFAULT_BLOCK_SIZE)
-    return draw_batch(cell.phase, ex.num_tokens, ex.decode_tokens, ex.seed, context_cap(plan, ex.sizes, device), block)
+    return sequences_of(plan, cell.phase, device).batch(ex)
 
 
 def _structured(arg: Arg, batch: Batch, device) -> torch.Tensor:
@@ -300,6 +362,23 @@ def poisoned(shape, dtype: torch.dtype, device, patterns: dict = POISON_BITS) ->
     return poison_(torch.empty(shape, dtype=dtype, device=device), patterns)
 
 
+# The ops that make uninitialised memory, which a kernel allocating its own output calls.
+_UNINITIALISED = ("empty.memory_format", "empty_strided.default", "empty_like.default", "new_empty.default",
+                  "new_empty_strided.default")
+
+
+class PoisonedAllocations(TorchDispatchMode):
+    """While on, uninitialised floating tensors hold the output poison when made: an output the kernel allocates
+    and returns then tells its never-written elements from computed NaNs, as a buffer the harness passes does."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if f"{func.overloadpacket.__name__}.{func._overloadname}" in _UNINITIALISED and \
+                isinstance(out, torch.Tensor) and out.is_floating_point():
+            poison_(out)  # inside the mode's own dispatch: these ops are not seen again
+        return out
+
+
 def in_layout(t: torch.Tensor, layout: str, pad: int) -> torch.Tensor:
     """`t` in a drawn layout. Strided: a copy inside a buffer `pad` elements wider in the last dimension, as a
     slice of a fused QKV or gate_up output is; the padding is poisoned, so a kernel reading it fails."""
@@ -338,10 +417,10 @@ def _fill(arg: Arg, shape, dtype, scale: str, gen, device, sizes: dict) -> torch
         scale = scale if scale in arg.value_scales else "normal"
         data = torch.randn(full, generator=gen, device=device) * _SCALE[scale]
         if scale == "outliers" and data.numel():
-            idx = torch.randint(0, data.numel(), (max(1, data.numel() // 100),), generator=gen, device=device)
-            data.view(-1)[idx] *= 300.0
+            idx = torch.randint(0, data.numel(), (max(1, data.numel() // OUTLIER_EVERY),), generator=gen, device=device)
+            data.view(-1)[idx] *= OUTLIER_FACTOR
         if scale == "zero_rows" and data.dim() > 1 and data.shape[0]:
-            rows = torch.rand(data.shape[0], generator=gen, device=device) < 0.5
+            rows = torch.rand(data.shape[0], generator=gen, device=device) < ZERO_ROW_CHANCE
             data[rows] = 0.0
     if dtype.is_floating_point:
         if dtype.itemsize == 1:  # fp8 inputs: saturate as a quantizer does, never overflow to NaN

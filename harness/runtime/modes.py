@@ -24,13 +24,22 @@ from harness.runtime.calls import first_line
 from harness.interpreter.unfaithful import unfaithful
 from harness.runtime.inputs import Example, in_layout
 from harness.runtime.numerics import Mismatch
-from harness.runtime.resolve import resolve
+from harness.runtime.resolve import given_to_reference, resolve
 from harness.spec.plan import Plan
 from harness.spec.vocabulary import BUILTIN_SYMBOLS
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
-CHECK_VERSIONS = {"torch.compile": 1, "cuda graph": 1}
+CHECK_VERSIONS = {"torch.compile": 2, "cuda graph": 1}
+# v2: a kernel that raises fails as in eager (its minimal example the smallest where it raises), not opcheck
+FAILURES_ONLY = {"torch.compile": [2]}
+
+
+class RaisedInEager(Exception):
+    """A torch_compile cell's opcheck failed because the kernel itself raises: called eagerly on the same
+    arguments it raised too (this exception's cause), so the cell fails as its eager twin does, not for the op's
+    registration."""
+
 
 class Eager:
     def __init__(self, plan: Plan, kernel: Callable, device: str):
@@ -59,7 +68,7 @@ def as_custom_op(plan: Plan, kernel: Callable, fake: Callable | None = None):
         def fake(*args):
             if not returned:
                 return None
-            kwargs = {n: v for n, v in zip(names, args) if plan.arg(n).role != "output"}
+            kwargs = {n: v for n, v in zip(names, args) if given_to_reference(reference, plan.arg(n))}
             ref = reference(**kwargs)  # runs on fake tensors: only metadata is computed
             ref = ref if isinstance(ref, tuple) else (ref,)
             outs = tuple(torch.empty_like(ref[i]) for i in returned_idx)
@@ -130,7 +139,7 @@ class TorchCompile:
     def __init__(self, plan: Plan, kernel: Callable, device: str, fake: Callable | None = None):
         import torch._dynamo
 
-        self.plan, self.names = plan, [a.name for a in plan.args]
+        self.plan, self.names, self.kernel = plan, [a.name for a in plan.args], kernel
         self.op = as_custom_op(plan, kernel, fake)
         torch._dynamo.config.cache_size_limit = 1024  # never fall back to eager silently
         if hasattr(torch._dynamo.config, "recompile_limit"):
@@ -159,6 +168,10 @@ class TorchCompile:
             except Exception as exc:
                 if unfaithful(exc):  # the interpreter's limit, not the registration's: the cell is inconclusive
                     raise unfaithful(exc) from None
+                try:  # opcheck calls the kernel: where it raises called plainly too, that is the cell's failure
+                    self.kernel(**{n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in values.items()})
+                except Exception as raised:
+                    raise RaisedInEager() from raised  # opcheck not judged: the next example runs it again
                 self.opcheck_failure = f"torch.library.opcheck failed: {first_line(exc)}"
                 if not self.plan.fake and "data-dependent" in str(exc).lower():
                     self.opcheck_failure += (" (the fake was derived from the reference, which reads tensor values: "

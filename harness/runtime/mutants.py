@@ -84,7 +84,14 @@ def _mutants(plan: Plan, reference: Callable) -> list[Mutant]:
                 return None
             return reference_outputs(plan, reference, {**values, name: values[name].roll(1, dim)})
 
+        def unused(values, expected, dtype, name=arg.name):
+            if values[name] is None:
+                return None
+            return reference_outputs(plan, reference, {**values, name: None})
+
         out.append(Mutant(f"ignores {arg.name}", f"op.args.{arg.name}", ignoring))
+        if arg.optional:  # passed, it must change something: a bound drawn above every value binds nothing
+            out.append(Mutant(f"ignores {arg.name} when it is passed", f"op.args.{arg.name}.init", unused))
         if plan.token_dim(arg.name) is not None:
             out.append(Mutant(f"reads the rows of {arg.name} out of order", f"op.args.{arg.name}", rolled))
     for name in plan.outputs:
@@ -127,13 +134,20 @@ def _passes(plan: Plan, reference, dtype: str, values: dict, expected: dict, act
 
 
 def blind_spots(plan: Plan) -> list[str]:
-    """`file:line: field: ...` for each generated wrong kernel the plan's own comparison passes on every example."""
+    """`file:line: field: ...` for each generated wrong kernel the plan's own comparison passes on every example,
+    but one ignoring an input the plan says a correct kernel may leave unread (`ignorable`: explained_blind_spots)."""
     return judge_wrong_kernels(plan)[1]
 
 
-def judge_wrong_kernels(plan: Plan) -> tuple[int, list[str]]:
+def explained_blind_spots(plan: Plan) -> tuple[list[str], list[str]]:
+    """(refusals, warnings): blind_spots, and those the plan explains with the input's `ignorable`, as warnings."""
+    _, refused, explained = judge_wrong_kernels(plan)
+    return refused, explained
+
+
+def judge_wrong_kernels(plan: Plan) -> tuple[int, list[str], list[str]]:
     """How many wrong kernels were made from the plan's reference, and the words for each one its comparison
-    passes on every example it was made for."""
+    passes on every example it was made for: (count, unexplained, explained by an input's `ignorable`)."""
     reference = resolve(plan).reference
     examples = []
     for cell, ex in _examples(plan):
@@ -144,8 +158,8 @@ def judge_wrong_kernels(plan: Plan) -> tuple[int, list[str]]:
         except Exception:  # a reference that cannot run on a CPU machine: nothing to judge here
             continue
     if not examples:
-        return 0, []
-    found, kinds = [], 0
+        return 0, [], []
+    found, explained, kinds = [], [], 0
     for mutant in _mutants(plan, reference):
         passed, unchanged, made = 0, 0, 0
         for cell, values, expected in examples:
@@ -163,8 +177,13 @@ def judge_wrong_kernels(plan: Plan) -> tuple[int, list[str]]:
                                  if isinstance(actual[n], torch.Tensor))
         kinds += bool(made)
         if made and passed == made:
-            found.append(_words(plan, mutant, mutant.does.startswith("ignores") and unchanged == made, examples))
-    return kinds, found
+            words = _words(plan, mutant, mutant.does.startswith("ignores") and unchanged == made, examples)
+            why = mutant.does.startswith("ignores") and plan.arg(mutant.field.split(".")[2]).ignorable
+            if why:
+                explained.append(f"{words} (accepted: {why})")
+            else:
+                found.append(words)
+    return kinds, found, explained
 
 
 def _words(plan: Plan, mutant: Mutant, ignored: bool, examples: list) -> str:
@@ -172,6 +191,9 @@ def _words(plan: Plan, mutant: Mutant, ignored: bool, examples: list) -> str:
     tried = (f"{'/'.join(dict.fromkeys(c.phase for c, *_ in examples))} × "
              f"{'/'.join(dict.fromkeys(c.dtype for c, *_ in examples))}, {TOKENS} tokens at the smallest sizes")
     fixed = ", ".join(f"{a.name}={a.value!r}" for a in plan.args if not a.is_tensor and a.value is not None)
+    if ignored and mutant.field.endswith(".init"):
+        return (f"{where}: a kernel that {mutant.does} passes this plan: every output equals the reference's without "
+                f"it ({tried}): the values drawn for it never bind; draw some that do")
     if ignored:
         check = f": check the values the plan fixes ({fixed})" if fixed else ""
         return (f"{where}: a kernel that {mutant.does} passes this plan: every output equals the reference's with "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 
-from harness.runtime.inputs import Example, per_token_elements, sizes_fit, token_cap, within_contract
+from harness.runtime.inputs import Example, per_token_elements, sizes_fit, token_cap, with_sequences, within_contract
 from harness.spec.dtypes import DTYPE
 from harness.spec.expressions import condition
 from harness.spec.matrix import Cell
@@ -119,11 +119,13 @@ def required_examples(plan: Plan, cell: Cell, device: str) -> tuple[list[Example
                         for name, _ in plan.paths}
     for name, expr in plan.paths:
         found = path_example(plan, cell, device, expr)
+        found = found if isinstance(found, str) else with_sequences(plan, cell, found, device)
         facts[f"path {name}"] = found if isinstance(found, str) else found.describe()
         if not isinstance(found, str):
             chosen.append(found)
     if plan.numerics.int32_overflow:
         found = int32_example(plan, cell, device)
+        found = found if isinstance(found, str) else with_sequences(plan, cell, found, device)
         facts["int32 overflow"] = found if isinstance(found, str) else \
             f"{found.describe()} ({_elements(plan, found) / INT32_ELEMENTS:.2f} x 2**31 elements)"
         if not isinstance(found, str):

@@ -20,6 +20,7 @@ Plain Python at import (importlib, inspect): torch comes with the user's modules
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -36,6 +37,7 @@ from typing import Any, Callable
 
 from harness.spec.load import load_plan
 from harness.spec.plan import Plan, PlanError
+from harness.spec.sections import Arg
 from harness.vllm.names import adapter_module, plugin_routes
 
 # What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the
@@ -188,9 +190,9 @@ def resolve(plan: Plan) -> Resolved:
                              f"{path}, a Triton {type(obj).__name__}")
     names = [a.name for a in plan.args]
     _check_signature(resolved, "op.kernel", names)
-    inputs = [a.name for a in plan.args if a.role != "output"]
-    _check_signature(resolved, "op.reference", inputs)
-    _check_signature(resolved, "op.native", inputs)  # called exactly like the reference
+    for field_name in ("op.reference", "op.native"):  # the native is called exactly like the reference
+        fn = resolved.objects.get(field_name)
+        _check_signature(resolved, field_name, [a.name for a in plan.args if given_to_reference(fn, a)])
     _check_returns(resolved, "op.reference")
     _check_returns(resolved, "op.native")
     _check_signature(resolved, "op.fake", names, positional=True)
@@ -202,11 +204,38 @@ def resolve(plan: Plan) -> Resolved:
     return resolved
 
 
+def names_parameter(fn: Any, name: str) -> bool:
+    """Whether `fn`'s signature names a parameter `name` that a keyword can fill (True where it has no Python
+    signature: a builtin or an op is given every argument)."""
+    try:
+        params = _parameters(fn)
+    except TypeError:  # an unhashable callable: not cached
+        params = _parameters.__wrapped__(fn)
+    return params is None or name in params
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(fn: Any) -> frozenset[str] | None:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def given_to_reference(fn: Any, arg: Arg) -> bool:
+    """Whether the reference (or native) `fn` is given `arg`: every input, but a `name: null` only where `fn`'s
+    signature names it; otherwise it is an argument only the kernel takes (passed None), which the plan states."""
+    return arg.role != "output" and (not arg.is_null or names_parameter(fn, arg.name))
+
+
 def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
-    """The kernel's optional arguments (default None) the plan pins to null, leaves out, or always passes a tensor:
-    no cell ever passes them a value (a per-token quant ignoring scale_ub passes), or never None (the kernel's path
-    without one is never run). Warned, as the run itself stays right."""
+    """The kernel's optional arguments (default None) the plan pins to null where the reference takes them too, leaves
+    out, or always passes a tensor: no cell ever passes them a value (a per-token quant ignoring scale_ub passes), or
+    never None (the kernel's path without one is never run). Warned, as the run itself stays right. A `name: null`
+    the reference's signature does not name states an argument only the kernel takes: not warned."""
     kernel, plan = resolved.objects.get("op.kernel"), resolved.plan
+    reference = resolved.objects.get("op.reference")  # None: in vLLM's package, not imported here
     try:
         params = inspect.signature(kernel).parameters if kernel is not None else {}
     except (TypeError, ValueError):
@@ -216,9 +245,12 @@ def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
     for a in plan.args:
         p = params.get(a.name)
         field_name = f"op.args.{a.name}"
-        if p is not None and p.default is None and not a.is_tensor and a.value is None and not a.value_expr:
+        kernel_only = reference is not None and not names_parameter(reference, a.name)
+        if p is not None and p.default is None and a.is_null and not kernel_only:
+            why = "the reference takes it too" if reference is not None else "the reference, vLLM's, may take it too"
             out.append(f"{plan.path}:{plan.where(field_name)}: {field_name}: the kernel's optional argument is pinned "
-                       f"to null, so no cell passes it a value: {draw}")
+                       f"to null and {why}, so no cell passes the op a value: {draw} (`null` states an argument "
+                       "only the kernel takes, one the reference's signature does not name)")
         elif p is not None and p.default is None and a.is_tensor and a.role != "output" and not a.optional:
             out.append(f"{plan.path}:{plan.where(field_name)}: {field_name}: the kernel's optional argument (default "
                        f"None) is always passed a tensor, so no cell runs the kernel without one: add `optional: "
@@ -227,7 +259,9 @@ def _pinned_optional_arguments(resolved: Resolved) -> list[str]:
         if p.default is None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not plan.has_arg(name):
             out.append(f"{plan.path}:{plan.where('op.args')}: op.args: the kernel's optional argument {name} (default "
                        f"None) is not among the plan's arguments, so no cell passes it a value: add it to op.args "
-                       f"with a shape and `optional: true`, or as `{name}: null` if the op never takes one")
+                       f"with a shape and `optional: true`, or as `{name}: null` if only the kernel takes it (which "
+                       "says so: the kernel is passed None, the reference is not given it, and this warning is "
+                       "silenced)")
     return out
 
 
@@ -336,7 +370,8 @@ def _binds(obj: Any, names: list[str], positional: bool = False, keywords: tuple
 
 # What the op's adapter module defines for each route its plugin takes (docs/adding-an-op.md).
 ADAPTER_FUNCTIONS = {"custom_op": ("vllm_layer", "vllm_forward_inputs"), "ir": ("vllm_ir_inputs",),
-                     "quantization": ("vllm_layer", "vllm_create_weights", "vllm_apply_inputs")}
+                     "quantization": ("vllm_layer", "vllm_create_weights", "vllm_apply_inputs"),
+                     "attention_backend": ()}  # vLLM's tensors map onto the kernel's by the plan's shapes
 
 
 def _vllm_adapter_warnings(plan: Plan) -> list[str]:

@@ -11,26 +11,31 @@ import math
 import re
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Callable
 
 import torch
 from hypothesis import Phase, example, given, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import FlakyFailure, HypothesisException
 
-from harness.runtime import accumulation, numerics
+from harness.runtime import accumulation, batch_invariance, determinism, numerics, padding
+from harness.runtime.failures import allocated_nan_words, saved_inputs
 from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.device import detect, free_device_memory, memory_held_elsewhere
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
+from harness.interpreter.sites import interpreted_launch, no_variant, raise_site, shown_path
 from harness.interpreter.unfaithful import unfaithful
 from harness.spec.matrix import Cell
-from harness.runtime.modes import make_runner
+from harness.runtime.gpu_compile import COMPILE_LIMIT_S, compile_words, describe_launch, gpu_archs
+from harness.runtime.modes import RaisedInEager, make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized, in_place_reason
 from harness.runtime.required_examples import required_examples
+from harness.runtime.shrink_clock import ShrinkClock
 from harness.runtime.resolve import resolve, stand_in_library
 from harness.spec.plan import Plan, Tolerance
-from harness.results.store import CellRecord, Failure, InputsSeen, Status
+from harness.results.store import CellRecord, Failure, InputsSeen, Status, more_failures_words
 
 from harness.spec.tolerances import output_tolerance, tolerance_for
 from harness.runtime.tasks import CellTask, RunSettings
@@ -39,7 +44,11 @@ from harness.runtime.providers import KernelUnavailable, load_kernel
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
-CHECK_VERSIONS = {"cell runner": 1, "returned buffer": 1}
+CHECK_VERSIONS = {"cell runner": 2, "returned buffer": 1}
+# cell runner v2: every distinct failure of the kernel's cells kept (hypothesis's report_multiple_bugs, as providers'
+# cells had it): a failed record's reason goes on to them and its minimal example may differ (hypothesis draws on after
+# the first failure); a cell that passed draws and checks the same examples
+FAILURES_ONLY = {"cell runner": [2]}
 
 # Substrings of errors after which the CUDA context is unusable: the worker must be replaced.
 FATAL_DEVICE_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
@@ -70,13 +79,24 @@ class Outcome:
     fatal: bool = False
     traceback: str | None = None
     device_fault: bool = False
+    # A failed cell's examples, the leading failure's first and then each more failure's (None where unknown), and
+    # the leading one's input tensors as torch.save's bytes where small, else why not (harness.runtime.failures):
+    # the run keeps them under reports/<op>/failures/ for `--replay`.
+    failing: list[Example | None] = field(default_factory=list)
+    inputs: bytes | None = None
+    inputs_note: str = ""
 
 
 CHUNK_ELEMENTS = 2**26  # outputs larger than this (int32-overflow examples) are compared a slice of tokens at a time
 
 
 class KernelRaised(AssertionError):
-    """The kernel (or its launcher) raised: reported with the exception and where it came from."""
+    """The kernel (or its launcher) raised: reported with the exception and where it came from. `launch`: the
+    interpreted launch it raised in, described for compiling it for the plan's GPUs (harness.runtime.gpu_compile)."""
+
+    def __init__(self, message: str, launch: dict | None = None, raised_at: str = ""):
+        super().__init__(message)
+        self.launch, self.raised_at = launch, raised_at  # raised_at: the kernel's source line, where known
 
 
 def hypothesis_settings(run: RunSettings, multiple_bugs: bool = False) -> settings:
@@ -99,12 +119,38 @@ def exception_text(exc: BaseException) -> str:
                                     "request to PyTorch.)", "")
 
 
+def raised(exc: BaseException) -> str:
+    """What a kernel raised, and where: in Triton's interpreter, at the line of the kernel's own source it raised
+    at (not the interpreter's frame that wraps every error); else at the traceback's last frame."""
+    if isinstance(exc, RaisedInEager) and exc.__cause__ is not None:
+        return f"{raised(exc.__cause__)} (as in eager)"
+    site = raise_site(exc)
+    if site is not None:
+        error = site.error
+        return f"at {site}: {no_variant(error) or f'{type(error).__name__}: {exception_text(error)[:500]}'}"
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__}: {exception_text(exc)[:500]} ({shown_path(frame.filename)}:{frame.lineno})"
+
+
+def _raised_in_source(message: str, exc: BaseException) -> KernelRaised:
+    """KernelRaised with, where `exc` came from the kernel's source in Triton's interpreter, its launch described
+    for compiling it for a GPU. Not for a device assertion that fired: a GPU raises that running, not compiling."""
+    site = raise_site(exc)
+    if site is None or (isinstance(site.error, AssertionError) and site.error.__traceback__ is not None and
+                        traceback.extract_tb(site.error.__traceback__)[-1].name == "create_assert"):
+        return KernelRaised(message)
+    launch = interpreted_launch(exc)
+    return KernelRaised(message, describe_launch(*launch) if launch else None, site.source)
+
+
 def kernel_error(exc: Exception, ex: Example, device: str) -> BaseException:
     """What a user reads when the kernel raises: out of memory in words, else the exception and where. Where this
     machine, not the kernel, is at fault (memory other processes hold, a library's stand-in, a build with no code
-    for this GPU), a NotRunHere."""
+    for this GPU), a NotRunHere. A RaisedInEager (a torch_compile cell's kernel raised, as its eager cell's does)
+    reads as its eager cell's reason."""
+    said, exc = exc, exc.__cause__ if isinstance(exc, RaisedInEager) and exc.__cause__ is not None else exc
     frame = traceback.extract_tb(exc.__traceback__)[-1]
-    where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # an installed package: by its path
+    where = f"{shown_path(frame.filename)}:{frame.lineno}"
     text = exception_text(exc)
     library = stand_in_library(exc)
     if library:
@@ -120,7 +166,7 @@ def kernel_error(exc: Exception, ex: Example, device: str) -> BaseException:
             return NotRunHere(elsewhere, out_of_memory=True)
         return KernelRaised(f"out of memory at {ex.describe()}: the kernel asked for more memory than the {device} "
                             f"has ({text.splitlines()[0][:300]}; {where})")
-    return KernelRaised(f"the kernel raised {type(exc).__name__}: {text[:500]} ({where})")
+    return _raised_in_source(f"the kernel raised {raised(said)}", exc)
 
 
 class Inconclusive(BaseException):
@@ -153,6 +199,13 @@ class CellCheck:
             plan.reduction != "row_scale" else None
         self.accumulation_checked = sixteen_bit and self.accumulation_note is None
         self.one_rank = cell.tp == 1  # the checks of one call's buffers (TPCheck: the ranks hold them)
+        # vLLM's hazards no value comparison sees, each on the cells its registry entry names
+        self.hazards = [kind(plan, cell, device, self.kernel) for module, kind in (
+            (determinism, determinism.Determinism), (padding, padding.PaddingIsolation),
+            (batch_invariance, batch_invariance.BatchInvariance)) if module.applies(plan, cell)]
+        # run_examples: tells the worker's parent which example a call is of, so that a crash in a check's call of a
+        # larger batch (batch invariance, the padded launch) is that example's, not the one being checked
+        self.announce: Callable[[Example], None] = lambda ex: None
         self.count = 0
         self.last_failure: tuple[Example, BaseException] | None = None
         self.passing = InputsSeen()  # what the examples that passed looked like
@@ -168,8 +221,16 @@ class CellCheck:
         self.passing.add(ex.num_tokens, ex.sizes, example_layouts(self.plan, ex))
 
     def _call(self, values: dict, ex: Example):
+        return self._guarded(lambda: self.runner(values, ex), ex)
+
+    def _guarded(self, run, ex: Example, of: Example | None = None):
+        """`run()`, a call of the kernel for `ex`, with what it raises said as the cell's own call says it; `of`: the
+        example the call really makes where a check calls at other sizes than `ex`'s (announced first)."""
+        if of is not None:
+            self.announce(of)
+            ex = of
         try:
-            return self.runner(values, ex)
+            return run()
         except Mismatch:
             raise
         except Exception as exc:
@@ -181,7 +242,8 @@ class CellCheck:
     def _check(self, ex: Example) -> None:
         """One example through every check that applies to the cell (harness.results.checks), in one sequence for
         tp1 and tensor-parallel cells alike: the outputs (TPCheck: recombined from the ranks) against the
-        reference, then on one rank the accumulation, the inputs left unchanged and the returned buffers."""
+        reference, then on one rank the accumulation, the inputs left unchanged, the returned buffers and vLLM's
+        hazards (determinism, padding isolation, batch invariance: each on a few examples of the cell)."""
         plan = self.plan
         self.count += 1
         values = build_args(plan, self.cell, ex, self.device)
@@ -197,6 +259,10 @@ class CellCheck:
             numerics.check_unchanged(name, before, values[name])
         if self.one_rank and plan.returned_outputs:
             self._returned_buffers(actual, ex)
+        for hazard in self.hazards:  # after the checks of this call's own buffers: they make calls of their own
+            hazard.check(ex, actual, partial(self._guarded, ex=ex, of=ex))  # each call announced: its own time limit
+            if hazard.unsteady:  # bits that change from call to call tell nothing of padding or batches
+                break
 
     def _outputs(self, values: dict, ex: Example) -> tuple[dict, object]:
         """The op's outputs by name, and what the call returned."""
@@ -283,7 +349,8 @@ def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name:
                    returned: bool, tie_break: bool = True) -> float | None:
     """Compare one output (Mismatch if it fails) with its own tolerance: quantized outputs in their quantized
     domain (returning the fraction of elements one step from the reference), the rest by value, a borderline
-    failure judged against the fp64 reference (run on `values`, the inputs as drawn)."""
+    failure judged against the fp64 reference (run on `values`, the inputs as drawn), and any value failure
+    diagnosed from it and from op.native's output (harness.runtime.numerics.diagnosis)."""
     if plan.quantization.of(name):
         return compare_quantized(name, actual, expected, plan.quantization.max_step_fraction, stats)
     tol = output_tolerance(plan, dtype, name, SHORT_NAMES.get(getattr(expected, "dtype", None)))
@@ -294,12 +361,42 @@ def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name:
                 or actual.dtype != expected.dtype:
             raise
         exact = exact_outputs(plan, reference, values)[name]
-        compare(name, actual, expected, tol, None, exact64=exact, check_strides=returned)
+        compare(name, actual, expected, tol, None, exact64=exact, check_strides=returned,
+                native=partial(native_output, plan, values, name))
     return None
+
+
+def native_output(plan: Plan, values: dict, name: str) -> torch.Tensor | None:
+    """op.native's output on the inputs as drawn, for a failure's diagnosis: None where the plan names none or it
+    cannot run here (vLLM's forward_native without vLLM), and the diagnosis rests on fp64 alone."""
+    if not plan.native:
+        return None
+    try:
+        with torch.no_grad():
+            return reference_outputs(plan, resolve(plan).native, values)[name]
+    except Exception:  # the diagnosis is words: a native path that fails here must not change the failure
+        return None
 
 
 def _no_progress(event: str, **details) -> None:
     pass
+
+
+def lead_and_more(exc: BaseException) -> tuple[BaseException, list[BaseException]]:
+    """The failure a cell's record leads with and its other distinct failures, from what hypothesis raised: one
+    exception; a FlakyFailure (failed once, not on its replay): its first; or a group of distinct failures (by
+    exception type and place: hypothesis's report_multiple_bugs), listing generated examples' failures from the most
+    complex example to the simplest and explicit examples' in the order they ran. The simplest generated failure
+    leads (the one hypothesis reported alone before every distinct failure was kept), or the first explicit
+    example's (the one that stopped the explicit examples then). A flaky member stands for its first failure."""
+    if not isinstance(exc, BaseExceptionGroup) or not exc.exceptions:
+        return exc, []
+    if isinstance(exc, FlakyFailure):
+        return exc.exceptions[0], []
+    members = [e.exceptions[0] if isinstance(e, FlakyFailure) and e.exceptions else e for e in exc.exceptions]
+    if "explicit example" not in exc.message:
+        members.reverse()
+    return members[0], members[1:]
 
 
 def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_multiple: dict | None = None,
@@ -313,8 +410,11 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     start = time.monotonic() if start is None else start
     device = check.device
     progress = progress or _no_progress
+    clock = ShrinkClock(device)  # on a CPU machine, shrinking a failure is capped in time
+    check.announce = lambda made: progress("example", example=made)
 
     def test(ex):
+        clock.admit(ex)
         progress("example", example=ex)
         try:
             retry = False
@@ -329,6 +429,7 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
                 free_device_memory()
                 check(ex)
         except BaseException as exc:
+            clock.failed(ex)
             faulted = device == "cuda" and any(s in str(exc) for s in FATAL_DEVICE_ERRORS)
             progress("finished", failed=True, device_fault=faulted)
             raise
@@ -342,22 +443,27 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
         test = given(examples(plan, cell, device, tp_multiple))(test)
         for ex in required:  # past each size-selected path, at int32-overflow sizes: checked before any draw
             test = example(ex)(test)
-        # A provider (vLLM's own kernel, a named baseline): every distinct failure is shrunk and kept, so that one (a
-        # size it refuses) does not hide another (a strided input it reads wrong): its cells find what it accepts.
-        test = hypothesis_settings(run, multiple_bugs=bool(cell.provider))(test)
+        # Every distinct failure is shrunk and kept, so that one (a degenerate size, hidden=1; a size a provider
+        # refuses) does not hide another (wrong values from some width on; a strided input read wrong): a provider's
+        # cells find what it accepts, the kernel's say every way it fails. Not the kernel's memcheck cells: each of
+        # their examples costs seconds under compute-sanitizer, and their first error is what they report.
+        test = hypothesis_settings(run, multiple_bugs=bool(cell.provider) or cell.graph_mode != "memcheck")(test)
     else:
         test = partial(test, replay)
     rec = CellRecord(**cell.axes(), status=Status.PASSED)
     device_fault = False
     shrunk = {}  # a minimal failure walked on past hypothesis's
+    failing_examples: list[Example | None] = []  # the leading failure's example, then each more failure's
     try:
         test()
     except Inconclusive as exc:  # not failed: a GPU judges this cell (README: inconclusive on a CPU machine), or
         rec.status, rec.reason = Status.NOT_RUN, str(exc)  # a machine whose memory others hold (NotRunHere)
-    except Exception as exc:  # hypothesis re-raises the minimal example's failure
-        more = []
-        if isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # flaky (failed once, not on replay), or several
-            exc, more = exc.exceptions[0], [] if isinstance(exc, FlakyFailure) else list(exc.exceptions[1:])
+    except Exception as exc:  # hypothesis re-raises the minimal example's failure, or a group of distinct ones
+        exc, more = lead_and_more(exc)
+        for e in (exc, *more):  # NaN in an output the kernel allocates: worded from a call with it poisoned
+            if id(e) in check.failed_on and (words := allocated_nan_words(check, check.failed_on[id(e)], e)):
+                e.message = words
+        failing_examples = [check.failed_on.get(id(e)) for e in (exc, *more)]
         rec.status = Status.FAILED
         rec.more_failures = [Failure(str(e).strip() or type(e).__name__,
                                      check.failed_on[id(e)].describe() if id(e) in check.failed_on else None)
@@ -375,19 +481,37 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
                 # CUDA reports a fault at the next sync, often outside the kernel call: say it in words
                 reason = (f"the kernel faulted on the device: {reason.splitlines()[0]} (the CUDA context is "
                           "unusable after this; later cells run in a fresh worker)")
+            if isinstance(exc, KernelRaised) and exc.launch and not tp_multiple:
+                # once, for the minimal example's launch: hypothesis raised in many more while shrinking
+                limit = min(COMPILE_LIMIT_S, plan.numerics.timeout_s / 2)  # within the worker's limit per example
+                words = compile_words(exc.launch, gpu_archs(plan.matrix["sm"]), limit, exc.raised_at)
+                reason += f"; {words}" if words else ""
             rec.reason = reason
             rec.minimal_example = failing[0].describe() if failing else None
+            failing_examples[0] = failing[0] if failing else None
             if isinstance(exc, Mismatch) and exc.stats:
                 rec.error = exc.stats
             if isinstance(exc, Mismatch) and failing and replay is None and not tp_multiple \
                     and not check.passing.examples:
                 smaller, its_failure = shrink_below_phase(plan, cell, check, failing[0], exc)
                 if smaller != failing[0]:  # the reason and error then are those of the smaller example
+                    if words := allocated_nan_words(check, smaller, its_failure):
+                        its_failure.message = words
+                    failing_examples[0] = smaller
                     rec.minimal_example, rec.reason = smaller.describe(), str(its_failure).strip()
                     rec.error = its_failure.stats or rec.error
                     shrunk = {"shrunk on": {"from": failing[0].describe(), "to": smaller.describe(),
                                                      "why": "every example drawn failed, so the walk went on past "
                                                             "the sizes hypothesis draws for this phase"}}
+    if rec.status == Status.FAILED and clock.stopped:
+        rec.reason += f"; {clock.note()}"
+    if rec.status == Status.FAILED and rec.more_failures:
+        rec.reason += more_failures_words(rec.more_failures)
+    outcome = Outcome(rec, fatal=device_poisoned(rec.reason, device), device_fault=device_fault,
+                      failing=failing_examples if rec.status == Status.FAILED else [])
+    if outcome.failing and outcome.failing[0] is not None and replay is None and not outcome.fatal \
+            and cell.graph_mode != "memcheck":  # memcheck's process keeps its record alone
+        outcome.inputs, outcome.inputs_note = saved_inputs(plan, cell, outcome.failing[0], device)
     cap = token_cap(plan, {sym: max(v) for sym, v in plan.sizes.items()}, device)
     rec.examples = check.count
     rec.duration_s = round(time.monotonic() - start, 3)
@@ -398,11 +522,14 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
     said = check.accumulation.verdict() or check.accumulation_note
     rec.facts.update({"accumulation": said} if said else {})
     rec.readings = dict(check.accumulation.values) or None
+    unsteady = any(h.unsteady for h in check.hazards)
+    rec.facts.update({h.name: said if h.unsteady or not unsteady else determinism.UNDECIDED
+                      for h in check.hazards if (said := h.fact())})
     rec.passing = check.passing if check.passing.examples else None
     if not plan.contract.empty:  # what the inputs were drawn within (results outlive a plan's edits)
         rec.facts["contract"] = plan.contract.describe()
     rec.error = rec.error or check.stats.record()
-    return Outcome(rec, fatal=device_poisoned(rec.reason, device), device_fault=device_fault)
+    return outcome
 
 
 def run_cell(task: CellTask, progress=None) -> Outcome:
@@ -414,6 +541,8 @@ def run_cell(task: CellTask, progress=None) -> Outcome:
         check = CellCheck(plan, cell, detect().device)
     except KernelUnavailable as exc:
         return not_run(cell, str(exc))
+    if task.fault_replay:  # a crash of the replayed example's own call is what is confirmed, not one of a probe's
+        check.hazards = []
     return run_examples(plan, cell, check, task.run, start=start, progress=progress, replay=task.replay)
 
 

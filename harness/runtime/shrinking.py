@@ -83,7 +83,8 @@ class Replays:
         else:
             self.worker.stop(kill=True)  # restarted by the call, every rank in a fresh process
             value = self.worker.call(self.fn, self.task.replaying(example), limit)
-        return self.same_fault(value)
+        # A crash in a check's call of another example (a larger batch probed for invariance) is not this one's
+        return self.same_fault(value) and getattr(value, "example", None) in (None, example)
 
     def same_fault(self, value: Any) -> bool:
         """The replay faulted as the original call did: the same crash (same exit), or a device fault again."""

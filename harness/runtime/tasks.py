@@ -43,10 +43,11 @@ class CellTask:
     cell: Cell
     run: RunSettings
     replay: Example | None = None
+    fault_replay: bool = False  # the replay confirms a crash of `replay`'s own call (no check's calls at other sizes)
 
     def replaying(self, example: Example) -> CellTask:
         """The same cell, checking only `example` (harness.runtime.shrinking.Replays)."""
-        return replace(self, replay=example)
+        return replace(self, replay=example, fault_replay=True)
 
     @classmethod
     def load(cls, plan_path: str | Path, cell_id: str, run: RunSettings) -> CellTask:

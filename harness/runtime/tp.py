@@ -32,7 +32,7 @@ from harness.spec.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import Mismatch
 from harness.spec.plan import Plan
-from harness.runtime.runner import CellCheck, KernelRaised, Outcome, exception_text, not_run, run_examples
+from harness.runtime.runner import CellCheck, KernelRaised, Outcome, exception_text, not_run, raised, run_examples
 from harness.runtime.tasks import CellTask
 from harness.runtime.providers import KernelUnavailable, load_kernel
 
@@ -203,9 +203,7 @@ class RankRun:
         except Mismatch as exc:
             return {"error": _error("mismatch", str(exc))}, {}
         except Exception as exc:
-            frame = traceback.extract_tb(exc.__traceback__)[-1]
-            where = f"{frame.filename.rpartition('site-packages/')[2]}:{frame.lineno}"  # as runner.kernel_error says it
-            return {"error": _error("raised", f"the kernel raised {_short(exc)} ({where})")}, {}
+            return {"error": _error("raised", f"the kernel raised {raised(exc)}")}, {}
         try:
             for name, before in untouched.items():
                 numerics.check_unchanged(name, before, local[name])

@@ -10,7 +10,10 @@ kernel's fp32 logsumexp is not one) is float32 or float64.
 
 Only those ops count. An fp32 reduction or element-wise step on 16-bit activations is what vLLM's own
 forward_native does (RMSNorm's variance, a quantization's scale and division): those are faithful, and the
-check says nothing about them. Nothing runs on a GPU: resolving a plan (`python -m harness validate`, the start
+check says nothing about them. Attention called as one function (`F.scaled_dot_product_attention`) is judged by
+the dtype the user's code passes it, not by what PyTorch's CPU kernel does inside: its math fallback (3-D or 5-D
+inputs, dropout, a torch whose CPU flash kernel does not take GQA) upcasts 16-bit q, k and v to fp32 internally,
+which a GPU's attention kernels do not. Nothing runs on a GPU: resolving a plan (`python -m harness validate`, the start
 of a run) calls this in the process that resolves it.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -42,20 +46,48 @@ PROBE_TOKENS = 2
 
 
 class _WideMatmuls(TorchDispatchMode):
-    """Notes each matrix-multiply-family op whose output is float32 or float64."""
+    """Notes each matrix-multiply-family op whose output is float32 or float64 (none inside an attention function:
+    _WholeAttention judges those)."""
 
     def __init__(self):
         super().__init__()
         self.seen: dict[str, str] = {}  # op name -> output dtype, in the order first seen
+        self.inside_attention = 0  # how deep in attention functions the ops now dispatched are
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # The product is the first output; the attention kernels' others are auxiliary (an fp32 logsumexp).
         product = tree_flatten(out)[0][:1]
         if func.overloadpacket in MATMUL_OPS and product and isinstance(product[0], torch.Tensor) \
-                and product[0].dtype in WIDE:
+                and product[0].dtype in WIDE and not self.inside_attention:
             self.seen.setdefault(func.overloadpacket.__name__, str(product[0].dtype).removeprefix("torch."))
         return out
+
+
+# Attention functions whose product is in their inputs' dtype on a GPU, whatever their CPU kernels compute in.
+ATTENTION_FUNCTIONS = (torch.nn.functional.scaled_dot_product_attention,)
+
+
+class _WholeAttention(TorchFunctionMode):
+    """An attention function as the user's code calls it: noted where its query is float32 or float64 (an upcast the
+    code made), and the ops PyTorch's CPU kernel runs inside it left unnoted."""
+
+    def __init__(self, matmuls: _WideMatmuls):
+        super().__init__()
+        self.matmuls = matmuls
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in ATTENTION_FUNCTIONS:
+            return func(*args, **kwargs)
+        query = args[0] if args else kwargs.get("query")
+        if isinstance(query, torch.Tensor) and query.dtype in WIDE:
+            self.matmuls.seen.setdefault(func.__name__, str(query.dtype).removeprefix("torch."))
+        self.matmuls.inside_attention += 1
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.matmuls.inside_attention -= 1
 
 
 def _probe_sizes(plan: Plan) -> dict[str, int] | None:
@@ -77,8 +109,8 @@ def wide_matmuls(plan: Plan, fn, dtype: str) -> dict[str, str]:
         return {}
     values = build_args(plan, Cell("decode", dtype, 1, "eager", "cpu"), Example(PROBE_TOKENS, sizes, seed=0), "cpu")
     mode = _WideMatmuls()
-    with torch.no_grad(), mode:
-        fn(**reference_inputs(plan, values))
+    with torch.no_grad(), mode, _WholeAttention(mode):
+        fn(**reference_inputs(plan, values, fn=fn))
     return mode.seen
 
 

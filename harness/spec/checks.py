@@ -14,13 +14,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.spec.dtypes import QUANTIZED_DTYPES
-from harness.spec.expressions import condition, evaluate, is_condition, names_in
+from harness.spec.dtypes import DTYPE, QUANTIZED_DTYPES
+from harness.spec.expressions import condition, evaluate, formula_text, is_condition, names_in
 from harness.spec.fields import many, number_as_text
 from harness.spec.plan import Benchmark, Plan, TensorParallel, Where
 from harness.spec.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
     Shard, SizeArg, SizeSpec, TensorArg, Tolerance, Tolerances
 from harness.spec.vocabulary import BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
+from harness.vllm.attention_layout import attention_problem
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import parse_schema
 from harness.spec.yaml_lines import Loc, dotted
@@ -29,7 +30,8 @@ from harness.spec.plan_warnings import _never_applies, _would_mislead
 
 # What each route into vLLM needs the plan to name: the IR op the provider registers for and the layer whose calls
 # reach it; the CustomOp layer the out-of-tree class replaces; the linear layer a quantization method serves.
-ROUTE_NEEDS = {"ir": ("ir_op", "layer"), "custom_op": ("layer",), "quantization": ("layer",)}
+ROUTE_NEEDS = {"ir": ("ir_op", "layer"), "custom_op": ("layer",), "quantization": ("layer",),
+               "attention_backend": ("layer",)}
 ROUTE_NEEDS_WHY = {"ir_op": "vLLM IR op the provider registers for", "layer": "vLLM layer whose calls reach the kernel"}
 
 
@@ -101,6 +103,9 @@ def build(plan: Plan, w: Where, text: str, path: Path, raw: dict) -> Plan:
     plan._args, plan._tolerance = args, tolerance
     _check_models(w, plan)
     _vllm_kernel(w, plan)
+    unfit = attention_problem(plan)  # the attention_backend route maps vLLM's tensors onto the plan's arguments
+    if unfit:
+        raise w.fail(("vllm", "route"), f"for route attention_backend, {unfit}", plan.vllm.route)
     _providers(w, plan)
     plan._warnings = _never_applies(w, plan) + _would_mislead(w, plan)
     return plan
@@ -283,6 +288,9 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
             hint = number_as_text(spec)
             if hint:  # kernel and reference would both get the text
                 raise w.fail(loc, f"a number ({hint}), or text that does not read as one", spec)
+            if formula_text(spec, symbols):  # text is passed as is: a kernel casting it would see 0 or garbage
+                raise w.fail(loc, f"a number, or {{value: {spec.strip()}}} to compute it from the sizes (text is "
+                             "passed as is to kernel and reference)", spec)
             args.append(Arg(name=name, value=spec, line=line))
             continue
         dims = []
@@ -303,7 +311,7 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
             raise w.fail(loc + ("optional",), "an input (an output buffer is always passed)", True)
         args.append(Arg(name=name, shape=tuple(dims), dtype=spec.dtype, layouts=many(spec.layout), init=init,
                         init_args=init_args, role=spec.role, pad=spec.pad, optional=spec.optional,
-                        value_scales=many(spec.value_scales) or VALUE_SCALES, line=line))
+                        ignorable=spec.ignorable, value_scales=many(spec.value_scales) or VALUE_SCALES, line=line))
     return tuple(args)
 
 
@@ -518,6 +526,40 @@ def _check_models(w: Where, plan: Plan) -> None:
         except ValueError as exc:
             raise w.fail(("benchmark", key), f"an arithmetic expression over {', '.join(sorted(names))} ({exc})",
                          expr) from None
+    if plan.benchmark.bytes and not plan.returned_outputs:
+        _byte_model_per_token(w, plan)
+
+
+# A byte model's bytes per token may differ from the call's tensors' by this fraction at some timed shape (a lower
+# bound leaving out what a shape does not read), not at all of them (a term left out halves every GB/s).
+BYTE_MODEL_SLACK = 0.10
+
+
+def _byte_model_per_token(w: Where, plan: Plan) -> None:
+    """benchmark.bytes grows with num_tokens as the call's tensors with a num_tokens dimension do (read once,
+    written once, a mutated one read and written), at one timed shape at least: bytes that do not grow with the
+    batch (weights, caches) may be left out or counted, so only the per-token part is compared."""
+    combos = [dict(c) for c in plan.benchmark.sizes] or [{sym: values[0] for sym, values in plan.sizes.items()}]
+    off = []
+    for sizes in combos:
+        names = {**sizes, "act_bytes": 2}
+        model = evaluate(plan.benchmark.bytes, {**names, "num_tokens": 2}) - \
+            evaluate(plan.benchmark.bytes, {**names, "num_tokens": 1})
+        tensors = 0
+        for a in plan.tensor_args:
+            if not any(d.symbol == "num_tokens" for d in a.shape):
+                continue
+            per_token = 1
+            for d in a.shape:
+                per_token *= 1 if d.symbol == "num_tokens" else d.size(sizes)
+            size = 2 if a.dtype == "act" else DTYPE[a.dtype].bytes
+            tensors += per_token * size * (2 if a.name in plan.mutates else 1)
+        if tensors and abs(model - tensors) <= BYTE_MODEL_SLACK * tensors:
+            return
+        off.append(f"{model:g} against {tensors} ({', '.join(f'{k}={v}' for k, v in sizes.items())})")
+    raise w.fail(("benchmark", "bytes"), "a byte model whose bytes per token are those of the call's tensors with a "
+                 f"num_tokens dimension, within {BYTE_MODEL_SLACK:.0%} at one timed shape at least (bf16; every "
+                 "GB/s and bound rests on it): per token " + "; ".join(off), plan.benchmark.bytes)
 
 
 # ---------------------------------------------------------------- tensor parallelism

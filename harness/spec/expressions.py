@@ -81,3 +81,30 @@ def names_in(expr: str) -> set[str]:
     except SyntaxError as exc:
         raise ValueError(f"not an arithmetic expression ({exc.msg})") from None
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+
+
+def formula_text(text: object, sizes: set[str]) -> bool:
+    """Whether a text value reads as a formula (`1/8`, `head_size ** -0.5`, `1/sqrt(head_size)`): arithmetic, or a
+    call, over numbers or size names. A mode name (`gelu_tanh`) or a dashed word (`fp8-e4m3`) is not one."""
+    if not isinstance(text, str):
+        return False
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return False
+    nodes = list(ast.walk(tree))
+    operates = any(isinstance(n, (ast.BinOp, ast.UnaryOp, ast.Call)) for n in nodes)
+    numbers = any(isinstance(n, ast.Constant) and type(n.value) in (int, float) for n in nodes)
+    named = any(isinstance(n, ast.Name) and n.id in sizes for n in nodes)
+    return operates and (numbers or named)
+
+
+def number_kind(expr: str) -> str:
+    """"float" where an expression over integer sizes computes a float (a float constant, `/`, a negative power:
+    `head_size ** -0.5`), else "int": the type the scalar it computes is passed as, never cast to the other."""
+    for node in ast.walk(ast.parse(expr, mode="eval")):
+        if isinstance(node, ast.Constant) and isinstance(node.value, float) \
+                or isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) \
+                or isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and isinstance(node.right, ast.UnaryOp):
+            return "float"
+    return "int"

@@ -61,11 +61,13 @@ FIELD_DOCS = (
         'uint8, bool, float8_e4m3fn, float8_e5m2, float8_e4m3fnuz), `layout` (contiguous, strided), `role` '
         '(input, output), `init`, `pad` (what CUDA-graph padding rows hold, default 0), `optional: true` (an '
         'input the kernel also takes as None: every cell draws examples with a value and without, and a '
-        'minimal example says `name=None`), `value_scales` (one or a list of the value scales drawn for it, '
+        'minimal example says `name=None`), `ignorable` (why a correct kernel may leave the input unread in '
+        'some calls: a generated wrong kernel ignoring it is then a warning at validate, not a refusal), '
+        '`value_scales` (one or a list of the value scales drawn for it, '
         'default all of normal, tiny, large, outliers, zero_rows; at another scale it is filled at the normal '
         "scale: attention's query and keys stay at a model's scale, as values of 100 give logits of 1e4). A "
-        'kernel parameter defaulting to None that the plan leaves out, pins to `null` or never draws as None '
-        'is warned',
+        'kernel parameter defaulting to None that the plan leaves out, pins to `null` though the reference takes '
+        'it too, or never draws as None is warned',
         '`query: {shape: [num_tokens, num_heads*head_size], dtype: act, layout: [contiguous, strided]}`, '
         '`scale_ub: {shape: [1], dtype: float32, init: {uniform: [0.5, 4.0]}, optional: true}`',
         (('TensorArg', None),)),
@@ -79,8 +81,10 @@ FIELD_DOCS = (
         (('TensorArg', 'init'),)),
     FieldDoc(
         '`op.args.<name>` (scalar)',
-        "a constant, `null` (an optional tensor left out: where the kernel's parameter defaults to None, the "
-        'run warns that no cell passes it a value, at its line), or `{value: <size expression>}`',
+        "a constant, `null` (passed to the kernel as None, and to the reference only where its signature names "
+        "it: `k_scale: null` states an argument only the kernel takes; where the reference takes it too and the "
+        "kernel's parameter defaults to None, the run warns that no cell passes the op a value, at its line), or "
+        '`{value: <size expression>}`',
         '`eps: 1.0e-6`, `scale_ub: null`, `head_size: {value: head_size}`',
         (('SizeArg', None),)),
     FieldDoc(
@@ -181,8 +185,17 @@ FIELD_DOCS = (
         'tensor more than cpu_element_budget elements per token are warned), `int32_overflow` (on a GPU, each '
         'tp1 eager prefill cell also checks one example whose largest tensor holds more than 2**31 elements, '
         "at the plan's largest sizes, where the device has the memory; the record's facts say what it ran or "
-        'why not)',
-        '`cpu_sizes: {in_features: [64, 136]}`',
+        'why not), `batch_invariance` (required | report | off, default report: eager tp1 cells run the '
+        'first rows of an example alone and at the front, middle and end of larger batches across the '
+        "phase's token range, and record \"batch-invariant\" or \"varies from N tokens on\" with the first row "
+        "that differs; required fails the cell where a row's bits depend on the batch, as vLLM's "
+        'batch-invariant mode needs; only for ops whose token rows are independent: inputs built from the '
+        "batch's sequences, or an output without a num_tokens dimension, leave it out, and `required` there is "
+        'warned), `determinism` '
+        '(required | report, default required: eager tp1 cells call the op twice on the same inputs, on a GPU '
+        'again on a second CUDA stream, and a kernel whose bits differ fails the cell with where; report '
+        'records it, for a kernel that reduces with atomics by design)',
+        '`cpu_sizes: {in_features: [64, 136]}`, `batch_invariance: required`',
         ((None, 'numerics'),)),
     FieldDoc(
         '`tp`',
@@ -202,8 +215,10 @@ FIELD_DOCS = (
         '`vllm`',
         "`target: v1` (vLLM's V1 engine, the default and only one); the route into vLLM for the op's kind: "
         '`route` `ir` (a vLLM IR provider) | `custom_op` (an out-of-tree CustomOp) | `quantization` (a '
-        '`QuantizationConfig` + `LinearMethodBase`) | `attention` | `fusion` (the last two: stated, not proven '
-        "here, with `why_not_proven`); `layer`, `ir_op`, `custom_op`, `provider`, `in_tree_provider` (vLLM's "
+        '`QuantizationConfig` + `LinearMethodBase`) | `attention_backend` (a vLLM attention backend registered as '
+        "`CUSTOM`, its forward calling the kernel on vLLM's KV cache and metadata, mapped by `op.args`' shapes) | "
+        '`attention` | `fusion` (the last two: stated, not proven here, with `why_not_proven`); `layer`, `ir_op`, '
+        "`custom_op`, `provider`, `in_tree_provider` (vLLM's "
         "own IR provider, `vllm_c`), `kernel` (vLLM's own compiled kernel for the op: `name`, its "
         '`torch.ops._C` name; `args`, the plan argument for each of its parameters in order; `switch` `{kind: '
         'ir | custom_op | fusion_pass, name, runs_for, note, cpu_runs_native}`, how a deployment turns it on; '

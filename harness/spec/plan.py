@@ -336,7 +336,7 @@ class Plan(Section):
                 params.append(f"Tensor(a{i}!) {a.name}" if a.name in written else
                               f"Tensor{'?' if a.optional else ''} {a.name}")
             elif a.value_expr:
-                params.append(f"int {a.name}")
+                params.append(f"{a.value_kind} {a.name}")
             elif a.value is None:  # an optional tensor left out
                 params.append(f"Tensor? {a.name}")
             else:

@@ -9,6 +9,7 @@ import math
 from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.spec.expressions import condition, names_in
 from harness.spec.plan import Plan, PlanError, Tolerance, Where, token_probes
+from harness.spec.token_rows import rows_dependent
 from harness.spec.vocabulary import AXES
 from harness.spec.tolerances import DEFAULT_TOLERANCE
 
@@ -73,12 +74,52 @@ def _never_applies(w: Where, plan: Plan) -> tuple[str, ...]:
         found.append(w.fail(("vllm",), f"a vllm.route for vllm.{', vllm.'.join(routed)} to apply (without one the "
                             "plan has no plugin and no vLLM integration item runs)", "no vllm.route",
                             field="vllm.route"))
+    if plan.numerics.batch_invariance == "required" and rows_dependent(plan):  # harness.runtime.batch_invariance
+        found.append(w.fail(("numerics", "batch_invariance"), "an op whose token rows are computed independently "
+                            f"for batch invariance to be checked ({rows_dependent(plan)})", "required"))
     cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
     for i, rule in enumerate(plan.expects):
         if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes)
                    and c["dtype"] in (plan.contract.dtypes or m["dtype"]) for c in cells):
             found.append(w.fail(("expect", i), "a rule matching a cell the plan does not exclude", dict(rule.match)))
+    found += _unreachable_axis_values(w, plan, cells)
     return tuple(str(x) for x in found)
+
+
+def _never_runs(cell: dict) -> bool:
+    """A cell no machine runs: memcheck is one process (tp1), the ROCm fp8 formats on an NVIDIA SM."""
+    return (cell["graph_mode"] == "memcheck" and cell["tp"] > 1
+            or DTYPE[cell["dtype"]].rocm_only and not cell["sm"].startswith("gfx"))
+
+
+def _unreachable_axis_values(w: Where, plan: Plan, cells: list[dict]) -> list[PlanError]:
+    """An axis value (graph mode, dtype, TP size, phase) the matrix names but no cell of some SM keeps, where no rule
+    names it: several rules, or a rule and the contract, together remove it without a word (a contract of bf16 and
+    an exclude of bf16 memcheck leave no memcheck cell). A rule naming the value, or the contract leaving its dtype
+    out, says so already."""
+    m, found = plan.matrix, []
+    dtypes = plan.contract.dtypes
+    outside = lambda c: bool(dtypes) and c["dtype"] not in dtypes  # noqa: E731
+    kept = {tuple(c.values()) for c in cells
+            if not _never_runs(c) and not any(x.matches(c) for x in plan.excludes) and not outside(c)}
+    for sm in m["sm"]:
+        for axis in (a for a in AXES if a != "sm"):
+            for value in m[axis]:
+                ours = [c for c in cells if c["sm"] == sm and c[axis] == value]
+                if any(tuple(c.values()) in kept for c in ours):
+                    continue
+                if any(all(x.matches(c) for c in ours) for x in plan.excludes) or all(map(outside, ours)) \
+                        or all(map(_never_runs, ours)):
+                    continue  # one rule, the contract or the machine removes it alone: said where it is written
+                rules = [i for i, x in enumerate(plan.excludes) if any(x.matches(c) for c in ours)]
+                by = [f"exclude[{i}] (line {plan.excludes[i].line})" for i in rules]
+                if any(map(outside, ours)):
+                    by.append(f"the kernel's contract (dtypes {_listed(dtypes)})")
+                loc = ("exclude", rules[0]) if rules else ("op", "contract")
+                found.append(w.fail(loc, f"rules that leave a {axis} {value} cell on {sm}, or one rule removing it "
+                                    f"with its why: {' and '.join(by)} together remove every one",
+                                    f"no {axis} {value} cell on {sm}", field="exclude" if rules else "op.contract"))
+    return found
 
 
 
@@ -93,6 +134,11 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
     cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
     if plan.excludes and all(any(x.matches(c) for x in plan.excludes) for c in cells):
         raise w.fail(("exclude",), "rules that leave at least one cell of the matrix to run", "every cell excluded")
+    timed = [dict(c) for c in plan.benchmark.sizes]
+    if timed and plan.benchmark.shapes() and not any(
+            all(plan.contract.allows_size(sym, v, plan.args) for sym, v in c.items()) for c in timed):
+        raise w.fail(("benchmark", "sizes"), f"a size combination the kernel's contract (op.contract, line "
+                     f"{plan.contract.line}) allows: it takes none of these, so no GPU could time a benchmark", timed)
     if num.prefill_tokens[0] > num.max_num_batched_tokens:
         raise w.fail(("numerics", "prefill_tokens"), f"a minimum within numerics.max_num_batched_tokens "
                      f"({num.max_num_batched_tokens}): vLLM never schedules a longer chunk", list(num.prefill_tokens))
@@ -114,6 +160,18 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
             found.append(w.fail(("op", "args", a.name, "dtype"), f"a quantized output named in quantization.outputs "
                                 f"(with its scale and granularity): {a.name} is compared as numbers with the default "
                                 f"tolerance of {a.dtype}, not in quantization steps", a.dtype))
+    for a in plan.args:  # `head_size: 128` beside op.sizes.head_size [64, 128]: the 64 cells would pass 128
+        drawn = plan.sizes.get(a.name)
+        if not a.is_tensor and not a.value_expr and type(a.value) is int and drawn and set(drawn) != {a.value}:
+            raise w.fail(("op", "args", a.name), f"{{value: {a.name}}} for the size op.sizes.{a.name} draws "
+                         f"({_listed(drawn)}): fixed, it contradicts every drawn size but {a.value}", a.value)
+    for name in plan.output_tolerance:
+        if plan.quantization.of(name):  # compared in steps: the tolerance would be dropped without a word
+            found.append(w.fail(("tolerance", "outputs", name), f"no tolerance for a quantized output: {name} is "
+                                "compared in quantization steps, a fraction of its elements (quantization."
+                                f"max_step_fraction: {plan.quantization.max_step_fraction:g}) allowed one step off; "
+                                "set that to 0 for an exact match", dict(atol=plan.output_tolerance[name].atol,
+                                                                        rtol=plan.output_tolerance[name].rtol)))
     for i, name in enumerate(plan.mutates):
         if name not in plan.outputs:
             found.append(w.fail(("op", "mutates", i), f"inputs the op writes its result into, listed in op.outputs "
@@ -197,7 +255,7 @@ def _loose_tolerances(w: Where, plan: Plan) -> list[PlanError]:
             p, q = plan.tolerance.get(fine), plan.tolerance.get(coarse)
             if p is None or q is None or p.of_max != q.of_max:
                 continue
-            if p.atol >= q.atol and p.rtol >= q.rtol and (p.atol > q.atol or p.rtol > q.rtol):
+            if p.atol >= q.atol and p.rtol >= q.rtol:  # equal too: a YAML alias (`fp16: *bf16`) copies it
                 found.append(w.fail(("tolerance", fine), f"a tolerance for {fine} tighter than {coarse}'s (atol "
                                     f"{q.atol:g}, rtol {q.rtol:g}) in atol or rtol: {fine} keeps more bits, so this "
                                     f"one, no tighter in either, looks like {coarse}'s, and {fine} cells pass what "

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model
 
-from harness.spec.expressions import evaluate, names_in
+from harness.spec.expressions import evaluate, names_in, number_kind
 from harness.spec.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, Symbol, forms, import_path, many, \
     one_or_list
 from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
@@ -28,8 +28,9 @@ from harness.spec.vocabulary import AXES, BASELINES, GRANULARITIES, GRAPH_MODES,
 
 
 # How a kernel goes into vLLM, by the kind of op (harness.vllm.names.ROUTE_KINDS says what each needs):
-# an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend, a fusion pass.
-VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention", "fusion")
+# an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend (attention_backend; attention:
+# stated, not driven), a fusion pass.
+VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention_backend", "attention", "fusion")
 
 
 class Part(BaseModel):
@@ -72,12 +73,23 @@ class Arg(Part):
     value_expr: str | None = None  # a scalar computed from the sizes (`head_size`)
     pad: Number = 0  # what CUDA-graph padding rows hold (a value valid for the op: a position, a length)
     optional: bool = False  # an input the kernel also takes as None: drawn with and without a value
+    ignorable: str | None = None  # why a correct kernel may leave it unread (harness.runtime.mutants)
     value_scales: tuple[str, ...] = VALUE_SCALES  # the value scales this input is drawn at (others: normal)
     line: int | None = 0
 
     @property
     def is_tensor(self) -> bool:
         return self.shape is not None
+
+    @property
+    def is_null(self) -> bool:
+        """`name: null`: passed to the kernel as None, to the reference only where its signature names it."""
+        return self.shape is None and self.value is None and self.value_expr is None
+
+    @property
+    def value_kind(self) -> str:
+        """A computed scalar's type, "int" or "float" (harness.spec.expressions.number_kind)."""
+        return number_kind(self.value_expr)
 
 
 # The values each axis of the matrix takes (`matrix`, and the axes of an `exclude` or `expect` rule).
@@ -287,6 +299,16 @@ class Numerics(Section):
     # On a GPU, one example per prefill eager cell whose largest tensor holds more than 2**31 elements, the sizes at
     # which vLLM's kernels have overflowed int32 index arithmetic.
     int32_overflow: bool = Field(False, description="true or false")
+    # vLLM's batch-invariant mode needs a row's result independent of the batch around it; vLLM's default mode does
+    # not (cuBLAS picks tiles by M), so by default a kernel that varies is reported, not failed.
+    batch_invariance: Literal["required", "report", "off"] = Field(
+        "report", description="required (a row whose result depends on the batch around it fails the cell), report "
+        "(the page says whether it does) or off")
+    # Two calls on the same inputs giving different bits is a race or an uninitialised read far more often than a
+    # design; a kernel that reduces with atomics on purpose says `report`.
+    determinism: Literal["required", "report"] = Field(
+        "required", description="required (two calls on the same inputs giving different bits fail the cell) or "
+        "report (the page says so)")
 
 
 Text = Annotated[str, Field(description="text")]
@@ -335,6 +357,9 @@ class TensorArg(Section):
     pad: Number = Field(0, description="a number (the CUDA-graph padding value)")
     optional: bool = Field(False, description="true: the kernel also takes None here; every cell draws examples "
                            "with a value and without (None)")
+    ignorable: Optional[str] = Field(None, pattern=r"\S", description="why a correct kernel may leave this input "
+                                     "unread in some calls (a generated wrong kernel that ignores it is then a warning "
+                                     "at validate, not a refusal)")
     value_scales: Optional[one_or_list(
         Literal[VALUE_SCALES], "the value scales drawn for this input, one or a list (default: all of "
         f"{', '.join(VALUE_SCALES)}); an example of another scale fills it at the normal scale (attention's query "

@@ -38,6 +38,7 @@ from harness.results.store import EngineOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, package_version
 from harness.vllm.compiled import vllm_missing
 from harness.spec.plan import Plan
+from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE
 from harness.vllm.defaults import INDUCTOR_OFF, INDUCTOR_ON
 from harness.vllm.names import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
 
@@ -83,7 +84,8 @@ class EngineSpec:
     dtype: str = "bfloat16"
     cuda_graphs: bool = False  # True on a GPU: vLLM captures its CUDA graphs (enforce_eager=False)
     inductor: bool = True  # False: vLLM's "Inductor off" profile (Dynamo's graph, run without Inductor)
-    # vLLM's TRITON_ATTN where its FlashAttention extensions are not installed ("" lets vLLM choose)
+    # vLLM's TRITON_ATTN where its FlashAttention extensions are not installed, CUSTOM for a plugin's attention
+    # backend on a GPU (attention_selection; "" lets vLLM choose)
     attention_backend: str = ""
     profile_dir: str = ""  # on a GPU: torch profiler traces of the served steps, to count the kernel's launches
     # vLLM's engine core and its worker in the LLM's own process, not one process each as vLLM starts them: for an
@@ -296,9 +298,10 @@ def engine_unsupported(plan: Plan) -> str:
             and layer_class(plan) not in TINY_LLAMA_LAYERS:
         return (f"the tiny Llama the engine item serves has no {layer_class(plan)} (an unquantized model runs "
                 f"{', '.join(TINY_LLAMA_LAYERS)}): the route items prove this op's route")
-    if not vllm_missing() and not unsupported(plan) and plugin_route(plan) not in ("ir", "custom_op"):
-        return (f"the engine item drives the ir and custom_op routes; a {plugin_route(plan)} route needs a model whose "
-                "checkpoint selects it")
+    if not vllm_missing() and not unsupported(plan) and plugin_route(plan) not in ("ir", "custom_op",
+                                                                                     ATTENTION_ROUTE):
+        return (f"the engine item drives the ir, custom_op and attention_backend routes; a {plugin_route(plan)} route "
+                "needs a model whose checkpoint selects it")
     return vllm_missing() or unsupported(plan)
 
 
@@ -309,6 +312,8 @@ def selection(plans: list[Plan]) -> tuple[dict, tuple[str, ...]]:
     priority, custom_ops, layers = {}, [], {}
     for plan in plans:
         ir_op, layer = plan.vllm.ir_op, layer_class(plan)
+        if plugin_route(plan) == ATTENTION_ROUTE:  # an attention backend: attention_selection
+            continue
         if plugin_route(plan) == "ir":
             if ir_op in priority:
                 raise ValueError(f"two plans provide vllm.ir.ops.{ir_op}: {layers[ir_op]} and {plan.name}")
@@ -319,6 +324,25 @@ def selection(plans: list[Plan]) -> tuple[dict, tuple[str, ...]]:
             custom_ops.append(oot_flag(plan))
             layers[layer] = plan.name
     return priority, tuple(custom_ops)
+
+
+def attention_selection(plans: list[Plan], cuda_graphs: bool) -> str:
+    """The attention backend to ask of vLLM for the plans' plugins: CUSTOM for a plugin's backend on a GPU; none on a
+    CPU machine, where vLLM's CPU platform loads CPU_ATTN whatever is selected and the plugin registers over it ("":
+    vLLM's choice). vLLM's block size stays its default: where the backend takes smaller blocks (the plan's), vLLM
+    splits each of its blocks into the backend's kernel blocks (vllm/v1/worker/utils.py, select_common_block_size)."""
+    attention = [p for p in plans if plugin_route(p) == ATTENTION_ROUTE]
+    if len(attention) > 1:
+        raise ValueError(f"two plans provide vLLM's attention backend: {attention[0].name} and {attention[1].name}")
+    return "CUSTOM" if attention and cuda_graphs else ""
+
+
+def attention_words(plan: Plan, cuda_graphs: bool) -> str:
+    """How the engine selected a plan's attention backend, as its record says it ("" for other routes)."""
+    if plugin_route(plan) != ATTENTION_ROUTE:
+        return ""
+    return "CUSTOM (the plugin's)" if cuda_graphs else \
+        "the plugin's, registered over CPU_ATTN (vLLM's CPU platform loads CPU_ATTN whatever is selected)"
 
 
 def _write_distribution(root: Path, module: str, entry_name: str, target: str, text: str | None) -> None:
@@ -396,7 +420,7 @@ def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: f
     spec = EngineSpec(str(model_dir), str(workdir / "run.json"), str(probe_dir) if plans else "",
                       (str(plugin_dir), *kernel_dirs) if plans else (), tuple(plugins), probe_ops, priority,
                       custom_ops, cuda_graphs=cuda_graphs, one_process=one_process, inductor=inductor,
-                      attention_backend=attention_backend_here(cuda_graphs),
+                      attention_backend=attention_selection(plans, cuda_graphs) or attention_backend_here(cuda_graphs),
                       profile_dir=str(workdir / "profile") if plans and cuda_graphs else "")
     (workdir / "spec.json").write_text(json.dumps(asdict(spec)))
     with open(workdir / "engine.log", "w") as log:
@@ -549,7 +573,7 @@ def engine_outcome(plans: list[Plan], plan: Plan, baseline: EngineRun, plugged: 
                          first_difference=first_difference(baseline, plugged), start_s=plugged.start_s or None,
                          serve_s=plugged.serve_s or None, profile=profile or None,
                          counted_by="profiler" if plugged.counted_by == "profiler" else None,
-                         attention_backend=plugged.attention_backend or None)
+                         attention_backend=attention_words(plan, cuda_graphs) or plugged.attention_backend or None)
 
 
 def run_engine_item(plan: Plan, sm: str, keep: Path | None = None, profile: str = "") -> IntegrationRecord:

@@ -83,7 +83,7 @@ def _found(arg, written: set[str]) -> str | None:
     if arg.is_tensor:
         return "written tensor" if arg.name in written else "tensor"
     if arg.value_expr:
-        return "int"
+        return arg.value_kind
     if arg.value is None:
         return "null"
     return {bool: "bool", int: "int", float: "float"}.get(type(arg.value), type(arg.value).__name__)

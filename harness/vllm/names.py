@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from harness.spec.plan import Plan
+from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE
 from harness.vllm.kernels import args_problem, kernel_schema, parse_schema
 
 
@@ -41,8 +42,10 @@ ROUTE_KINDS = {k.name: k for k in (
     RouteKind("quantization", "quantization method (a `QuantizationConfig` registered with "
                               "`register_quantization_config` and a `LinearMethodBase` whose `apply` calls the kernel)",
               True),
+    RouteKind("attention_backend", "attention backend (`register_backend(AttentionBackendEnum.CUSTOM, ...)`, "
+                                   "selected with `--attention-backend CUSTOM`)", True),
     RouteKind("attention", "attention backend", False,
-              "the harness has no plugin template for attention backends yet"),
+              "the harness drives attention backends through the attention_backend route"),
     RouteKind("fusion", "vLLM's fusion passes (a pattern that replaces the unfused ops with the kernel)", False,
               "the harness does not drive vLLM's fusion passes yet"),
 )}
@@ -81,6 +84,8 @@ def integration_routes(plan: Plan) -> tuple[str, ...]:
     """The routes a plan's integration items take: each route its plugin registers through, then the plugin itself
     loaded by vLLM's plugin loader. None where the harness cannot drive the plan's route (the page says why)."""
     routes = plugin_routes(plan)
+    if routes == (ATTENTION_ROUTE,):  # its one item loads the plugin through vLLM's plugin loader itself
+        return routes
     return (*routes, "plugin") if routes else ()
 
 
@@ -149,6 +154,9 @@ def plugin_entry_point(plan: Plan) -> str:
     return f'[project.entry-points."vllm.general_plugins"]\n{plan.name} = "{plugin_module_name(plan)}:register"\n'
 
 
+# How a deployment selects the plugin's attention backend (on a CPU machine loading the plugin selects it: vLLM's CPU
+# platform loads CPU_ATTN whatever is selected, and the plugin registers over it).
+ATTENTION_SETTING = "--attention-backend CUSTOM"
 # vLLM IR's provider name for the reference it wraps (vllm/ir/op.py reserves "native").
 NATIVE_PROVIDER = "native"
 # What a deployment runs for the layer: the plan's kernel (through its plugin), vLLM's own kernel, forward_native.
@@ -182,6 +190,8 @@ def profile_setting(plan: Plan, inductor: bool, use: str) -> str:
     ir_op, in_tree = plan.vllm.ir_op, plan.vllm.in_tree_provider
     if plugin_route(plan) == "quantization":  # a quantization method is chosen per deployment, not per layer
         return f"--quantization {provider_name(plan)}" if use == "kernel" else VLLM_DEFAULT
+    if plugin_route(plan) == ATTENTION_ROUTE:  # an attention backend too, whatever the profile
+        return ATTENTION_SETTING if use == "kernel" else VLLM_DEFAULT
     if plugin_route(plan) == "ir":
         if use == "kernel":
             # without Inductor, calls the kernel rejects (supports_args) fall back to vLLM's kernel, not native
@@ -204,6 +214,8 @@ def enable_setting(plan: Plan) -> str:
     """How a deployment selects the kernel once the plugin is loaded (vLLM does not select it by itself)."""
     if plugin_route(plan) == "quantization":
         return f"--quantization {provider_name(plan)}"
+    if plugin_route(plan) == ATTENTION_ROUTE:
+        return ATTENTION_SETTING
     if plugin_route(plan) == "ir":
         return f"""--ir-op-priority '{{"{plan.vllm.ir_op}": ["{provider_name(plan)}", "native"]}}'"""
     return f"""--compilation-config '{{"custom_ops": ["none", "{oot_flag(plan)}"]}}'"""

@@ -13,6 +13,7 @@ order. The route's template (plugin_templates/<route>.py.tmpl) joins the two: `$
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 from string import Template
 
@@ -20,6 +21,7 @@ from harness.rendering.markdown import py_tuple
 from harness.rendering.python_source import custom_op_source
 from harness.spec.dtypes import DTYPE
 from harness.spec.plan import Plan
+from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE, attention_source, cache_words
 from harness.vllm.names import adapter_module, enable_setting, layer_class, plugin_entry_point, plugin_route, \
     plugin_routes, provider_name, unsupported
 
@@ -179,19 +181,22 @@ def render_plugin(plan: Plan) -> str:
     route = plugin_route(plan)
     module, _, attr = plan.kernel.partition(":")
     layer_module = plan.vllm.layer.partition(":")[0]
+    attention = route == ATTENTION_ROUTE  # no adapter: vLLM's tensors map onto the kernel's by the plan's shapes
     docstring = DOCSTRING.substitute(
         layer_class=layer_class(plan), kernel=plan.kernel, op=plan.op_qualname, plan_file=plan.path.name,
         entry_point=plugin_entry_point(plan).strip().replace("\n", "\n    "), enable_setting=enable_setting(plan),
-        adapter=f"{adapter_module(plan)} ({', '.join(ADAPTER_FUNCTIONS[r] for r in plugin_routes(plan))})")
-    imports = [f"import {adapter_module(plan)} as adapter  # the op's vLLM side"]
+        adapter=textwrap.fill(cache_words(plan), 110, subsequent_indent="    ") if attention else
+        f"{adapter_module(plan)} ({', '.join(ADAPTER_FUNCTIONS[r] for r in plugin_routes(plan))})")
+    imports = [] if attention else [f"import {adapter_module(plan)} as adapter  # the op's vLLM side"]
     imports.insert(0, f"from {module} import {attr} as kernel" if "." not in attr else
                    f"import {module}  # noqa: E402\nkernel = {module}.{attr}")
     if any(a.role == "output" and a.dtype == "fp8" for a in plan.args):
         imports.insert(0, "from vllm.platforms import current_platform")
     float_dtypes = [f"torch.{TORCH_DTYPES[d]}" for d in plan.matrix["dtype"] if DTYPE[d].kind == "float"]
     capabilities = [int(sm[2:]) for sm in plan.matrix["sm"] if re.fullmatch(r"sm\d+", sm)]
+    generic = generic_source(plan) + ("\n\n\n" + "\n".join(attention_source(plan)) if attention else "")
     return Template(plugin_template(route).read_text()).substitute(
-        docstring=docstring, imports="\n".join(imports), generic=generic_source(plan), op=plan.op_qualname,
+        docstring=docstring, imports="\n".join(imports), generic=generic, op=plan.op_qualname,
         layer_module=layer_module, layer_class=layer_class(plan), ir_op=plan.vllm.ir_op or "",
         inplace=bool(plan.mutates), provider=provider_name(plan), route=route, act_dtypes=", ".join(float_dtypes),
         min_capability=min(capabilities, default=0))
@@ -199,4 +204,5 @@ def render_plugin(plan: Plan) -> str:
 
 # What an op's adapter module defines for each route, as the plugin's docstring names it (docs/adding-an-op.md).
 ADAPTER_FUNCTIONS = {"custom_op": "vllm_forward_inputs", "ir": "vllm_ir_inputs",
-                     "quantization": "vllm_create_weights, vllm_apply_inputs"}
+                     "quantization": "vllm_create_weights, vllm_apply_inputs",
+                     ATTENTION_ROUTE: "nothing: the plugin maps vLLM's tensors onto the kernel's by the plan's shapes"}

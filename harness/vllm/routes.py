@@ -212,6 +212,26 @@ class WatchedModule:
         return checked
 
 
+def run_drawn(test: Callable, plan: Plan, cell: Cell, device: str, run: RunSettings, route: str,
+              rec: IntegrationRecord, raised: Callable[[BaseException], str]) -> None:
+    """An item's check `test(example)` over hypothesis's draws for the cell, its outcome in `rec`: a failure's words
+    (once: where the same input passed on hypothesis's replay), memory other processes held as not run, and anything
+    else the item's code raised as `raised(exc)` says it."""
+    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__vllm_{route}_{cell.id}")
+    drawn = hypothesis_settings(run)(given(example_strategy(plan, cell, device))(test))
+    once = ""
+    try:
+        try:
+            drawn()
+        except FlakyFailure as flaky:  # judged by the failure itself, said to have passed on replay
+            once = " (once: the same input passed when hypothesis replayed it)"
+            raise flaky.exceptions[0] from None
+    except Exception as exc:
+        held = memory_held_elsewhere(str(exc))  # out of memory others hold: the machine's, not run
+        rec.status = Status.NOT_RUN if held else Status.FAILED
+        rec.reason = held or (str(exc) if isinstance(exc, (Failure, Mismatch)) else raised(exc)) + once
+
+
 def _origin(exc: BaseException) -> str:
     """Where an exception was raised: the innermost frame's file:line."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -518,24 +538,10 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
                 for name, actual in zip(plan.outputs, got):  # quantized outputs in their domain, as the cells
                     compare_judged(plan, reference, cell.dtype, stats, name, actual, expected[name], drawn, False)
 
-            test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__vllm_{route}_{cell.id}")
             run = RunSettings(examples=examples, profile=profile, database=database)
-            test = hypothesis_settings(run)(given(example_strategy(plan, cell, device))(test))
-            once = ""
-            try:
-                try:
-                    test()
-                except FlakyFailure as flaky:  # judged by the failure itself, said to have passed on replay
-                    once = " (once: the same input passed when hypothesis replayed it)"
-                    raise flaky.exceptions[0] from None
-            except Exception as exc:
-                held = memory_held_elsewhere(str(exc))  # out of memory others hold: the machine's, not run
-                rec.status = Status.NOT_RUN if held else Status.FAILED
-                if held or isinstance(exc, (Failure, Mismatch)):
-                    rec.reason = held or str(exc) + once
-                else:  # the harness's own code around the call (inputs, reference, comparison)
-                    rec.reason = (f"the harness raised {first_line(exc)[:500]} ({_origin(exc)}) around vLLM's "
-                                  f"{r.layer_class}{once}: the harness's code, not the kernel's or vLLM's")
+            run_drawn(test, plan, cell, device, run, route, rec,
+                      lambda exc: f"the harness raised {first_line(exc)[:500]} ({_origin(exc)}) around vLLM's "
+                                  f"{r.layer_class}: the harness's code, not the kernel's or vLLM's")
             rec.kernel_calls = r.counter.calls
     rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
     rec.tolerance, rec.error, rec.vllm = Tolerance(tol.atol, tol.rtol), stats.record(), vllm_version()

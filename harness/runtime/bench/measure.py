@@ -29,8 +29,8 @@ from typing import Callable
 import numpy
 import torch
 
-from harness.runtime.calls import first_line, reference_outputs
-from harness.runtime.device import detect
+from harness.runtime.calls import chain_text, first_line, reference_outputs
+from harness.runtime.device import detect, memory_held_elsewhere
 from harness.runtime.inputs import TORCH_DTYPES
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
@@ -179,6 +179,10 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             mismatch, steps = check(plan, spec, call, inputs) if name != "native" or graph or plan.native \
                 else (None, None)
         except Exception as exc:  # one implementation failing must not hide the others' figures
+            elsewhere = memory_held_elsewhere(chain_text(exc))
+            if elsewhere:  # this machine's memory, not the implementation's fault: not run here, said so
+                rec.impls[name] = ImplFigures(not_run=elsewhere)
+                continue
             message = first_line(exc)
             outcome.fatal = outcome.fatal or device_poisoned(message, device)
             if name == "kernel" or outcome.fatal:

@@ -1,0 +1,384 @@
+"""The attention_backend route's items: the plan's kernel as a vLLM attention backend, on vLLM's own KV cache and
+batch metadata, against vLLM's own backend for this platform on the same batch.
+
+An item (`vllm-attention_backend[decode-bf16-cpu]`, one per phase and dtype: decode-only, prefill-only and mixed
+(chunked_prefill) batches) loads the plan's generated plugin through vLLM's general-plugin loader, as a deployment does,
+and builds two of vLLM's `Attention` layers for each drawn example: one whose backend vLLM selects with
+`attention_config.backend = CUSTOM` (the plugin's, registered as CUSTOM and, on a CPU machine, over CPU_ATTN: vLLM's CPU
+platform returns CPU_ATTN's class path whatever is selected, vllm/platforms/cpu.py get_attn_backend_cls), and one on
+vLLM's own backend for the platform (CPU_ATTN on a CPU, TRITON_ATTN on a GPU). Each gets a KV cache allocated as vLLM's
+model runner allocates it (vllm/v1/kv_cache_interface.py: create_kv_cache_views, in the physical layout vLLM resolves
+for that backend; slots no write reaches hold random values), its sequences' earlier keys and values written by its
+own do_kv_cache_update, metadata built by its own builder from one CommonAttentionMetadata, and then one forward
+through vLLM's layer inside vLLM's forward context (which writes the step's new keys and values first). The example's
+sequences, lengths and block tables are the plan's (its phase's batches); its keys and values are the plan's caches
+read through its block tables.
+
+The backend's output must match vLLM's backend's within the plan's tolerance, and the plan's reference on the plan's
+own inputs; a mismatch names the sequences whose rows differ. The kernel's calls are counted: a backend that ran
+without calling it fails.
+
+vLLM is optional: imported only when an item runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.results.store import IntegrationRecord, Status
+from harness.runtime.calls import first_line, reference_outputs
+from harness.runtime.device import detect
+from harness.runtime.inputs import build_args
+from harness.runtime.numerics import Mismatch, Stats, compare
+from harness.runtime.resolve import import_object, resolve
+from harness.runtime.runner import RunSettings, compare_judged
+from harness.runtime.tasks import IntegrationTask
+from harness.spec.dtypes import DTYPE
+from harness.spec.matrix import Cell
+from harness.spec.plan import Plan, Tolerance
+from harness.spec.tolerances import output_tolerance, tolerance_for
+from harness.vllm.attention_layout import ROUTE, AttentionArgs, attention_args, cache_words
+from harness.vllm.compiled import vllm_missing
+from harness.vllm.names import unsupported
+from harness.vllm.routes import MAX_EXAMPLES, Failure, IntegrationOutcome, Watched, _origin, _unregister, run_drawn, \
+    load_with_vllm_loader, plugin_on_path, vllm_version
+
+# The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
+# differ; a refactor rewrites the manifest instead (python -m harness manifest).
+CHECK_VERSIONS = {"attention backend": 1}
+
+PLUGIN_CLASS = "PluginAttentionBackend"  # the backend class the route's template writes
+
+
+def vllm_backend_name(device: str) -> str:
+    """vLLM's own attention backend the plugin's is compared with: the CPU platform's only one, or on a GPU vLLM's
+    Triton unified attention (it runs wherever Triton does; FlashAttention may not be installed)."""
+    return "CPU_ATTN" if device == "cpu" else "TRITON_ATTN"
+
+
+def missing_in_vllm(plan: Plan) -> str:
+    """What the route needs that the installed vLLM lacks ("" when it has it all): the backend registry with its
+    CUSTOM slot, the backend base classes, the layer."""
+    here = f"vLLM {vllm_version()}"
+    try:
+        from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadataBuilder  # noqa: F401
+        from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: F401
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: F401
+        # what `attend` lays the KV cache out with, as vLLM's model runner does (vLLM 0.26 has neither)
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts  # noqa: F401
+        from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views  # noqa: F401
+    except ImportError as exc:
+        return f"{here} has no vllm.v1.attention attention-backend API the route needs: {first_line(exc)}"
+    if "CUSTOM" not in AttentionBackendEnum.__members__:
+        return f"{here} has no AttentionBackendEnum.CUSTOM: no slot for an out-of-tree attention backend"
+    try:
+        import_object(plan.vllm.layer)
+    except Exception as exc:
+        return f"{here} has no {plan.vllm.layer} (vllm.layer): {first_line(exc)}"
+    return ""
+
+
+@contextlib.contextmanager
+def plugin_backend(plan: Plan, plugin_text: str | None = None):
+    """The plan's plugin (or `plugin_text`) loaded by vLLM's plugin loader (it registers its backend), its kernel
+    counted; vLLM's backend registry and selection cache as they were once the block ends. Yields (plugin module, call
+    counter)."""
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES
+
+    before = dict(_ATTN_OVERRIDES)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(plugin_on_path(plan, plugin_text))
+        stack.callback(_unregister, plan)
+        stack.callback(selector._cached_get_attn_backend.cache_clear)  # selections made with the plugin registered
+        stack.callback(lambda: (_ATTN_OVERRIDES.clear(), _ATTN_OVERRIDES.update(before)))
+        selector._cached_get_attn_backend.cache_clear()
+        module = load_with_vllm_loader(plan)
+        counter = Watched(module.kernel, f"the kernel {plan.kernel}")
+        module.kernel = counter  # the plugin's run_attention looks `kernel` up when called
+        yield module, counter
+
+
+# ---------------------------------------------------------------- vLLM's side of one example
+
+
+def model_dir(root: Path, num_heads: int, num_kv_heads: int, head_size: int, max_len: int) -> str:
+    """A Llama config.json with these attention sizes (vLLM's ModelConfig reads one; no weights are loaded)."""
+    path = root / f"h{num_heads}-kv{num_kv_heads}-d{head_size}"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": num_heads * head_size,
+        "head_dim": head_size, "intermediate_size": 4 * num_heads * head_size, "num_hidden_layers": 1,
+        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "vocab_size": 256,
+        "max_position_embeddings": max_len}))
+    return str(path)
+
+
+@dataclass
+class Step:
+    """One example as vLLM sees a step: the new tokens' query, keys and values, the earlier tokens' keys and values
+    with their cache slots, and the batch tensors."""
+
+    query: torch.Tensor  # [num_tokens, num_heads, head_size]
+    key: torch.Tensor  # [num_tokens, num_kv_heads, head_size]: the step's new tokens
+    value: torch.Tensor
+    slots: torch.Tensor  # int64 [num_tokens]
+    context_key: torch.Tensor  # [context tokens, num_kv_heads, head_size]: written before the step
+    context_value: torch.Tensor
+    context_slots: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    scale: float
+    num_blocks: int
+    block_size: int
+    q_lens: list[int]
+    lens: list[int]
+
+
+def step_of(values: dict, args: AttentionArgs) -> Step:
+    """The plan's drawn call as one vLLM step: each position's key and value read from the plan's caches through the
+    sequence's block table; the last query-length positions of a sequence are the step's new tokens."""
+    to_flash = [args.cache_dims.index(d) for d in ("num_blocks", "block_size", "num_kv_heads", "head_size")]
+    keys, vals = values[args.key_cache].permute(to_flash), values[args.value_cache].permute(to_flash)
+    num_blocks, block_size = keys.shape[0], keys.shape[1]
+    table, lens = values[args.block_table], values[args.seq_lens].tolist()
+    starts = values[args.query_start_loc].tolist()
+    q_lens = [b - a for a, b in zip(starts, starts[1:])]
+    old, new = [], []
+    for s, (n, q) in enumerate(zip(lens, q_lens)):
+        positions = torch.arange(n, device=table.device)
+        slots = table[s].long()[positions // block_size] * block_size + positions % block_size
+        old.append(slots[:n - q])
+        new.append(slots[n - q:])
+    old_slots, new_slots = torch.cat(old), torch.cat(new)
+
+    def at(cache, slots):
+        return cache[slots // block_size, slots % block_size]
+
+    return Step(query=values[args.query], key=at(keys, new_slots), value=at(vals, new_slots), slots=new_slots,
+                context_key=at(keys, old_slots), context_value=at(vals, old_slots), context_slots=old_slots,
+                block_table=table, seq_lens=values[args.seq_lens], query_start_loc=values[args.query_start_loc],
+                scale=float(values[args.scale]), num_blocks=num_blocks, block_size=block_size, q_lens=q_lens,
+                lens=lens)
+
+
+class Configs:
+    """vLLM's configs per attention sizes for one item (a ModelConfig reads its config.json once), and a counter
+    for layer names (each Attention registers itself under a name of its own in the config)."""
+
+    def __init__(self, root: Path, dtype: torch.dtype, max_len: int):
+        self.root, self.dtype, self.max_len, self.configs, self.layers = root, dtype, max_len, {}, 0
+
+    def config(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int):
+        from vllm.config import AttentionConfig, CacheConfig, ModelConfig, VllmConfig
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        key = (num_heads, num_kv_heads, head_size, block_size)
+        if key not in self.configs:
+            model = ModelConfig(model=model_dir(self.root, *key[:3], self.max_len), dtype=self.dtype,
+                                skip_tokenizer_init=True, max_model_len=self.max_len)
+            # the deployment's selection: --attention-backend CUSTOM, the plan's block size
+            self.configs[key] = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=block_size),
+                                           attention_config=AttentionConfig(backend=AttentionBackendEnum.CUSTOM))
+        return self.configs[key]
+
+    def name(self) -> str:
+        self.layers += 1
+        return f"model.layers.{self.layers}.self_attn.attn"
+
+
+def layer_for(configs: Configs, config, batch: Step, backend=None):
+    """vLLM's Attention layer for the batch's sizes, its backend selected by vLLM (None) or `backend`; built as the
+    model loader builds layers (the config current, the model's dtype the default)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    num_heads, head_size = batch.query.shape[1:]
+    with set_current_vllm_config(config), set_default_torch_dtype(configs.dtype):
+        layer = Attention(num_heads, head_size, batch.scale, batch.key.shape[1], cache_config=config.cache_config,
+                          prefix=configs.name(), attn_backend=backend)
+    layer.process_weights_after_loading(configs.dtype)  # the default k/v scales vLLM's cache writers read
+    return layer
+
+
+def attend(layer, config, batch: Step, seed: int) -> torch.Tensor:
+    """One step through vLLM's layer: its KV cache allocated as vLLM's model runner does, the context written by the
+    layer's own backend, metadata built by the backend's own builder, the forward in vLLM's forward context. Returns
+    the output, [num_tokens, num_heads, head_size]."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+    from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views
+
+    device = batch.query.device
+    spec = layer.get_kv_cache_spec(config)
+    layout = get_supported_kv_cache_layouts([layer.attn_backend])[0]  # what vLLM resolves for this backend alone
+    page, blocks = spec.page_size_bytes, batch.num_blocks
+    raw = torch.empty(page * blocks, dtype=torch.int8, device=device)
+    placement = KVCacheTensor(size=page * blocks, layers=[layer.layer_name], layer_stride=page * blocks,
+                              block_stride=page)
+    cache = create_kv_cache_views(raw, spec, blocks, layout, placement)[0]
+    gen = torch.Generator(device=device).manual_seed(seed)  # slots no write reaches: values of a model's scale
+    cache.copy_(torch.randn(cache.shape, generator=gen, device=device, dtype=torch.float32))
+    layer.bind_kv_cache(cache)
+    common = CommonAttentionMetadata(
+        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc.cpu(),
+        seq_lens=batch.seq_lens, num_reqs=len(batch.lens), num_actual_tokens=batch.query.shape[0],
+        max_query_len=max(batch.q_lens), max_seq_len=max(batch.lens), block_table_tensor=batch.block_table,
+        slot_mapping=batch.slots, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
+    with set_current_vllm_config(config):
+        builder = layer.attn_backend.get_builder_cls()(spec, [layer.layer_name], config, device)
+        metadata = builder.build(0, common)
+    if batch.context_slots.numel():  # the earlier steps' writes, by the backend's own writer
+        layer.impl.do_kv_cache_update(layer, batch.context_key, batch.context_value, cache, batch.context_slots)
+    n = batch.query.shape[0]
+    with set_current_vllm_config(config), \
+            set_forward_context({layer.layer_name: metadata}, config, slot_mapping={layer.layer_name: batch.slots}):
+        out = layer(batch.query.reshape(n, -1), batch.key.reshape(n, -1), batch.value.reshape(n, -1))
+    return out.view(batch.query.shape)
+
+
+# ---------------------------------------------------------------- the comparison
+
+
+def rows_off(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """Per token, whether its row is off by more than the tolerance (atol_of: max as the comparison applies it)."""
+    atol = tol.atol * max(1.0, float(expected.abs().float().nan_to_num(0.0).max())) if tol.of_max else tol.atol
+    diff = (actual.float() - expected.float()).abs()
+    off = (diff > atol + tol.rtol * expected.float().abs()) | (actual.isnan() & ~expected.isnan())
+    return off.flatten(1).any(1)
+
+
+def sequences_off(batch: Step, bad_rows: torch.Tensor) -> str:
+    """Which sequences own the rows that are off, with their context and query lengths (what a block-table or length
+    bug shows in)."""
+    bad = bad_rows.tolist()
+    starts = batch.query_start_loc.tolist()
+    seqs = [s for s in range(len(batch.lens)) if any(bad[starts[s]:starts[s + 1]])]
+    if not seqs:
+        return ""
+    shown = seqs[:6]
+    more = f" and {len(seqs) - len(shown)} more" if len(seqs) > len(shown) else ""
+    return (f"rows of {len(seqs)} of {len(batch.lens)} sequences differ: sequence "
+            + ", ".join(f"{s} (seq_len {batch.lens[s]}, query_len {batch.q_lens[s]}, "
+                        f"{-(-batch.lens[s] // batch.block_size)} blocks)" for s in shown) + more)
+
+
+def judge(plan: Plan, dtype: str, stats: Stats, name: str, mine: torch.Tensor, theirs: torch.Tensor,
+          expected: torch.Tensor, values: dict, batch: Step, vllm_backend: str, reference) -> None:
+    """The plugin's output against vLLM's backend's (both on vLLM's cache and metadata), then against the plan's
+    reference; a Failure says which differs and where."""
+    tol = output_tolerance(plan, dtype, name, None)
+    try:
+        compare(name, mine, theirs, tol, None)
+    except Mismatch as exc:
+        where = sequences_off(batch, rows_off(mine, theirs, tol))
+        try:
+            compare(name, theirs, expected, tol, None)
+            vs_reference = f"vLLM's {vllm_backend} matches the plan's reference on the same batch"
+        except Mismatch as theirs_off:
+            vs_reference = f"vLLM's {vllm_backend} differs from the plan's reference as well ({theirs_off})"
+        raise Failure(f"the plugin's attention backend differs from vLLM's {vllm_backend} on the same KV cache and "
+                      f"metadata: {exc}; {where}; {vs_reference}") from None
+    try:
+        compare_judged(plan, reference, dtype, stats, name, mine, expected, values, False)
+    except Mismatch as exc:
+        where = sequences_off(batch, rows_off(mine, expected, tol))
+        raise Failure(f"the plugin's attention backend differs from the plan's reference (within tolerance of vLLM's "
+                      f"{vllm_backend}): {exc}; {where}") from None
+
+
+def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES, profile: str = "ci",
+                            database: str | None = None, plugin_text: str | None = None) -> IntegrationRecord:
+    """One attention_backend item: the plugin loaded by vLLM's loader, its backend selected as CUSTOM, on drawn
+    batches of the cell's phase, against vLLM's own backend and the plan's reference."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    start = time.monotonic()
+    device = detect().device
+    act = getattr(torch, DTYPE[cell.dtype].torch)
+    reference = resolve(plan).reference
+    args = attention_args(plan)
+    stats, count = Stats(), 0
+    theirs_name = vllm_backend_name(device)
+    rec = IntegrationRecord(route=ROUTE, **cell.axes(), status=Status.PASSED)
+    with contextlib.ExitStack() as stack:
+        try:
+            missing = missing_in_vllm(plan) or ("" if isinstance(args, AttentionArgs) else args)
+            if missing:
+                raise Failure(missing)
+            module, counter = stack.enter_context(plugin_backend(plan, plugin_text))
+        except Failure as exc:
+            module, rec.status, rec.reason = None, Status.FAILED, str(exc)
+        except Exception as exc:  # a plugin that raises while loading or registering
+            module, rec.status = None, Status.FAILED
+            rec.reason = f"loading the plugin's attention backend raised {type(exc).__name__}: {exc}"
+        if module is not None:
+            # vLLM's own backend by the class path it ships (the plugin may be registered over it)
+            theirs_class = resolve_obj_by_qualname(AttentionBackendEnum[theirs_name].value)
+            configs = Configs(Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vllm-attention-"))), act,
+                              plan.numerics.max_model_len)
+            rec.registered_as = {
+                "backend": "CUSTOM" + (" and over CPU_ATTN (vLLM's CPU platform loads CPU_ATTN whatever is selected)"
+                                       if device == "cpu" else ""),
+                "selected_with": "attention_config.backend = CUSTOM (--attention-backend CUSTOM)",
+                "kv_cache": cache_words(plan), "compared_with": theirs_name}
+
+            def test(ex):
+                nonlocal count
+                count += 1
+                values = build_args(plan, cell, ex, device)
+                try:
+                    expected = reference_outputs(plan, reference, values)[plan.outputs[0]]
+                except Exception as exc:
+                    raise Failure(f"the reference {plan.reference} raised {first_line(exc)} ({_origin(exc)})") from None
+                batch = step_of(values, args)
+                config = configs.config(batch.query.shape[1], batch.key.shape[1], batch.query.shape[2],
+                                        batch.block_size)
+                try:
+                    mine = layer_for(configs, config, batch)
+                except Exception as exc:  # vLLM refused the selection (the backend's declared limits)
+                    raise Failure(f"vLLM did not select the plugin's backend for this layer: {first_line(exc)} "
+                                  f"({_origin(exc)})") from None
+                if mine.attn_backend is not getattr(module, PLUGIN_CLASS):
+                    raise Failure(f"with attention_config.backend = CUSTOM vLLM's Attention runs "
+                                  f"{mine.attn_backend.__module__}.{mine.attn_backend.__name__}, not the plugin's "
+                                  f"{PLUGIN_CLASS}")
+                theirs = layer_for(configs, config, batch, theirs_class)
+                before = counter.calls
+                got = attend(mine, config, batch, ex.seed)
+                if counter.calls == before:
+                    raise Failure("the plugin's attention backend ran vLLM's forward without calling the kernel")
+                want = attend(theirs, config, batch, ex.seed)
+                judge(plan, cell.dtype, stats, plan.outputs[0], got, want, expected, values, batch, theirs_name,
+                      reference)
+
+            run = RunSettings(examples=examples, profile=profile, database=database)
+            # vLLM's code, the plugin's or the harness's around them: said with where it raised
+            run_drawn(test, plan, cell, device, run, ROUTE, rec,
+                      lambda exc: f"the attention backend item raised {first_line(exc)[:500]} ({_origin(exc)})")
+            rec.kernel_calls = counter.calls
+    rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
+    tol = tolerance_for(plan, cell.dtype)
+    rec.tolerance, rec.error, rec.vllm = Tolerance(tol.atol, tol.rtol), stats.record(), vllm_version()
+    return rec
+
+
+def run_attention_item(task: IntegrationTask) -> IntegrationOutcome:
+    """An attention_backend item as a worker runs it: where it cannot run here, a NOT_RUN record with why."""
+    plan, cell, run = task.plan, task.cell, task.run
+    why = vllm_missing() or unsupported(plan)
+    if why:
+        return IntegrationOutcome(IntegrationRecord(route=ROUTE, **cell.axes(), status=Status.NOT_RUN, reason=why))
+    return IntegrationOutcome(check_attention_backend(plan, cell, run.examples, run.profile, run.database))
