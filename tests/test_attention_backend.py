@@ -211,3 +211,19 @@ def test_a_backend_reading_its_block_table_one_page_off_changes_the_greedy_token
     assert not run.error and run.calls["paged_attention"], run.error  # served through the broken backend
     problems = engine.engine_problems([broken], baseline, run)
     assert problems and all("without" in p for p in problems), problems
+
+
+def test_a_vllm_without_the_attention_api_the_route_needs_is_not_run_not_failed(monkeypatch):
+    """vLLM 0.26 (on the GPU machines here) lacks what the route lays the KV cache out with: the machine's, not the
+    kernel's."""
+    from pathlib import Path
+
+    from harness.spec.load import load_plan
+    from harness.spec.matrix import Cell
+    from harness.vllm import attention_backend
+
+    plan = load_plan(Path(__file__).resolve().parents[1] / "kernels" / "plans" / "paged_attention.yaml")
+    monkeypatch.setattr(attention_backend, "missing_in_vllm",
+                        lambda plan: "vLLM 0.26.0 has no vllm.v1.attention attention-backend API the route needs")
+    rec = attention_backend.check_attention_backend(plan, Cell("decode", "fp32", 1, "eager", "cpu"))
+    assert rec.status.value == "not_run" and "attention-backend API the route needs" in rec.reason, rec

@@ -314,13 +314,14 @@ def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES
     theirs_name = vllm_backend_name(device)
     rec = IntegrationRecord(route=ROUTE, **cell.axes(), status=Status.PASSED)
     with contextlib.ExitStack() as stack:
+        lacking = missing_in_vllm(plan)  # an older vLLM: this machine's, not the kernel's
         try:
-            missing = missing_in_vllm(plan) or ("" if isinstance(args, AttentionArgs) else args)
+            missing = lacking or ("" if isinstance(args, AttentionArgs) else args)
             if missing:
                 raise Failure(missing)
             module, counter = stack.enter_context(plugin_backend(plan, plugin_text))
         except Failure as exc:
-            module, rec.status, rec.reason = None, Status.FAILED, str(exc)
+            module, rec.status, rec.reason = None, Status.NOT_RUN if lacking else Status.FAILED, str(exc)
         except Exception as exc:  # a plugin that raises while loading or registering
             module, rec.status = None, Status.FAILED
             rec.reason = f"loading the plugin's attention backend raised {type(exc).__name__}: {exc}"
