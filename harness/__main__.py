@@ -18,11 +18,11 @@ from harness.results.code_hash import MANIFEST, write_manifest
 from harness.results.merge import collect
 from harness.results.store import fold_files
 from harness.runtime.resolve import resolve_in_child
-from harness.spec.load import load_plan
-from harness.spec.matrix import expand
-from harness.spec.plan import PlanError
-from harness.spec.field_docs import fields_table
-from harness.spec.schema import json_schema_text
+from harness.plan.load import load_plan
+from harness.plan.matrix import expand
+from harness.plan.model import PlanError
+from harness.plan.field_docs import fields_table
+from harness.plan.schema import json_schema_text
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ import harness.runtime.bench.measure as hm  # noqa: E402
 import harness.runtime.bench.specs as hs  # noqa: E402
 from harness.decisions.speedups import baselines, shape_speedup  # noqa: E402
 from harness.runtime.device import detect  # noqa: E402
-from harness.spec.load import load_plan  # noqa: E402
+from harness.plan.load import load_plan  # noqa: E402
 import harness.runtime.timing as ht  # noqa: E402
 from harness.runtime.tasks import BenchTask  # noqa: E402
 

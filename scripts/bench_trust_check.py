@@ -51,7 +51,7 @@ def main() -> int:
                                         time_calls, working_set_bytes)
     from harness.runtime.device import detect
     from harness.runtime.resolve import resolve
-    from harness.spec.load import load_plan
+    from harness.plan.load import load_plan
 
     plan = load_plan(ROOT / "plan.yaml")
     kernel, sm = resolve(plan).kernel, detect().sm

@@ -29,7 +29,7 @@ from harness.runtime.bench.specs import bench_specs  # noqa: E402
 from harness.runtime.tasks import BenchTask  # noqa: E402
 from harness.runtime.timing import l2_cache_bytes, rotation_count, time_calls, working_set_bytes  # noqa: E402
 from harness.vllm.compiled import load_kernel  # noqa: E402
-from harness.spec.load import load_plan  # noqa: E402
+from harness.plan.load import load_plan  # noqa: E402
 
 
 def main() -> int:

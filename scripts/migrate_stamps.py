@@ -28,8 +28,8 @@ from pathlib import Path
 
 from harness.results.stamps import stamp
 from harness.results.store import load, write_atomic
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell
 
 ROOT = Path(__file__).resolve().parents[1]
 KIND = {"cells": "numerics", "integration": "integration", "benchmarks": "bench"}

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.runtime.bench.precompile import precompile_plans  # noqa: E402
 from harness.runtime.bench.specs import bench_specs, skip_reason  # noqa: E402
 from harness.runtime.device import detect  # noqa: E402
-from harness.spec.load import load_plan  # noqa: E402
-from harness.spec.plan import PlanError  # noqa: E402
+from harness.plan.load import load_plan  # noqa: E402
+from harness.plan.model import PlanError  # noqa: E402
 
 MAX_PROCESSES = 16
 

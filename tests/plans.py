@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 
 # The plans here name the `cpu` SM: on a GPU machine their cells are not run (needs cpu; the machine is sm90), so a
 # test asserting what such a run did, or what a CPU machine reports, is a CPU machine's test. A GPU machine's own

@@ -14,8 +14,8 @@ from harness.vllm.names import integration_routes
 from harness.vllm import routes as integration
 from harness.results.store import Status
 from harness.vllm.compiled import vllm_missing
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "adding-an-op.md"

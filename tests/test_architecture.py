@@ -19,9 +19,9 @@ import yaml
 from harness.rendering.overview import render_overview
 from harness.rendering.report import render
 from harness.runtime.resolve import resolve_in_child
-from harness.spec.load import load_plan
-from harness.spec.field_docs import fields_table
-from harness.spec.schema import json_schema_text
+from harness.plan.load import load_plan
+from harness.plan.field_docs import fields_table
+from harness.plan.schema import json_schema_text
 
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = ROOT / "harness"
@@ -101,13 +101,13 @@ def test_committed_plan_schema_is_the_schemas_export():
 
 
 def test_every_field_of_the_schema_is_in_the_field_table_the_readme_holds():
-    """The table of fields (harness.spec.field_docs, the README's and the JSON Schema's words) names every field a
+    """The table of fields (harness.plan.field_docs, the README's and the JSON Schema's words) names every field a
     plan may hold (a field left out of it is one users cannot know of): each field's name, as a word, in the table;
     and the README holds the table as `python -m harness fields` prints it."""
     from pydantic import BaseModel
 
-    from harness.spec.load import _is_union, _unwrap, keys
-    from harness.spec.plan import Plan
+    from harness.plan.load import _is_union, _unwrap, keys
+    from harness.plan.model import Plan
 
     def fields(model: type[BaseModel], prefix: str = ""):
         for name, info in keys(model).items():
@@ -123,7 +123,7 @@ def test_every_field_of_the_schema_is_in_the_field_table_the_readme_holds():
 
     table = fields_table()
     assert table in (ROOT / "README.md").read_text(), \
-        "the README's field table differs from harness.spec.field_docs: paste `python -m harness fields` into it"
+        "the README's field table differs from harness.plan.field_docs: paste `python -m harness fields` into it"
     found = {path for path, name in fields(Plan) if re.search(rf"\b{re.escape(name)}\b", table)}
     missing = sorted({path for path, _ in fields(Plan)} - found)
     assert not missing, f"fields the README's field table does not name: {', '.join(missing)}"
@@ -214,7 +214,7 @@ def test_harness_modules_stay_small():
 def test_the_tree_is_the_flow_plan_cells_results_decisions_pages():
     """Each kind of work in its own sub-package, and nothing of the harness's own beside them but its entry points."""
     packages = {p.name for p in HARNESS.iterdir() if (p / "__init__.py").exists()}
-    assert packages == {"spec", "results", "decisions", "rendering", "runtime", "vllm", "plugin",
+    assert packages == {"plan", "results", "decisions", "rendering", "runtime", "vllm", "plugin",
                         "interpreter"}, packages
     loose = {p.name for p in HARNESS.glob("*.py")} - {"__init__.py", "__main__.py"}
     assert not loose, f"modules outside the sub-packages: {loose}"

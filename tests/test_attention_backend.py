@@ -22,9 +22,9 @@ import pytest
 import kernels.paged_attention  # noqa: F401  triton imported here first
 from harness.runtime.device import detect
 from harness.results.store import Status
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell
+from harness.plan.model import PlanError
 from harness.vllm import engine
 from harness.vllm.attention_layout import attention_args, cache_words, head_sizes, kernel_block_sizes
 from harness.vllm.compiled import vllm_missing
@@ -218,8 +218,8 @@ def test_a_vllm_without_the_attention_api_the_route_needs_is_not_run_not_failed(
     kernel's."""
     from pathlib import Path
 
-    from harness.spec.load import load_plan
-    from harness.spec.matrix import Cell
+    from harness.plan.load import load_plan
+    from harness.plan.matrix import Cell
     from harness.vllm import attention_backend
 
     plan = load_plan(Path(__file__).resolve().parents[1] / "kernels" / "plans" / "paged_attention.yaml")

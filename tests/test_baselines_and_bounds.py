@@ -20,8 +20,8 @@ from harness.runtime.bench.specs import bench_specs
 from harness.runtime.check_code import plan_code_warnings
 from harness.runtime.resolve import resolve
 from harness.runtime.tasks import BenchTask
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 from tests.plans import cpu_machine_only, rms_norm_plan, small_plan, write_plan
 from tests.test_report import bench as bench_record, decision_rows, passed_sm90, render, section
 

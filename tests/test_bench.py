@@ -23,10 +23,10 @@ from harness.runtime.bench.specs import IMPLS, BenchSpec, bench_specs, skip_reas
 from harness.runtime import timing as timers
 
 from harness.rendering import performance
-from harness.spec.hardware import Hardware
-from harness.spec.load import load_plan
-from harness.spec.expressions import evaluate
-from harness.spec.plan import PlanError
+from harness.plan.hardware import Hardware
+from harness.plan.load import load_plan
+from harness.plan.expressions import evaluate
+from harness.plan.model import PlanError
 from harness.decisions.speedups import NOISE_FLOOR, shape_speedup
 from harness.results.store import BenchRecord, ImplFigures, to_json
 from harness.runtime.tasks import BenchTask

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.runtime.mutants import blind_spots
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from tests.plans import write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def _args(name: str) -> dict:
 
 def test_prefill_benchmarks_sized_like_decode_are_refused(tmp_path):
     """A "prefill" of 2-32 tokens is decode-sized: it would be decided as a prefill regime."""
-    from harness.spec.plan import PlanError
+    from harness.plan.model import PlanError
 
     path = write_plan(tmp_path / "small_prefill.yaml", ROOT / "plan.yaml", benchmark={"prefill": [2, 8, 32]})
     with pytest.raises(PlanError) as caught:

@@ -14,7 +14,7 @@ from harness.runtime.inputs import poisoned
 from harness.runtime.numerics import Mismatch, compare
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from harness.spec.plan import Tolerance
+from harness.plan.model import Tolerance
 from tests.plans import cpu_machine_only, rms_norm_plan
 
 BUGS = "tests.broken.rms_norm_bugs"

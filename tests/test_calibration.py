@@ -10,7 +10,7 @@ import pytest
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from tests.calibration import __main__ as corpus
 from tests.plans import rms_norm_plan
 

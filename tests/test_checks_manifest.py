@@ -47,7 +47,7 @@ def test_committed_manifest_matches_the_tree():
 
 
 def test_every_module_that_can_change_a_verdict_belongs_to_a_check():
-    """Every module under runtime/, interpreter/, vllm/ and spec/ lies in some check's closure, or NO_VERDICT says
+    """Every module under runtime/, interpreter/, vllm/ and plan/ lies in some check's closure, or NO_VERDICT says
     why it changes no verdict: new code that can change a result cannot escape the manifest."""
     uncovered = uncovered_modules()
     assert uncovered == [], ("modules that can change a verdict in no check's import closure: import them from a "
@@ -102,7 +102,7 @@ def test_formatting_comments_and_docstrings_change_no_hash(tmp_path):
                                                                        'the reference')
     text = text.replace('"""Worst errors seen over a cell\'s examples."""', '"""The worst errors a cell saw."""')
     numerics.write_text("# a comment at the top\n" + text)
-    edit(root, "spec/plan.py", '"""', '"""Also: ')  # a docstring of a module in nearly every closure
+    edit(root, "plan/model.py", '"""', '"""Also: ')  # a docstring of a module in nearly every closure
     edit(root, "runtime/numerics.py", '"quantized steps": 2', '"quantized steps": 3')
     after = manifest_now(root)
     assert {n: e["code"] for n, e in after.items()} == {n: e["code"] for n, e in before.items()}

@@ -16,12 +16,12 @@ from harness.runtime.bench.measure import run_benchmark
 from harness.runtime.bench.specs import BenchSpec, bench_specs, outside_contract, skip_reason
 
 from harness.rendering import report
-from harness.spec.hardware import Hardware
+from harness.plan.hardware import Hardware
 from harness.runtime.inputs import build_args, examples, within_contract
-from harness.spec.matrix import Cell, decide
-from harness.spec.status import Status
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.matrix import Cell, decide
+from harness.plan.status import Status
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask

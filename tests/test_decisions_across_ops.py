@@ -14,7 +14,7 @@ from harness.decisions.recommendations import ENABLE, INDUCTOR, VLLM_PROFILES, R
 from harness.decisions.speedups import Interval
 from harness.rendering.defaults import regime_summary
 from harness.rendering.overview import render_overview
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from harness.vllm.defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, vllm_default
 from tests.plans import small_plan
 from tests.test_report import bench, cell, machine, render, write_results

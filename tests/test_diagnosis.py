@@ -13,7 +13,7 @@ from harness.results.store import to_json
 from harness.runtime.numerics import Mismatch, compare
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from harness.spec.plan import Tolerance
+from harness.plan.model import Tolerance
 from tests.plans import cpu_machine_only, rms_norm_args, rms_norm_plan
 
 HERE = "tests.test_diagnosis"

@@ -19,8 +19,8 @@ from harness.runtime.resolve import resolve
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime.workers import Worker
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 from kernels.rms_norm import rms_norm as correct_rms_norm
 from tests.plans import cpu_machine_only, read_results, rms_norm_plan
 

@@ -15,9 +15,9 @@ import pytest
 
 from harness.results.fingerprints import UNKNOWN, benchmark_fingerprint, implementation_fingerprint, \
     plan_fingerprint
-from harness.spec.load import load_plan
-from harness.spec.matrix import every_cell
-from harness.spec.vocabulary import PHASES
+from harness.plan.load import load_plan
+from harness.plan.matrix import every_cell
+from harness.plan.vocabulary import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml")),
@@ -250,7 +250,7 @@ def test_bundled_plans_fingerprint_without_importing_their_code():
     process that imports neither torch nor the plans' code nor Liger-Kernel."""
     script = f"""
 import sys
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from harness.results import fingerprints as fp
 paths = {[str(p) for p in BUNDLED]!r}
 for path in paths:

@@ -12,9 +12,9 @@ from hypothesis import given, settings, strategies as st
 
 from harness.runtime.batches import draw_batch
 from harness.runtime.inputs import build_args, examples
-from harness.spec.matrix import Cell
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.matrix import Cell
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
@@ -251,7 +251,7 @@ def test_a_comparison_without_stats_measures_errors_only_to_explain_a_mismatch(m
     """A benchmark's check after timing keeps no statistics: the fp64 error passes (90% of a comparison's time on
     a CPU machine at 4096 x 4096) run only when the outputs differ, and the message is the same."""
     from harness.runtime import numerics
-    from harness.spec.plan import Tolerance
+    from harness.plan.model import Tolerance
 
     expected = torch.linspace(-2, 2, 4096).to(torch.bfloat16)
     close = (expected.float() * 1.001).to(torch.bfloat16)

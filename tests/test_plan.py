@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from harness.runtime.resolve import resolve
-from harness.spec.plan import PlanError
+from harness.plan.model import PlanError
 from tests.plans import read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -239,8 +239,8 @@ def test_loading_imports_none_of_the_plans_code(tmp_path):
 
 
 def test_every_cell_dtype_has_a_default_tolerance_and_a_torch_dtype():
-    from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES, DTYPE
-    from harness.spec.tolerances import DEFAULT_TOLERANCE
+    from harness.plan.dtypes import ARG_DTYPES, CELL_DTYPES, DTYPE
+    from harness.plan.tolerances import DEFAULT_TOLERANCE
 
     assert set(DEFAULT_TOLERANCE) == set(CELL_DTYPES)
     assert set(CELL_DTYPES) | set(ARG_DTYPES) == set(DTYPE)

@@ -40,8 +40,8 @@ import yaml
 
 from harness.runtime.check_code import plan_code_warnings
 from harness.runtime.resolve import OPTIONAL_PACKAGE
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ("plan.yaml", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kernels" / "plans").glob("*.yaml")))

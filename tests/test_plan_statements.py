@@ -26,9 +26,9 @@ from harness.runtime.resolve import resolve
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime.upcast import upcast_warnings
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell
-from harness.spec.vocabulary import VALUE_SCALES
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell
+from harness.plan.vocabulary import VALUE_SCALES
 from tests.plans import cpu_machine_only, rms_norm_plan, write_plan
 from tests.test_report import cell as cell_record, machine, render, write_results
 

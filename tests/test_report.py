@@ -16,9 +16,9 @@ import pytest
 
 from harness.rendering import markdown, performance, report
 from harness.__main__ import main
-from harness.spec.matrix import Cell
+from harness.plan.matrix import Cell
 from harness.rendering.overview import render_overview, write_overview
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
 from harness.results.stamps import stamp
@@ -904,7 +904,7 @@ def test_every_kind_of_open_item_and_trade_off_has_words():
     from harness.decisions.open_items import OpenItem, OpenItemKind
     from harness.decisions.tradeoffs import TradeOff, TradeOffKind
     from harness.rendering.conclusions import open_item_text, tradeoff_text
-    from harness.spec.matrix import expand
+    from harness.plan.matrix import expand
 
     plan = RMS
     cells = tuple(expand(plan)[:2])

@@ -9,9 +9,9 @@ from harness.results.store import Status
 from harness.runtime.required_examples import INT32_ELEMENTS, int32_example, path_example, required_examples
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell
+from harness.plan.model import PlanError
 from tests.broken.rms_norm_bugs import SHORT_LOOP_TWO_PASS_BYTES
 from tests.plans import rms_norm_plan
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.spec.hardware import Hardware
-from harness.spec.matrix import Cell, decide, expand, pairwise_sample
-from harness.spec.load import load_plan
-from harness.spec.vocabulary import AXES
+from harness.plan.hardware import Hardware
+from harness.plan.matrix import Cell, decide, expand, pairwise_sample
+from harness.plan.load import load_plan
+from harness.plan.vocabulary import AXES
 from harness.rendering.report import write_report
 from harness.results.store import CellRecord, Provenance, Recorder, Status, write_atomic
 from harness.runtime.runner import RunSettings, run_cell

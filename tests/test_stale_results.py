@@ -17,7 +17,7 @@ from harness.results import checks
 from harness.results.merge import collect, judged
 from harness.results.stamps import UNSTAMPED, stamp
 from harness.results.store import BenchRecord, ImplFigures, load, write_atomic
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 from tests.plans import small_plan
 from tests.test_report import ROOT, bench, cell, machine, section, stamp_current, write_results
 

@@ -18,10 +18,10 @@ import kernels.silu_and_mul  # noqa: F401  triton first imported here, not insid
 # pytester unloads the modules a run imported, and importing triton a second time aborts the process
 from harness.runtime import tp
 from harness.runtime.inputs import Example, build_args
-from harness.spec.matrix import Cell
+from harness.plan.matrix import Cell
 from harness.runtime.numerics import Mismatch
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 from tests.plans import cpu_machine_only, rms_norm_args, rms_norm_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,17 +19,17 @@ from harness.vllm import routes as integration
 from harness.runtime.calls import reference_outputs
 from harness.runtime.inputs import Example, build_args
 from harness.runtime.resolve import resolve
-from harness.spec.plan import Tolerance
+from harness.plan.model import Tolerance
 from harness.rendering.design import plugin_markdown
 from harness.results.store import IntegrationRecord, Status, to_json
-from harness.spec.tolerances import tolerance_for
+from harness.plan.tolerances import tolerance_for
 from harness.runtime.providers import KernelUnavailable, load_kernel
 from harness.vllm.compiled import vllm_missing
 from harness.vllm.plugin_source import render_plugin
 from harness.vllm.names import integration_routes, plugin_entry_point, plugin_module_name, provider_name
-from harness.spec.matrix import Cell
-from harness.spec.load import load_plan
-from harness.spec.plan import PlanError
+from harness.plan.matrix import Cell
+from harness.plan.load import load_plan
+from harness.plan.model import PlanError
 from tests.plans import cpu_machine_only, hide_vllm, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]

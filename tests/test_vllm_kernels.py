@@ -16,9 +16,9 @@ import torch
 from harness.runtime.device import package_version
 from harness.runtime.inputs import Example
 from harness.rendering.overview import render_overview
-from harness.spec.load import load_plan
-from harness.spec.matrix import every_cell, provider_view
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.matrix import every_cell, provider_view
+from harness.plan.model import PlanError
 from harness.rendering.report import render
 from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, Results, Status, from_json, \
     lead_reason, to_json, write_atomic
@@ -26,7 +26,7 @@ from harness.runtime.runner import RunSettings, example_layouts, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime import providers
 from harness.runtime.providers import load_kernel
-from harness.spec.sections import VllmKernel
+from harness.plan.sections import VllmKernel
 from harness.vllm.compiled import compiled_op, registered_params, schema_problem
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import SCHEMAS, Param, args_problem, kernel_schema, mismatches, parse_schema
@@ -231,7 +231,7 @@ def test_a_named_baseline_is_a_provider_with_its_own_contract(tmp_path):
                     .replace("dtype: [fp32]", "dtype: [fp32, bf16]"))
     plan = load_plan(path)
     assert [c.id for c in every_cell(plan)][-1] == "decode-bf16-tp1-eager-cpu-eager"
-    from harness.spec.matrix import Cell, excluded_by
+    from harness.plan.matrix import Cell, excluded_by
     assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu", "eager")) == \
         "outside eager's contract (line 19): dtypes bf16 (bf16 only)"
     assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu")) is None  # the kernel's contract is its own

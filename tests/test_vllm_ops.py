@@ -14,8 +14,8 @@ import pytest
 from harness.vllm.plugin_source import TEMPLATES, plugin_template, render_plugin
 from harness.vllm.compiled import vllm_missing
 from harness.vllm.defaults import CPU, CUDA, CUSTOM_OP, DEFAULTS, FUSION_PASS, INDUCTOR_ON, IR, ROCM
-from harness.spec.load import load_plan
-from harness.spec.tolerances import tolerance_for
+from harness.plan.load import load_plan
+from harness.plan.tolerances import tolerance_for
 from harness.vllm.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_route, provider_name, unsupported
 
@@ -95,7 +95,7 @@ from vllm.model_executor.custom_op import CustomOp, op_registry
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from harness.runtime.resolve import import_object
-from harness.spec.load import load_plan
+from harness.plan.load import load_plan
 
 pairs = json.loads(sys.argv[1])  # [plan path, rendered plugin path]
 dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

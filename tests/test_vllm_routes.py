@@ -19,8 +19,8 @@ from harness.rendering.report import render
 from harness.results.merge import collect
 from harness.results.store import IntegrationRecord, Status
 from harness.vllm.compiled import vllm_missing
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell
 from tests.plans import read_plan, rms_norm_plan, write_plan
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
@@ -276,7 +276,7 @@ class DequantizingMethod(PluginLinearMethod):  # the plugin's weights, but apply
      "vllm.route: expected vllm.layer beside route custom_op (the vLLM layer whose calls reach the kernel)"),
 ])
 def test_a_route_without_what_it_needs_is_a_plan_error(tmp_path, section, words):
-    from harness.spec.plan import PlanError
+    from harness.plan.model import PlanError
 
     with pytest.raises(PlanError, match=r"plan.yaml:\d+: " + re.escape(words)):
         load_plan(rms_norm_plan(tmp_path, vllm=section))

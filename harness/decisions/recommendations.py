@@ -12,8 +12,8 @@ from harness.decisions.reasons import first_line
 from harness.decisions.speedups import REGIMES, Interval, baselines, impl_order, interval, ratio, regime, spread, \
     usable, valid, why_untimed
 from harness.results.merge import Merged
-from harness.spec.hardware import Hardware
-from harness.spec.matrix import Cell, bench_graph_modes, decide
+from harness.plan.hardware import Hardware
+from harness.plan.matrix import Cell, bench_graph_modes, decide
 from harness.vllm.names import is_vllm_default, profile_setting
 
 ENABLE, INDUCTOR, NATIVE, KEEP_VLLM = ("enable the custom op", "leave it to Inductor", "keep native",
@@ -76,7 +76,7 @@ def recommendations(res: Merged) -> list[Recommendation]:
 def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
     """vLLM's own kernel for the op (the plan's `vllm` baseline) decided as a kernel is, per SM × dtype × regime ×
     profile: enabled where it is faster than the profile's baseline at every shape both were timed, else the
-    profile's fallback. Seed 002's question: should vLLM turn its kernel on by default there (harness.spec.
+    profile's fallback. Seed 002's question: should vLLM turn its kernel on by default there (harness.plan.
     vllm_defaults says whether it does)."""
     out = []
     for sm, dtype, reg, recs in _groups(res):

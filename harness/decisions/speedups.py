@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from harness.decisions.bounds import broken_timing
 from harness.results.store import BenchRecord, ImplFigures, finite_number
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 REGIMES = ("decode-sized", "prefill-sized")
 # Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise: every

@@ -13,7 +13,7 @@ from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, pai
     undecided
 from harness.decisions.speedups import REGIMES
 from harness.results.merge import Merged
-from harness.spec.status import Status
+from harness.plan.status import Status
 
 BLOCKED, EXCLUDED, NO_RESULTS, NUMERICS_ONLY, INCOMPLETE, NOT_RUN_HERE, STALE = (
     "blocked", "excluded", "no results", "numerics only", "incomplete", "not run here", "stale: re-run")

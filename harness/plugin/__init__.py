@@ -8,7 +8,7 @@ harness.plugin.items; it imports torch and the plan's kernels).
 
 from __future__ import annotations
 
-from harness.spec.vocabulary import AXES, PROFILES
+from harness.plan.vocabulary import AXES, PROFILES
 
 CELL_CHOICES = ("all", "sampled", "retry", "stale")
 

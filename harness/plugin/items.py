@@ -35,8 +35,8 @@ from harness.runtime.timing import Timing
 from harness.runtime.tp import run_cell_on_rank, tp_multiples
 from harness.vllm.compiled import vllm_missing
 from harness.runtime.workers import Fault
-from harness.spec.matrix import Cell, Decision, decide, every_cell, provider_view
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell, Decision, decide, every_cell, provider_view
+from harness.plan.model import Plan
 from harness.vllm.fusion_cases import FUSION_DTYPE, FusionProfile, fusion_case
 from harness.vllm.names import integration_routes, unsupported
 
@@ -45,7 +45,7 @@ class PlanFile(pytest.File):
     def collect(self):
         s = session_of(self.config)
         plan, hw = s.plan, detect()
-        for cell in every_cell(plan):  # the kernel's cells, then each provider's (harness.spec.matrix)
+        for cell in every_cell(plan):  # the kernel's cells, then each provider's (harness.plan.matrix)
             decision = decide(plan, cell, hw, s.max_cpu_ranks)
             item = CellItem.from_parent(self, name=f"numerics[{cell.id}]", cell=cell, decision=decision)
             for axis, value in cell.axes().items():

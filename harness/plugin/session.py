@@ -36,9 +36,9 @@ from harness.runtime.device import detect, left_for_memory, provenance
 from harness.runtime.inputs import with_sequences
 from harness.runtime.runner import NIGHTLY_FACTOR
 from harness.vllm.compiled import LIBRARY_ENV
-from harness.spec.load import load_plan
-from harness.spec.matrix import Cell, every_cell, pairwise_sample
-from harness.spec.plan import PlanError
+from harness.plan.load import load_plan
+from harness.plan.matrix import Cell, every_cell, pairwise_sample
+from harness.plan.model import PlanError
 
 
 def pytest_configure(config):

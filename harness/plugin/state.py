@@ -18,8 +18,8 @@ from harness.results.store import Recorder
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.runtime.runner import RunSettings
 from harness.runtime.workers import Worker, WorkerGroup
-from harness.spec.matrix import Cell, provider_view
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell, provider_view
+from harness.plan.model import Plan
 
 
 @dataclass

@@ -7,8 +7,8 @@ from collections import Counter
 
 from tabulate import tabulate
 
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan
 
 SAMPLED_OUT = "sampled_out"  # a cell's status in the summary only: sampled-out cells are not recorded
 

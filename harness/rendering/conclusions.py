@@ -16,8 +16,8 @@ from harness.rendering.performance import others_text, setting_text
 from harness.rendering.plan_words import custom_op_name, describe, tp_answer, vllm_answer
 from harness.rendering.support import mark_status
 from harness.results.merge import Merged
-from harness.spec.plan import Plan
-from harness.spec.status import Status
+from harness.plan.model import Plan
+from harness.plan.status import Status
 from harness.vllm.names import ROUTE_KINDS, provider_name
 
 

@@ -13,9 +13,9 @@ from harness.rendering.markdown import code, fmt, md, table
 from harness.rendering.plan_words import INTENTS, capture_sizes, contract_text, quantization_text, rule_text, \
     provider_words, tp_answer, vllm_answer
 from harness.results.merge import Merged
-from harness.spec.plan import Plan
-from harness.spec.status import RAN
-from harness.spec.tolerances import tolerance_source
+from harness.plan.model import Plan
+from harness.plan.status import RAN
+from harness.plan.tolerances import tolerance_source
 
 
 def header(res: Merged, v: Verdict, per_sm: list[SmVerdict]) -> str:

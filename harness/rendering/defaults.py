@@ -13,7 +13,7 @@ from harness.decisions.speedups import REGIMES
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.results.merge import Merged
 from harness.vllm.defaults import default_value, switch_setting, vllm_default
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 ON, OFF = "on", "off"  # vLLM's kernel turned on or off, the words of this table
 

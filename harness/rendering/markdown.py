@@ -11,7 +11,7 @@ import re
 from tabulate import tabulate
 
 from harness.results.store import finite_number
-from harness.spec.status import Status
+from harness.plan.status import Status
 
 MARKS = {Status.PASSED: "✅", Status.FAILED: "❌", Status.NOT_RUN: "⏭", Status.EXCLUDED: "🚫", Status.XFAIL: "⚠️",
          Status.XPASS: "❗"}

@@ -24,8 +24,8 @@ from harness.rendering.defaults import defaults_rows, defaults_section, has_swit
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.rendering.performance import setting_text
 from harness.results.merge import collect
-from harness.spec.plan import Plan
-from harness.spec.status import Status
+from harness.plan.model import Plan
+from harness.plan.status import Status
 
 PAGE = "README.md"
 

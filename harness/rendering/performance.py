@@ -17,8 +17,8 @@ from harness.decisions.speedups import REGIMES, Unused, baselines, impl_order, m
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
 from harness.results.merge import Merged
 from harness.results.store import BenchRecord, finite_number
-from harness.spec.plan import Plan
-from harness.spec.vocabulary import PHASES
+from harness.plan.model import Plan
+from harness.plan.vocabulary import PHASES
 from harness.vllm.names import VLLM_DEFAULT
 
 # Eager figures are back-to-back device time; where an isolated, launch-inclusive call differs by more than

@@ -8,10 +8,10 @@ import itertools
 import json
 
 from harness.rendering.markdown import code, md
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
-from harness.spec.vocabulary import AXES
-from harness.spec.status import Status
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan
+from harness.plan.vocabulary import AXES
+from harness.plan.status import Status
 from harness.vllm.kernels import PINNED_VLLM, SCHEMAS
 from harness.vllm.names import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 

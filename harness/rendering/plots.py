@@ -17,7 +17,7 @@ from harness.decisions.bounds import throughput
 from harness.decisions.speedups import impl_order
 from harness.rendering.performance import plot_name
 from harness.results.merge import collect
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 # The same colour for an implementation on every page; a plan's named baselines take the others in name order.
 COLORS = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}

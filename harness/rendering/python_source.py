@@ -4,7 +4,7 @@ the first part of the plan's vLLM plugin, harness.vllm.plugin_source)."""
 from __future__ import annotations
 
 from harness.rendering.markdown import py_str, py_tuple
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 # ---------------------------------------------------------------- the custom op
 

@@ -25,7 +25,7 @@ from harness.rendering.performance import performance
 from harness.rendering.support import accepted_inputs, support_matrix
 from harness.rendering.vllm_runs import engine_section, fusion_section
 from harness.results.merge import collect
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 
 def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:

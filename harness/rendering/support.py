@@ -11,8 +11,8 @@ from harness.rendering.markdown import LEGEND, MARKS, NO_RESULT, code, fmt, md, 
 from harness.rendering.plan_words import axis_value, describe, provider_words
 from harness.results.merge import Merged
 from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen, lead_reason
-from harness.spec.matrix import Cell
-from harness.spec.status import RAN, Status
+from harness.plan.matrix import Cell
+from harness.plan.status import RAN, Status
 
 
 def mark_status(res: Merged, cell: Cell) -> Status | None:

@@ -43,7 +43,7 @@ class Subject:
     fp32_accumulation: bool = False  # op.accumulation: fp32
     faulted: bool = False  # the kernel crashed its worker or the device, and the input was shrunk after it
     failed: bool = False  # the record is of a failure (failed, or an expected failure)
-    token_rows: bool = False  # an input has a num_tokens dimension: vLLM pads it (harness.spec.token_rows)
+    token_rows: bool = False  # an input has a num_tokens dimension: vLLM pads it (harness.plan.token_rows)
     batch_invariance: bool = False  # the op's token rows are independent and the plan has the probe on
 
 

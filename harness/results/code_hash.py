@@ -31,10 +31,10 @@ PACKAGE = "harness"
 # Modules under VERDICT_DIRS that change no verdict, each with why: they export, document, warn or warm caches.
 # Every other module there must lie in some check's closure (uncovered_modules), so that new code that can change a
 # result cannot escape the manifest.
-VERDICT_DIRS = ("runtime", "interpreter", "vllm", "spec")
+VERDICT_DIRS = ("runtime", "interpreter", "vllm", "plan")
 NO_VERDICT = {
-    "spec/schema.py": "the plan file's JSON Schema export (python -m harness schema)",
-    "spec/field_docs.py": "the plan fields in words (python -m harness fields, the README, the schema's hover text)",
+    "plan/schema.py": "the plan file's JSON Schema export (python -m harness schema)",
+    "plan/field_docs.py": "the plan fields in words (python -m harness fields, the README, the schema's hover text)",
     "runtime/mutants.py": "validate's wrong kernels made from the reference: they refuse a plan, in no record",
     "runtime/check_code.py": "warnings about a plan's code (validate's child, the run's start): printed, in no record",
     "runtime/preflight.py": "validate's run of the reference at the plan's sizes and on TP shards: it refuses a plan, "

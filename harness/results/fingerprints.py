@@ -6,10 +6,10 @@ reformat, a description or another provider's edit.
 the parsed plan's sub-models a record depends on, per section:
 
 - "cells" (a numerics cell of `provider`; "" is the kernel under test), the plan as that provider's cells run it
-  (harness.spec.matrix.provider_view): op.args, outputs, mutates, sizes, paths, native, reference, fake, generate,
+  (harness.plan.matrix.provider_view): op.args, outputs, mutates, sizes, paths, native, reference, fake, generate,
   accumulation, reduction, the provider's contract (op.contract for the kernel; vllm.kernel.dtypes or the named
   baseline's own otherwise), the tolerance actually used for the cell's dtype and for each output
-  (harness.spec.tolerances: the plan's, else vLLM IR's, else the table's), numerics, quantization (with vLLM's
+  (harness.plan.tolerances: the plan's, else vLLM IR's, else the table's), numerics, quantization (with vLLM's
   max_step_fraction where it applies), tp, the token range of the cell's phase (it reads the benchmark's largest
   token count) and the CUDA-graph capture sizes; then the provider's own entry only: op.kernel for the kernel,
   vllm.kernel (name, args, signature, dtypes, max_step_fraction) for `vllm`, the named baseline's path, prepare and
@@ -64,12 +64,12 @@ from typing import Any
 
 from harness.results.code_hash import normalized_source
 from harness.results.store import UNKNOWN
-from harness.spec.dtypes import CELL_OF_TORCH, DTYPE
-from harness.spec.matrix import contract_of, provider_view
-from harness.spec.plan import Plan
-from harness.spec.sections import Contract
-from harness.spec.tolerances import DEFAULT_TOLERANCE, output_tolerance, tolerance_for
-from harness.spec.vocabulary import PHASES
+from harness.plan.dtypes import CELL_OF_TORCH, DTYPE
+from harness.plan.matrix import contract_of, provider_view
+from harness.plan.model import Plan
+from harness.plan.sections import Contract
+from harness.plan.tolerances import DEFAULT_TOLERANCE, output_tolerance, tolerance_for
+from harness.plan.vocabulary import PHASES
 from harness.vllm.kernels import kernel_schema
 
 SECTIONS = ("cells", "integration", "benchmarks")

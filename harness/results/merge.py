@@ -11,9 +11,9 @@ from pathlib import Path
 
 from harness.results.stamps import staleness, unchecked
 from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir, steps_over
-from harness.spec.matrix import Cell, every_cell, excluded_by, expand, step_allowance
-from harness.spec.plan import Plan
-from harness.spec.status import Status
+from harness.plan.matrix import Cell, every_cell, excluded_by, expand, step_allowance
+from harness.plan.model import Plan
+from harness.plan.status import Status
 from harness.vllm.names import ROUTE_KINDS, integration_routes
 
 # The routes of the integration items a plan's plugin gets: the routes the harness drives, and the plugin loaded.
@@ -101,7 +101,7 @@ class Merged:
                 f"pytest --plan {self.plan_display()} --cells stale")
 
     def provider_cells(self, provider: str) -> list:
-        """A provider's cells (harness.spec.matrix), in plan order."""
+        """A provider's cells (harness.plan.matrix), in plan order."""
         return expand(self.plan, provider)
 
     def provider_sms(self, provider: str) -> list[str]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from harness.results.checks import Subject, applicable, not_checked, version_changes
 from harness.results.fingerprints import benchmark_fingerprint, implementation_fingerprint, plan_fingerprint
 from harness.results.store import FAULT_SHRUNK, Stamp, implementation_changed
-from harness.spec.plan import Plan
-from harness.spec.status import Status
-from harness.spec.token_rows import batch_invariance_probed, token_inputs
+from harness.plan.model import Plan
+from harness.plan.status import Status
+from harness.plan.token_rows import batch_invariance_probed, token_inputs
 
 UNSTAMPED = "made before records were stamped per check"
 

@@ -25,8 +25,8 @@ from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
-from harness.spec.plan import Tolerance
-from harness.spec.status import Status
+from harness.plan.model import Tolerance
+from harness.plan.status import Status
 
 FORMAT = "harness-results"
 VERSION = 2
@@ -219,7 +219,7 @@ class CellRecord:
     reason: str = ""
     examples: int | None = None
     duration_s: float | None = None
-    tolerance: Tolerance | None = None  # the one a comparison used (harness.spec.tolerances)
+    tolerance: Tolerance | None = None  # the one a comparison used (harness.plan.tolerances)
     error: ErrorStats | None = None
     facts: dict = field(default_factory=dict)
     minimal_example: str | None = None
@@ -365,7 +365,7 @@ class IntegrationRecord:
     examples: int | None = None
     kernel_calls: int | None = None
     registered_as: dict | None = None
-    tolerance: Tolerance | None = None  # the one a comparison used (harness.spec.tolerances)
+    tolerance: Tolerance | None = None  # the one a comparison used (harness.plan.tolerances)
     error: ErrorStats | None = None
     vllm: str | None = None
     duration_s: float | None = None

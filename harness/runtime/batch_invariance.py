@@ -13,7 +13,7 @@ first row and size that differ. `numerics.batch_invariance: required` fails the 
 default) only records it, as vLLM's default mode does not need it (cuBLAS chooses its tiles by M too); `off`
 leaves it out.
 
-Only where every token's rows are computed from its own rows and the shared inputs (harness.spec.token_rows):
+Only where every token's rows are computed from its own rows and the shared inputs (harness.plan.token_rows):
 ops whose inputs describe the batch's sequences (attention's block tables, lengths) are left out, with the reason.
 Checked in eager tp1 cells: a CUDA graph replays the same launch at a captured size, and the padding check covers
 what its padding rows do.
@@ -29,9 +29,9 @@ from harness.runtime.inputs import Example, build_args, per_token_elements, toke
 from harness.runtime.numerics import Mismatch
 from harness.runtime.rows import MAX_ELEMENTS, Difference, Probes, difference, grown, shared_from, token_dim, \
     token_rows
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan, token_probes
-from harness.spec.token_rows import batch_invariance_probed, token_inputs
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan, token_probes
+from harness.plan.token_rows import batch_invariance_probed, token_inputs
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).

@@ -14,7 +14,7 @@ import torch
 
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import given_to_reference
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 
 def kernel_outputs(plan: Plan, values: dict, returned: Any) -> dict:

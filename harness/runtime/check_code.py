@@ -12,7 +12,7 @@ from harness.runtime.mutants import explained_blind_spots
 from harness.runtime.preflight import ReferenceFails, preflight
 from harness.runtime.resolve import main, resolve
 from harness.runtime.upcast import upcast_warnings
-from harness.spec.plan import Plan, PlanError
+from harness.plan.model import Plan, PlanError
 
 
 def plan_code_warnings(plan: Plan) -> list[str]:

@@ -15,19 +15,19 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.runtime.batches import Batch, draw_batch
-from harness.spec.matrix import Cell
-from harness.spec.expressions import evaluate
+from harness.plan.matrix import Cell
+from harness.plan.expressions import evaluate
 from harness.runtime.resolve import resolve
-from harness.spec.dtypes import DTYPE
-from harness.spec.plan import Arg, Plan
-from harness.spec.sections import Dim
-from harness.spec.vocabulary import STRUCTURED_INITS, VALUE_SCALES
+from harness.plan.dtypes import DTYPE
+from harness.plan.model import Arg, Plan
+from harness.plan.sections import Dim
+from harness.plan.vocabulary import STRUCTURED_INITS, VALUE_SCALES
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
 CHECK_VERSIONS = {"inputs": 1}
 
-# Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.spec.dtypes.
+# Every dtype a plan names (cell and argument dtypes, fp8 as this platform's), as torch's: harness.plan.dtypes.
 TORCH_DTYPES = {name: getattr(torch, d.torch_name(bool(torch.version.hip))) for name, d in DTYPE.items()}
 DEFAULT_BLOCK_SIZE = 16  # a paged KV cache's block size where the plan has no block_size symbol
 # The value scales: a standard normal draw times this ("large" stays inside fp16's range after squaring in fp32);

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan
 from harness.results.store import CellRecord, InputsSeen, Status, from_json, to_json
 from harness.runtime.runner import CellCheck, Outcome, not_run, run_examples
 from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task

@@ -25,8 +25,8 @@ from harness.interpreter.unfaithful import unfaithful
 from harness.runtime.inputs import Example, in_layout
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import given_to_reference, resolve
-from harness.spec.plan import Plan
-from harness.spec.vocabulary import BUILTIN_SYMBOLS
+from harness.plan.model import Plan
+from harness.plan.vocabulary import BUILTIN_SYMBOLS
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).

@@ -26,9 +26,9 @@ from harness.runtime.inputs import Example, build_args, sizes_fit
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, bits_equal
 from harness.runtime.resolve import resolve
 from harness.runtime.runner import compare_judged
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
-from harness.spec.tolerances import output_tolerance
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan
+from harness.plan.tolerances import output_tolerance
 
 TOKENS = 4  # rows per example: enough to roll and to copy a neighbour, small enough for any reference on a CPU
 

@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from harness.spec.dtypes import CELL_OF_TORCH, DTYPE
+from harness.plan.dtypes import CELL_OF_TORCH, DTYPE
 from harness.runtime.inputs import PADDING_BITS, holds_poison, poison_pattern
-from harness.spec.plan import Tolerance
+from harness.plan.model import Tolerance
 from harness.results.store import ErrorStats, finite_number
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
@@ -99,7 +99,7 @@ class Mismatch(AssertionError):
         return Mismatch, (self.message, self.stats)
 
 
-# A torch dtype's cell dtype name (torch.float32 -> fp32), where it is one: harness.spec.dtypes.
+# A torch dtype's cell dtype name (torch.float32 -> fp32), where it is one: harness.plan.dtypes.
 SHORT_NAMES = {getattr(torch, t): name for t, name in CELL_OF_TORCH.items()}
 # The float cell dtypes (fp32, fp16, bf16), whose errors are also counted in ULPs: torch dtype -> its bits' int dtype.
 ULP_BITS = {getattr(torch, DTYPE[n].torch): getattr(torch, f"int{DTYPE[n].bits}") for n in SHORT_NAMES.values()

@@ -27,9 +27,9 @@ from harness.runtime.calls import kernel_outputs
 from harness.runtime.inputs import Example, build_args
 from harness.runtime.numerics import Mismatch
 from harness.runtime.rows import Probes, difference, fill_, grown, token_dim, token_rows
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
-from harness.spec.token_rows import token_inputs
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan
+from harness.plan.token_rows import token_inputs
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).

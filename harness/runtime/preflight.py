@@ -25,8 +25,8 @@ from harness.runtime.numerics import SHORT_NAMES, Mismatch
 from harness.runtime.resolve import resolve
 from harness.runtime.runner import compare_judged, exception_text
 from harness.runtime.tp import local_values, output_combine, recombine, tp_multiples
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan, PlanError
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan, PlanError
 
 # What a CPU machine cannot do, which the plan did not get wrong: a CUDA-only op or library, memory.
 NOT_THE_PLANS = ("CUDA", "cuda", "Could not run", "not implemented for 'CPU'", "NotImplementedError", "can't allocate",

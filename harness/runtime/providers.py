@@ -7,7 +7,7 @@ from typing import Callable
 
 from harness.runtime.resolve import KernelUnavailable, named_baseline, resolve
 from harness.vllm.compiled import compiled_op
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 __all__ = ["KernelUnavailable", "load_kernel"]  # KernelUnavailable: what callers catch from here
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import itertools
 
 from harness.runtime.inputs import Example, per_token_elements, sizes_fit, token_cap, with_sequences, within_contract
-from harness.spec.dtypes import DTYPE
-from harness.spec.expressions import condition
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan, token_probes
+from harness.plan.dtypes import DTYPE
+from harness.plan.expressions import condition
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan, token_probes
 
 INT32_ELEMENTS = 2**31
 MAX_SIZE_COMBINATIONS = 256  # size combinations searched for the cheapest example past a path

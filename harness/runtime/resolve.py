@@ -1,6 +1,6 @@
 """A plan's code, resolved: its import paths imported, and checked against the plan's arguments.
 
-Loading a plan (harness.spec.load) never imports the user's code, so `python -m harness report` writes
+Loading a plan (harness.plan.load) never imports the user's code, so `python -m harness report` writes
 Markdown without torch. Resolving does: `resolve(plan)` imports the kernel, reference, fake and input
 generator (and op.replaces, vllm.layer outside vLLM's package), checks that each is callable with the plan's
 arguments as the harness passes them (by name; the fake in order), and that a `vllm:` kernel's schema takes
@@ -35,9 +35,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from harness.spec.load import load_plan
-from harness.spec.plan import Plan, PlanError
-from harness.spec.sections import Arg
+from harness.plan.load import load_plan
+from harness.plan.model import Plan, PlanError
+from harness.plan.sections import Arg
 from harness.vllm.names import adapter_module, plugin_routes
 
 # What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the

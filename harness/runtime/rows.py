@@ -11,7 +11,7 @@ import torch
 
 from harness.runtime.inputs import Example, in_layout, poisoned
 from harness.runtime.numerics import ordered
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 # Examples with a larger tensor (the int32-overflow one) are left to the value checks: these checks hold several
 # copies of every tensor at once.

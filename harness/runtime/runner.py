@@ -27,17 +27,17 @@ from harness.runtime.device import detect, free_device_memory, memory_held_elsew
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
 from harness.interpreter.sites import interpreted_launch, no_variant, raise_site, shown_path
 from harness.interpreter.unfaithful import unfaithful
-from harness.spec.matrix import Cell
+from harness.plan.matrix import Cell
 from harness.runtime.gpu_compile import COMPILE_LIMIT_S, compile_words, describe_launch, gpu_archs
 from harness.runtime.modes import RaisedInEager, make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized, in_place_reason
 from harness.runtime.required_examples import required_examples
 from harness.runtime.shrink_clock import ShrinkClock
 from harness.runtime.resolve import resolve, stand_in_library
-from harness.spec.plan import Plan, Tolerance
+from harness.plan.model import Plan, Tolerance
 from harness.results.store import CellRecord, Failure, InputsSeen, Status, more_failures_words
 
-from harness.spec.tolerances import output_tolerance, tolerance_for
+from harness.plan.tolerances import output_tolerance, tolerance_for
 from harness.runtime.tasks import CellTask, RunSettings
 from harness.runtime.tf32 import fp32_dot_precision
 from harness.runtime.providers import KernelUnavailable, load_kernel

@@ -18,9 +18,9 @@ import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.spec.matrix import Cell, provider_view
-from harness.spec.load import load_plan
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell, provider_view
+from harness.plan.load import load_plan
+from harness.plan.model import Plan
 from harness.runtime.bench.specs import BenchSpec
 from harness.runtime.inputs import Example
 

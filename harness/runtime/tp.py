@@ -28,10 +28,10 @@ from harness.runtime import numerics
 from harness.runtime.calls import kernel_outputs
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example, build_args, in_layout, poisoned
-from harness.spec.matrix import Cell
+from harness.plan.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import Mismatch
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.runtime.runner import CellCheck, KernelRaised, Outcome, exception_text, not_run, raised, run_examples
 from harness.runtime.tasks import CellTask
 from harness.runtime.providers import KernelUnavailable, load_kernel

@@ -29,8 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.runtime.calls import reference_inputs
 from harness.runtime.inputs import Example, build_args, sizes_fit
 from harness.runtime.resolve import OPTIONAL_PACKAGE, resolve
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan
 
 aten = torch.ops.aten
 # The matrix-multiply family at the aten level (what einsum, matmul, F.linear and SDPA dispatch to).

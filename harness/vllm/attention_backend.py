@@ -40,10 +40,10 @@ from harness.runtime.numerics import Mismatch, Stats, compare
 from harness.runtime.resolve import import_object, resolve
 from harness.runtime.runner import RunSettings, compare_judged
 from harness.runtime.tasks import IntegrationTask
-from harness.spec.dtypes import DTYPE
-from harness.spec.matrix import Cell
-from harness.spec.plan import Plan, Tolerance
-from harness.spec.tolerances import output_tolerance, tolerance_for
+from harness.plan.dtypes import DTYPE
+from harness.plan.matrix import Cell
+from harness.plan.model import Plan, Tolerance
+from harness.plan.tolerances import output_tolerance, tolerance_for
 from harness.vllm.attention_layout import ROUTE, AttentionArgs, attention_args, cache_words
 from harness.vllm.compiled import vllm_missing
 from harness.vllm.names import unsupported

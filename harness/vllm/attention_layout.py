@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.spec.fields import many
-from harness.spec.plan import Plan
-from harness.spec.sections import Arg
+from harness.plan.fields import many
+from harness.plan.model import Plan
+from harness.plan.sections import Arg
 
 ROUTE = "attention_backend"
 # The dims of vLLM's per-layer KV cache view, in its order (the last is 2 * head_size: keys, then values).

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from harness.runtime.device import package_version
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.vllm.kernels import Param, args_problem, kernel_schema, parse_schema
 
 LIBRARY_ENV = "HARNESS_VLLM_OPS_LIBRARY"

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.spec.sections import VllmSwitch
+from harness.plan.sections import VllmSwitch
 from harness.vllm.names import custom_ops, ir_priority
 
 # The switches vLLM has for one of its kernels: an IR op's provider priority, a CustomOp's `custom_ops` entry, a

@@ -37,7 +37,7 @@ from harness.vllm.plugin_source import render_plugin
 from harness.results.store import EngineOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, package_version
 from harness.vllm.compiled import vllm_missing
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE
 from harness.vllm.defaults import INDUCTOR_OFF, INDUCTOR_ON
 from harness.vllm.names import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 arguments fit one.
 
 Which of vLLM's kernels does an op, and which plan argument goes to each of its parameters, is the plan's own
-`vllm.kernel` (harness.spec.plan.VllmKernel): it serves as the plan's `vllm` provider, run through its numerics
+`vllm.kernel` (harness.plan.model.VllmKernel): it serves as the plan's `vllm` provider, run through its numerics
 cells, and its `vllm` benchmark baseline, the same call timed (harness.runtime.providers). Here is vLLM's side only:
 the schemas of the vLLM release the bundled plans were written against (csrc/torch_bindings.cpp; the light ops in
 csrc/libtorch_stable/torch_bindings.cpp, built as `_C_stable_libtorch.abi3.so`), so that a plan's arguments are

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE
 from harness.vllm.kernels import args_problem, kernel_schema, parse_schema
 

@@ -40,16 +40,16 @@ from hypothesis.errors import FlakyFailure
 from harness.runtime.calls import first_line, reference_outputs
 from harness.runtime.device import detect, memory_held_elsewhere, package_version
 from harness.runtime.inputs import build_args, examples as example_strategy
-from harness.spec.matrix import Cell
+from harness.plan.matrix import Cell
 from harness.runtime.numerics import Mismatch, Stats
 from harness.runtime.resolve import import_object, resolve
-from harness.spec.dtypes import CELL_DTYPES, DTYPE
-from harness.spec.plan import Plan, Tolerance
+from harness.plan.dtypes import CELL_DTYPES, DTYPE
+from harness.plan.model import Plan, Tolerance
 from harness.results.store import IntegrationRecord, Status
 
 from harness.runtime.runner import RunSettings, compare_judged, hypothesis_settings
 from harness.runtime.tasks import IntegrationTask
-from harness.spec.tolerances import tolerance_for
+from harness.plan.tolerances import tolerance_for
 from harness.vllm.compiled import vllm_missing
 from harness.vllm.names import adapter_module, layer_class, plugin_module_name, plugin_route, provider_name, \
     unsupported

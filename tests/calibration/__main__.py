@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 from tabulate import tabulate
 
-from harness.spec.matrix import Cell
+from harness.plan.matrix import Cell
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "calibration"

@@ -15,7 +15,7 @@ import torch
 from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.inputs import Example, build_args, poison_value
 from harness.runtime.resolve import named_baseline, resolve
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.runtime.providers import KernelUnavailable, load_kernel
 from harness.vllm.names import baseline_unsupported
 from harness.runtime.bench.specs import BenchSpec, outside_contract

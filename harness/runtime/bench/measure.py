@@ -34,9 +34,9 @@ from harness.runtime.device import detect, memory_held_elsewhere
 from harness.runtime.inputs import TORCH_DTYPES
 from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.results.store import WRONG_AFTER_TIMING, BenchRecord, ImplFigures, steps_over
-from harness.spec.matrix import step_allowance
+from harness.plan.matrix import step_allowance
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \

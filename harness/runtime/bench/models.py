@@ -5,9 +5,9 @@ tensors as built. The record's GB/s, TFLOP/s and physical bound rest on them (ha
 
 from __future__ import annotations
 
-from harness.spec.expressions import evaluate
+from harness.plan.expressions import evaluate
 from harness.runtime.inputs import TORCH_DTYPES
-from harness.spec.plan import Plan, PlanError
+from harness.plan.model import Plan, PlanError
 
 
 def _plan_line(plan: Plan, text: str) -> int | None:

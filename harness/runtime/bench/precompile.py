@@ -17,7 +17,7 @@ import torch
 from harness.runtime.calls import first_line
 from harness.runtime.device import detect, inductor_settings, package_version
 from harness.runtime.resolve import resolve
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 from harness.runtime.providers import load_kernel
 from harness.runtime.bench.implementations import compiled_reference, input_sets, kernel_call, reference_call
 from harness.runtime.bench.specs import BenchSpec, outside_contract

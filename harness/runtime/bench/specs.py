@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from harness.spec.hardware import Hardware
+from harness.plan.hardware import Hardware
 from harness.runtime.inputs import sizes_fit
-from harness.spec.matrix import Cell, bench_graph_modes, decide
-from harness.spec.plan import Plan
+from harness.plan.matrix import Cell, bench_graph_modes, decide
+from harness.plan.model import Plan
 
 IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
 

@@ -1,14 +1,14 @@
-"""The plan file's JSON Schema: harness.spec.plan's Plan, as `python -m harness schema` prints it.
+"""The plan file's JSON Schema: harness.plan.model's Plan, as `python -m harness schema` prints it.
 
 A field's description is what an error says was expected (`plan.yaml:8: op.args.x.dtype: expected ...`); an editor
-shows it with the README's words on the field (harness.spec.field_docs, as `markdownDescription`): the JSON Schema is
+shows it with the README's words on the field (harness.plan.field_docs, as `markdownDescription`): the JSON Schema is
 committed as plan.schema.json (`# yaml-language-server: $schema=./plan.schema.json`).
 """
 
 import json
 
-from harness.spec.field_docs import FIELD_DOCS
-from harness.spec.plan import Plan
+from harness.plan.field_docs import FIELD_DOCS
+from harness.plan.model import Plan
 
 
 def json_schema() -> dict:

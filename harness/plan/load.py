@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
-from harness.spec.checks import build
-from harness.spec.fields import TAGS, number_as_text
-from harness.spec.plan import Plan, PlanError, Where
-from harness.spec.yaml_lines import Loc, YamlError, dotted, line_of, parse
+from harness.plan.checks import build
+from harness.plan.fields import TAGS, number_as_text
+from harness.plan.model import Plan, PlanError, Where
+from harness.plan.yaml_lines import Loc, YamlError, dotted, line_of, parse
 
 
 def load_plan(path: str | Path) -> Plan:

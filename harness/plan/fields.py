@@ -1,7 +1,7 @@
 """The field types of a plan file's pydantic models: a section's strictness, the forms a value may take (a name or
 a list of names, a tensor spec or a scalar, picked by the value's YAML type), import paths and numbers.
 
-The Plan (harness.spec.plan) and its sections' models (harness.spec.sections) are built from these, so a key, a
+The Plan (harness.plan.model) and its sections' models (harness.plan.sections) are built from these, so a key, a
 type and an error's words are the same wherever a section is read.
 """
 

@@ -1,17 +1,17 @@
 """Warnings about settings that never apply to a cell, or that would mislead a reader of the run (called by
-harness.spec.checks while it builds a plan)."""
+harness.plan.checks while it builds a plan)."""
 
 from __future__ import annotations
 
 import itertools
 import math
 
-from harness.spec.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
-from harness.spec.expressions import condition, names_in
-from harness.spec.plan import Plan, PlanError, Tolerance, Where, token_probes
-from harness.spec.token_rows import rows_dependent
-from harness.spec.vocabulary import AXES
-from harness.spec.tolerances import DEFAULT_TOLERANCE
+from harness.plan.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
+from harness.plan.expressions import condition, names_in
+from harness.plan.model import Plan, PlanError, Tolerance, Where, token_probes
+from harness.plan.token_rows import rows_dependent
+from harness.plan.vocabulary import AXES
+from harness.plan.tolerances import DEFAULT_TOLERANCE
 
 
 def _listed(values) -> str:
@@ -203,7 +203,7 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
     return tuple(str(x) for x in found)
 
 
-# vLLM's own tolerances are its kernel tests' defaults (harness.spec.tolerances): a plan's looser than this many times
+# vLLM's own tolerances are its kernel tests' defaults (harness.plan.tolerances): a plan's looser than this many times
 # them lets a kernel that far off pass unseen. Bundled plans stay within 80x (the int8 GEMMs' fp32 rtol over dot
 # products of up to 14336 terms). An `atol_of: max` above LOOSE_OF_MAX passes any element within that fraction of the
 # output's largest magnitude.

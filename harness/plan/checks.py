@@ -1,9 +1,9 @@
 """A Plan that fits its schema, checked across fields as pydantic cannot express, and completed (`build`).
 
-Validating the Plan (harness.spec.load) has already checked every key, type, range and vocabulary; what is left
+Validating the Plan (harness.plan.load) has already checked every key, type, range and vocabulary; what is left
 needs more than one field at a time: a shape's symbols defined in op.sizes, outputs that the op writes, rule values
 of the matrix, a contract something of the plan meets, a TP split that divides its dimension. Each failure is a
-PlanError at the line of the field it names (harness.spec.plan.Where); what the checks derive (the arguments
+PlanError at the line of the field it names (harness.plan.model.Where); what the checks derive (the arguments
 parsed, the TP split's dims, ...) the Plan holds as private attributes. These are no model validators: they need
 harness.vllm.names, which imports the Plan. Nothing here imports the user's code.
 """
@@ -14,18 +14,18 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.spec.dtypes import DTYPE, QUANTIZED_DTYPES
-from harness.spec.expressions import condition, evaluate, formula_text, is_condition, names_in
-from harness.spec.fields import many, number_as_text
-from harness.spec.plan import Benchmark, Plan, TensorParallel, Where
-from harness.spec.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
+from harness.plan.dtypes import DTYPE, QUANTIZED_DTYPES
+from harness.plan.expressions import condition, evaluate, formula_text, is_condition, names_in
+from harness.plan.fields import many, number_as_text
+from harness.plan.model import Benchmark, Plan, TensorParallel, Where
+from harness.plan.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
     Shard, SizeArg, SizeSpec, TensorArg, Tolerance, Tolerances
-from harness.spec.vocabulary import BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
+from harness.plan.vocabulary import BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
 from harness.vllm.attention_layout import attention_problem
 from harness.vllm.names import baseline_unsupported
 from harness.vllm.kernels import parse_schema
-from harness.spec.yaml_lines import Loc, dotted
-from harness.spec.plan_warnings import _never_applies, _would_mislead
+from harness.plan.yaml_lines import Loc, dotted
+from harness.plan.plan_warnings import _never_applies, _would_mislead
 
 
 # What each route into vLLM needs the plan to name: the IR op the provider registers for and the layer whose calls

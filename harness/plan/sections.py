@@ -3,13 +3,13 @@
 Validation here is structural only: every key known (extra="forbid"), every value of its type (strict: no
 "5" for 5, no true for 1), numbers in range, names from their vocabulary. Checks across fields (a shape's
 symbols defined in op.sizes, an exclude rule naming values of the matrix, a contract something of the plan
-meets) are harness.spec.checks's. A field's description is what an error says was expected
+meets) are harness.plan.checks's. A field's description is what an error says was expected
 (`plan.yaml:8: op.args.x.dtype: expected ...`); an editor shows it with the README's words on the field
-(harness.spec.field_docs, through harness.spec.schema's JSON Schema). The Plan (harness.spec.plan) holds them.
+(harness.plan.field_docs, through harness.plan.schema's JSON Schema). The Plan (harness.plan.model) holds them.
 
 Where a value may take several forms (a name or a list of names, a tensor spec or a scalar), the form is
-picked by the value's YAML type (a `Discriminator`, harness.spec.fields), so an error speaks of the form that was
-written. Dim and Arg are the op's arguments as harness.spec.checks parses them (Parts, not sections of the file).
+picked by the value's YAML type (a `Discriminator`, harness.plan.fields), so an error speaks of the form that was
+written. Dim and Arg are the op's arguments as harness.plan.checks parses them (Parts, not sections of the file).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model
 
-from harness.spec.expressions import evaluate, names_in, number_kind
-from harness.spec.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, Symbol, forms, import_path, many, \
+from harness.plan.expressions import evaluate, names_in, number_kind
+from harness.plan.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, Symbol, forms, import_path, many, \
     one_or_list
-from harness.spec.dtypes import ARG_DTYPES, CELL_DTYPES
-from harness.spec.vocabulary import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
+from harness.plan.dtypes import ARG_DTYPES, CELL_DTYPES
+from harness.plan.vocabulary import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
     ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES
 
 
@@ -34,7 +34,7 @@ VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention_backend", "attentio
 
 
 class Part(BaseModel):
-    """A part of a loaded plan that harness.spec.checks builds (not a section as the file states it): frozen, its
+    """A part of a loaded plan that harness.plan.checks builds (not a section as the file states it): frozen, its
     fields' types checked when built."""
 
     model_config = ConfigDict(frozen=True)
@@ -88,7 +88,7 @@ class Arg(Part):
 
     @property
     def value_kind(self) -> str:
-        """A computed scalar's type, "int" or "float" (harness.spec.expressions.number_kind)."""
+        """A computed scalar's type, "int" or "float" (harness.plan.expressions.number_kind)."""
         return number_kind(self.value_expr)
 
 
@@ -101,7 +101,7 @@ AXIS_TYPES = {"phase": Literal[PHASES], "dtype": Literal[CELL_DTYPES], "tp": Pos
 class Rule(Section):
     """An `exclude` or `expect` entry: the axis values it matches (each axis a value or a list), and why."""
 
-    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.spec.checks; not a key of the file)
+    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.plan.checks; not a key of the file)
 
     @property
     def line(self) -> int:
@@ -126,7 +126,7 @@ Expect = create_model("Expect", __base__=Exclude, status=(Literal["fail"], "fail
 class Tolerance(Section):
     """How close an output must be: |actual - expected| <= atol + rtol * |expected|."""
 
-    # The one tolerance type: a plan's (`tolerance`), vLLM's defaults (harness.spec.tolerances) and the one a result
+    # The one tolerance type: a plan's (`tolerance`), vLLM's defaults (harness.plan.tolerances) and the one a result
     # records (harness.results.store). Built as Tolerance(atol, rtol) there; numbers held as floats.
     atol: Annotated[Number, Field(ge=0, description="a number >= 0"), AfterValidator(float)]
     rtol: Annotated[Number, Field(ge=0, description="a number >= 0"), AfterValidator(float)]
@@ -189,7 +189,7 @@ class Contract(Section):
     # the cell dtypes it supports; None: all
     dtypes: Optional[Annotated[one_or_list(Literal[CELL_DTYPES]), AfterValidator(many)]] = None
     why: str = Field("", description="why the kernel has this contract (text)")
-    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.spec.checks)
+    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.plan.checks)
 
     @property
     def line(self) -> int:
@@ -335,7 +335,7 @@ class CosSinCache(Section):
 
 
 class ParamInit(Section):
-    """A parameterised init: exactly one of its keys (checked in harness.spec.checks)."""
+    """A parameterised init: exactly one of its keys (checked in harness.plan.checks)."""
 
     uniform: Optional[Annotated[list[Expression], Field(min_length=2, max_length=2, description="[low, high]")]] = None
     integers: Optional[Annotated[list[Expression], Field(min_length=2, max_length=2,

@@ -1,9 +1,9 @@
-"""The plan model: a plan file as loaded, frozen (the language's words are harness.spec.vocabulary's).
+"""The plan model: a plan file as loaded, frozen (the language's words are harness.plan.vocabulary's).
 
-Plan is the one model of a plan file: its fields are the file's keys (harness.spec.load validates the file with it;
-its JSON Schema is harness.spec.schema's), held in the form the runtime reads where that maps one to one onto the
+Plan is the one model of a plan file: its fields are the file's keys (harness.plan.load validates the file with it;
+its JSON Schema is harness.plan.schema's), held in the form the runtime reads where that maps one to one onto the
 file's (the matrix as axis -> values, a section left out as its default). What needs several fields (the arguments
-parsed, the TP split's dims counted from the front, the benchmark's sizes) harness.spec.checks sets as private
+parsed, the TP split's dims counted from the front, the benchmark's sizes) harness.plan.checks sets as private
 attributes after its checks. Nothing here imports the user's code: a Plan holds import paths, and the line of every
 field it came from (`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel:
 expected ...; found ...`.
@@ -17,11 +17,11 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr
 
-from harness.spec.fields import PositiveInt, Section, forms, many, one_or_list
-from harness.spec.sections import Arg, Baseline, Contract, CudaGraph, Exclude, Expect, Gather, Matrix, \
+from harness.plan.fields import PositiveInt, Section, forms, many, one_or_list
+from harness.plan.sections import Arg, Baseline, Contract, CudaGraph, Exclude, Expect, Gather, Matrix, \
     NamedBaseline, Numerics, Op, Quantization, Shard, Tolerance, Tolerances, Vllm
-from harness.spec.vocabulary import AXES, PHASES
-from harness.spec.yaml_lines import Loc, dotted, line_of
+from harness.plan.vocabulary import AXES, PHASES
+from harness.plan.yaml_lines import Loc, dotted, line_of
 
 
 class PlanError(Exception):
@@ -67,7 +67,7 @@ class Benchmark(Section):
                                           "sizes come from")
     listed_sizes: list[dict[str, PositiveInt]] = Field([], alias="sizes", description="the size combinations to "
                                                        "time, each naming every size of op.sizes")
-    # Set by harness.spec.checks: the real model each size comes from, keys written alike ("hidden=4096",
+    # Set by harness.plan.checks: the real model each size comes from, keys written alike ("hidden=4096",
     # "Llama-3-8B"), a key may pair several symbols; the size combinations timed, each naming every size symbol in
     # op.sizes' order ((("hidden", 4096),), ...), empty: every combination of op.sizes that meets its constraints.
     _models: tuple[tuple[str, str], ...] = PrivateAttr(())
@@ -156,7 +156,7 @@ class TensorParallel(Section):
                              description="replicated, sum, or a mapping {gather: dim, merged: N, units: symbol}")] = {}
     # tensors with a num_tokens dim are split across ranks by tokens
     sequence_parallel: bool = Field(False, description="true or false")
-    # Set by harness.spec.checks, with each dim counted from the front: (input, dim, merged parts) for sharded
+    # Set by harness.plan.checks, with each dim counted from the front: (input, dim, merged parts) for sharded
     # inputs (absent inputs are replicated), and (output, "replicated" | "sum" | "gather", dim) for each output
     # listed (outputs not listed are replicated).
     _shard: tuple[tuple[str, int, int], ...] = PrivateAttr(())
@@ -216,12 +216,12 @@ class Plan(Section):
         lambda q: q if isinstance(q, Quantization) else Quantization(outputs={}))] = Field(None, validate_default=True)
     vllm: Annotated[Optional[Vllm], _absent_as(Vllm)] = Field(None, validate_default=True)
     cuda_graph: Optional[CudaGraph] = None
-    # implementations of the op run through the numerics matrix beside the kernel (harness.spec.matrix)
+    # implementations of the op run through the numerics matrix beside the kernel (harness.plan.matrix)
     providers: Annotated[Optional[list[str]], AfterValidator(lambda names: tuple(names or ()))] = Field(
         None, validate_default=True, description=(
             "a list: vllm (vLLM's own compiled kernel for the op) or names of named baselines, run through the "
             "numerics cells beside the kernel; the page says what each accepts"))
-    # Set by harness.spec.checks after its checks: where the plan came from, and what it derives from the file's
+    # Set by harness.plan.checks after its checks: where the plan came from, and what it derives from the file's
     # forms (the arguments parsed, the dtypes' tolerances in the file's order).
     _path: Path = PrivateAttr(Path())
     _raw_text: str = PrivateAttr("")

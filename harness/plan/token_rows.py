@@ -8,7 +8,7 @@ Plain Python.
 
 from __future__ import annotations
 
-from harness.spec.plan import Plan
+from harness.plan.model import Plan
 
 # Inputs describing the batch's sequences as a whole: a token cannot move to another batch without rebuilding them.
 # Positions are not among them: a token's position travels with it, as its hidden state does.

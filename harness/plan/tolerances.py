@@ -6,7 +6,7 @@ one place vLLM's default tolerances are written down.
 
 from __future__ import annotations
 
-from harness.spec.plan import Plan, Tolerance
+from harness.plan.model import Plan, Tolerance
 
 # vLLM IR's default tolerances per dtype (vllm/ir/op.py); where vLLM IR overrides one for an op (rms_norm's fp16),
 # the op's plan states it, as it states anything else about the op.

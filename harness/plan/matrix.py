@@ -16,11 +16,11 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 
-from harness.spec.dtypes import DTYPE
-from harness.spec.hardware import Hardware
-from harness.spec.plan import Contract, Plan
-from harness.spec.vocabulary import AXES
-from harness.spec.status import Status
+from harness.plan.dtypes import DTYPE
+from harness.plan.hardware import Hardware
+from harness.plan.model import Contract, Plan
+from harness.plan.vocabulary import AXES
+from harness.plan.status import Status
 
 
 @dataclass(frozen=True, order=True)
