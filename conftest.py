@@ -1,8 +1,11 @@
 """In-repo runs load the plugin from the source tree (installed, it also loads through its pytest11 entry
 point, registered under the same name, so it is loaded once either way).
 
-The harness's own tests call kernels directly too, so on a machine without CUDA the Triton interpreter
-is switched on (and made faithful) here, before any test module imports triton.
+On a machine without CUDA the Triton interpreter is switched on here (TRITON_INTERPRET=1, which must precede
+triton's first import, and which every worker and pytest run the tests start inherits), but not made faithful: as in
+`pytest --plan`, whose main process runs no kernel, the patches (harness.interpreter.make_faithful) are applied only
+where kernels run: in the workers, and in the test modules that call kernels in this process, through the
+`faithful_interpreter` fixture below (`pytestmark = pytest.mark.usefixtures("faithful_interpreter")`).
 """
 
 import os
@@ -19,10 +22,9 @@ if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
 
 import pytest
 
-from harness.interpreter import make_faithful, switch_on
+from harness.interpreter import switch_on
 
-switch_on()
-make_faithful()
+switch_on()  # the environment variable only: nothing of triton is patched in this process
 
 pytest_plugins = ["harness.plugin", "pytester"]
 
@@ -44,6 +46,39 @@ def pytester(pytester, tmp_path_factory):
     pytester._sys_modules_snapshot = SysModulesSnapshot(preserve=elsewhere)  # restored at the test's end
     pytester._Pytester__take_sys_modules_snapshot = lambda: SysModulesSnapshot(preserve=elsewhere)  # each run's
     return pytester
+
+
+@pytest.fixture(scope="session")
+def faithful_interpreter():
+    """Triton's interpreter in this process made to compute what a GPU computes, as it is in every worker: for the
+    tests that call kernels here (on a CUDA machine, a no-op). Applied once, for the rest of this process; returns
+    what the probe still finds unfaithful ({} when nothing)."""
+    from harness.interpreter import make_faithful
+
+    return make_faithful()
+
+
+def _interpreted() -> set:
+    """The @triton.jit functions Triton's interpreter has run in this process (its cache of their rewritten code)."""
+    interp = sys.modules.get("triton.runtime.interpreter")
+    return set(getattr(getattr(interp, "InterpretedFunction", None), "rewritten_fn", None) or ())
+
+
+@pytest.fixture(autouse=True)
+def _kernels_here_run_faithful(request):
+    """A test that runs a kernel in this process without asking for faithful_interpreter fails: it would run it in
+    Triton's interpreter as shipped (unless a test before it in this process happened to ask), which computes bf16
+    and fp8 unlike a GPU, and in which no worker runs a kernel. Seen by the interpreter's cache of the functions it
+    ran: a kernel this process ran before is not seen again."""
+    before = _interpreted()
+    yield
+    ours = ("triton", "harness.interpreter")  # triton's own device functions, the probe's kernels
+    ran = {fn for fn in _interpreted() - before if not (fn.__module__ or "").startswith(ours)}
+    if ran and "faithful_interpreter" not in request.fixturenames:
+        names = ", ".join(sorted(f"{fn.__module__}.{fn.__name__}" for fn in ran))
+        pytest.fail(f"{request.node.nodeid} ran kernels in this process ({names}) without the faithful_interpreter "
+                    "fixture (pytestmark = pytest.mark.usefixtures(\"faithful_interpreter\")): a worker runs them in "
+                    "Triton's interpreter made faithful", pytrace=False)
 
 
 @pytest.fixture

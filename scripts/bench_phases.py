@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import harness.runtime.bench.implementations as hi  # noqa: E402
+import harness.runtime.implementations as hi  # noqa: E402
 import harness.runtime.bench.measure as hm  # noqa: E402
 import harness.runtime.bench.specs as hs  # noqa: E402
 from harness.decisions.speedups import baselines, shape_speedup  # noqa: E402
@@ -86,7 +86,7 @@ def instrument() -> None:
             return clocked(fn, lambda *a, **k: f"  {context[-1]}: compile (first call)" if context
                            else "compile (first call)")(*args, **kwargs)
         call.clocked = True
-        hi._compiled[(reference, shape)] = call  # later items of the shape get this one
+        hi._compiled_cache[(reference, shape)] = call  # later items of the shape get this one
         return call
 
     hm.implementations, hi.compiled_reference = named_implementations, first_call_clocked

@@ -28,7 +28,7 @@ from harness.runtime.bench.records import base_record  # noqa: E402
 from harness.runtime.bench.specs import bench_specs  # noqa: E402
 from harness.runtime.tasks import BenchTask  # noqa: E402
 from harness.runtime.timing import l2_cache_bytes, rotation_count, time_calls, working_set_bytes  # noqa: E402
-from harness.vllm.compiled import load_kernel  # noqa: E402
+from harness.runtime.implementations import load_implementation  # noqa: E402
 from harness.plan.load import load_plan  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> int:
         print(f"no benchmark item {spec_id} in {plan.path}")
         return 2
     graph = spec.graph_mode == "cuda_graph"
-    kernel = kernel_call(plan, load_kernel(plan))
+    kernel = kernel_call(plan, load_implementation(plan))
     compiled = implementations(plan, device, spec)["compiled"]
 
     def timed(what: str, call, sets: list[dict]) -> None:

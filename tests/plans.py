@@ -101,14 +101,18 @@ def rms_norm_plan(tmp_path: Path, kernel: str = "kernels.rms_norm:rms_norm", *, 
 # vLLM's RMSNorm layer reached through its IR op, rms_norm, as the bundled plan routes it
 RMS_NORM_IR_ROUTE = {"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm", "ir_op": "rms_norm",
                      "in_tree_provider": "vllm_c"}
-SMALL_BENCHMARK = {"decode": [64], "prefill": [2048], "baselines": ["native", "compiled", "vllm"]}
+SMALL_BENCHMARK = {"decode": [64], "prefill": [2048]}
+# vLLM's rms_norm kernel, as the bundled plan names it: an implementation beside the kernel
+VLLM_RMS_NORM = {"name": "rms_norm", "args": ["out", "x", "weight", "eps"]}
+SMALL_IMPLEMENTATIONS = {"native": {}, "compiled": {}, "vllm": VLLM_RMS_NORM}
 
 
-def small_plan(tmp_path: Path, benchmark: dict = SMALL_BENCHMARK, name: str = "small.yaml", **sections):
+def small_plan(tmp_path: Path, benchmark: dict = SMALL_BENCHMARK, name: str = "small.yaml",
+               implementations: dict | None = SMALL_IMPLEMENTATIONS, **sections):
     """The loaded plan of rms_norm at hidden 4096 on two cells per SM (decode and prefill, bf16, tp1, eager), on
-    sm90, routed into vLLM through its IR op: for tests of pages and decisions on synthetic results. `benchmark` is
-    the whole section; the other sections update it as write_plan's do (matrix={"sm": ["cpu", "sm90"]} changes the
-    SMs and keeps the other axes)."""
+    sm90, routed into vLLM through its IR op, timed against native, compiled and vLLM's kernel: for tests of pages
+    and decisions on synthetic results. `benchmark` and `implementations` are whole sections; the other sections
+    update it as write_plan's do (matrix={"sm": ["cpu", "sm90"]} changes the SMs and keeps the other axes)."""
     args = rms_norm_args()
     del args["x"]["layout"]  # contiguous x only
     op = {"name": "rms_norm", "intent": "drop-in", "kernel": "kernels.rms_norm:rms_norm",
@@ -116,7 +120,8 @@ def small_plan(tmp_path: Path, benchmark: dict = SMALL_BENCHMARK, name: str = "s
           "args": args, "outputs": ["out"], "sizes": {"hidden": [4096]}}
     matrix = {"phase": ["decode", "prefill"], "dtype": ["bf16"], "tp": [1], "graph_mode": ["eager"], "sm": ["sm90"]}
     return load_plan(write_plan(tmp_path / name, {"op": op, "matrix": matrix},
-                                **{"benchmark": benchmark, "vllm": RMS_NORM_IR_ROUTE, **sections}))
+                                **{"benchmark": benchmark, "vllm": RMS_NORM_IR_ROUTE,
+                                   "implementations": implementations, **sections}))
 
 
 def read_results(path: Path) -> dict:

@@ -64,6 +64,7 @@ def test_too_few_rows_or_elements_are_left_to_the_tolerance():
     assert readings.verdict() is None
 
 
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_path):
     def run(kernel, accumulation=None):
         path = rms_norm_plan(tmp_path, f"tests.broken.rms_norm_bugs:{kernel}",
@@ -83,6 +84,7 @@ def test_a_cell_of_a_bf16_accumulator_fails_with_the_accumulation_reason(tmp_pat
     assert run("bf16_accumulator", accumulation="input").status == Status.PASSED  # declared: not checked
 
 
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_on_a_cpu_machine_a_dot_product_op_records_that_its_accumulation_was_not_checked(tmp_path):
     """The interpreter's capped sizes reduce over tens of elements: a GEMM's 16-bit accumulator cannot show, and the
     cell says so instead of passing as if it had been checked."""

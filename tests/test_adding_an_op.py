@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.vllm.names import integration_routes
+from harness.vllm_facts.names import integration_routes
 from harness.vllm import routes as integration
 from harness.results.store import Status
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.load import load_plan
 from harness.plan.matrix import Cell
+
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "adding-an-op.md"

@@ -26,11 +26,14 @@ from harness.plan.load import load_plan
 from harness.plan.matrix import Cell
 from harness.plan.model import PlanError
 from harness.vllm import engine
-from harness.vllm.attention_layout import attention_args, cache_words, head_sizes, kernel_block_sizes
-from harness.vllm.compiled import vllm_missing
-from harness.vllm.names import enable_setting, integration_routes, profile_setting
+from harness.vllm_facts.attention_layout import attention_args, cache_words, head_sizes, kernel_block_sizes
+from harness.runtime.vllm_compiled import vllm_missing
+from harness.vllm_facts.names import enable_setting, integration_routes, profile_setting
 from harness.vllm.plugin_source import render_plugin
 from tests.plans import cpu_machine_only, read_plan, write_plan
+
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN = ROOT / "kernels/plans/paged_attention.yaml"
@@ -214,7 +217,7 @@ def test_a_backend_reading_its_block_table_one_page_off_changes_the_greedy_token
 
 
 def test_a_vllm_without_the_attention_api_the_route_needs_is_not_run_not_failed(monkeypatch):
-    """vLLM 0.26 (on the GPU machines here) lacks what the route lays the KV cache out with: the machine's, not the
+    """A vLLM without the attention-backend API the route drives (one older than 0.26): the machine's, not the
     kernel's."""
     from pathlib import Path
 
@@ -227,3 +230,38 @@ def test_a_vllm_without_the_attention_api_the_route_needs_is_not_run_not_failed(
                         lambda plan: "vLLM 0.26.0 has no vllm.v1.attention attention-backend API the route needs")
     rec = attention_backend.check_attention_backend(plan, Cell("decode", "fp32", 1, "eager", "cpu"))
     assert rec.status.value == "not_run" and "attention-backend API the route needs" in rec.reason, rec
+
+
+@needs_vllm
+def test_a_vllm_with_neither_kv_cache_layout_api_says_what_it_lacks(monkeypatch):
+    from harness.vllm import attention_backend
+
+    monkeypatch.setattr(attention_backend, "cache_layout_api", lambda: "")
+    why = attention_backend.missing_in_vllm(load_plan(PLAN))
+    assert why.startswith(f"vLLM {attention_backend.vllm_version()} lacks a KV cache layout API the route knows: "
+                          "neither create_kv_cache_views"), why
+
+
+@needs_vllm
+def test_on_a_vllm_that_asks_backends_for_their_cache_shape_the_plugin_answers_as_triton_attn(monkeypatch):
+    """vLLM 0.26 asks a backend for its KV cache's logical shape and physical dim order (vLLM 0.32 asks neither): the
+    plugin declares them there, as TRITON_ATTN does, for vLLM's process-wide NHD or HND layout."""
+    from vllm.v1.attention.backend import AttentionBackend
+    from vllm.v1.attention.backends import utils
+
+    from harness.vllm.attention_backend import plugin_backend
+
+    plan = load_plan(PLAN)
+    with plugin_backend(plan) as (module, _):  # vLLM 0.32's: neither declared
+        assert not hasattr(module.PluginAttentionBackend, "get_kv_cache_shape")
+    monkeypatch.setattr(AttentionBackend, "get_kv_cache_shape", staticmethod(lambda *a, **k: ()), raising=False)
+    layout = "NHD"
+    monkeypatch.setattr(utils, "get_kv_cache_layout", lambda: layout, raising=False)
+    with plugin_backend(plan) as (module, _):
+        backend = module.PluginAttentionBackend
+        assert backend.get_kv_cache_shape(10, 16, 2, 32, cache_dtype_str="auto") == (10, 2, 16, 64)
+        assert (backend.get_kv_cache_stride_order(), backend.get_kv_cache_stride_order(True)) == \
+            ((0, 2, 1, 3), (1, 0, 3, 2, 4))
+        layout = "HND"
+        assert (backend.get_kv_cache_stride_order(), backend.get_kv_cache_stride_order(True)) == \
+            ((0, 1, 2, 3), (1, 2, 0, 3, 4))

@@ -74,21 +74,23 @@ def test_native_is_resolved_and_checked_like_the_reference(tmp_path):
 
 
 def test_a_named_baselines_prepare_is_validated(tmp_path):
-    def benchmark(prepare: str) -> dict:
-        return {"decode": [4], "baselines": ["native", {"into": {"path": "tests.baselines:rms_norm_into",
-                                                                 "prepare": prepare}}]}
+    def implementations(prepare: str) -> dict:
+        return {"native": {}, "into": {"path": "tests.baselines:rms_norm_into", "prepare": prepare}}
 
     with pytest.raises(PlanError) as info:
-        resolve(load_plan(rms_norm_plan(tmp_path, benchmark=benchmark("tests.baselines:no_such_prepare"))))
-    assert info.value.field == "benchmark.baselines[1].into.prepare" and "a callable prepare" in str(info.value)
-    plan = load_plan(rms_norm_plan(tmp_path, benchmark=benchmark("tests.baselines:slow_prepare")))
-    assert plan.benchmark.prepare("into") == "tests.baselines:slow_prepare" and plan.benchmark.prepare("x") is None
+        resolve(load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4]},
+                                        implementations=implementations("tests.baselines:no_such_prepare"))))
+    assert info.value.field == "implementations.into.prepare" and "a callable prepare" in str(info.value)
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4]},
+                                   implementations=implementations("tests.baselines:slow_prepare")))
+    assert plan.implementation("into").prepare == "tests.baselines:slow_prepare"
+    assert plan.implementation("native").prepare is None
 
 
 def test_prepare_runs_once_per_input_set_outside_the_timed_region(tmp_path):
     """slow_prepare sleeps 50 ms: a timing that included it would be at least that long."""
-    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4], "baselines": [
-        "native", {"into": {"path": "tests.baselines:rms_norm_into", "prepare": "tests.baselines:slow_prepare"}}]}))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}, implementations={
+        "native": {}, "into": {"path": "tests.baselines:rms_norm_into", "prepare": "tests.baselines:slow_prepare"}}))
     rec = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record
     into = rec.impls["into"]
     assert into.timed and into.differs is None and into.median_us < 20_000, into  # checked against the reference
@@ -175,6 +177,7 @@ def test_a_call_that_mostly_reads_may_beat_the_copy_bandwidth_but_not_the_read_b
 
 
 @cpu_machine_only
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_the_read_probe_reads_every_element_once_and_a_cpu_machine_measures_none():
     """The read-bandwidth probe's kernel (run here in Triton's interpreter): every element read once, a ragged last
     block masked; on a CPU machine no read bandwidth is measured and bounds rest on the copy bandwidth."""
@@ -199,8 +202,8 @@ def test_a_cpu_machine_measures_no_peak_and_no_launch_floor():
 
 def test_a_timing_faster_than_its_bound_is_broken_and_decisions_leave_it_out(tmp_path, monkeypatch):
     """A bound of one second: every host-clock timing is faster. The kernel is the reference in kernel style."""
-    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={
-        "decode": [4], "baselines": ["native", {"into": "tests.baselines:rms_norm_into"}]}))
+    plan = load_plan(rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}, implementations={
+        "native": {}, "into": {"path": "tests.baselines:rms_norm_into"}}))
     real = measure.implementations
 
     def with_a_kernel(plan, device, spec=None):
@@ -222,7 +225,7 @@ def test_a_timing_faster_than_its_bound_is_broken_and_decisions_leave_it_out(tmp
     assert not used.impls["native"].timed and used.impls["kernel"].error == why and ratio(used, "native") is None
 
 
-DECODE_64 = {"decode": [64], "baselines": ["native", "compiled"]}
+DECODE_64 = {"benchmark": {"decode": [64]}, "implementations": {"native": {}, "compiled": {}}}
 
 
 def _bounded(rec: dict, bound_us: float) -> dict:
@@ -232,7 +235,7 @@ def _bounded(rec: dict, bound_us: float) -> dict:
 
 
 def test_a_big_win_over_a_weak_baseline_is_questioned_and_a_slow_kernel_is_far_from_the_limit(tmp_path):
-    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64)
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, **DECODE_64)
     op_dir = tmp_path / "reports" / "rms_norm"
     # bound 10 µs: kernel 40 µs (25%), native 400 µs, compiled 200 µs (5%): 5x over the best baseline
     passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 40.0, 400.0, 200.0), 10.0)})
@@ -254,7 +257,7 @@ def test_a_big_win_over_a_weak_baseline_is_questioned_and_a_slow_kernel_is_far_f
 
 
 def test_a_synthetic_timing_faster_than_its_bound_decides_nothing(tmp_path):
-    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64)
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, **DECODE_64)
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": _bounded(bench_record("decode", 64, 5.0, 20.0, 15.0), 10.0)})
     text = render(plan, op_dir)
@@ -269,7 +272,7 @@ def test_a_synthetic_timing_faster_than_its_bound_decides_nothing(tmp_path):
 
 
 def test_results_without_bounds_or_timed_functions_still_read(tmp_path):
-    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64)
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, **DECODE_64)
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench_record("decode", 64, 5.0, 9.0, 8.0)})
     text = render(plan, op_dir)
@@ -279,7 +282,7 @@ def test_results_without_bounds_or_timed_functions_still_read(tmp_path):
 
 
 def test_a_baseline_timed_on_the_reference_before_the_plan_named_its_native_is_left_out(tmp_path):
-    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark=DECODE_64,
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, **DECODE_64,
                       op={"native": "tests.baselines:rms_norm_native"})
     op_dir = tmp_path / "reports" / "rms_norm"
     passed_sm90(op_dir, benchmarks={"decode-64": bench_record("decode", 64, 5.0, 9.0, 8.0)})

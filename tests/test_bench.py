@@ -30,9 +30,9 @@ from harness.plan.model import PlanError
 from harness.decisions.speedups import NOISE_FLOOR, shape_speedup
 from harness.results.store import BenchRecord, ImplFigures, to_json
 from harness.runtime.tasks import BenchTask
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 
-from tests.plans import cpu_machine_only, rms_norm_plan, write_plan
+from tests.plans import VLLM_RMS_NORM, cpu_machine_only, rms_norm_plan, write_plan
 from tests.test_report import bench as bench_record, passed_sm90
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,26 +191,28 @@ def test_skip_reasons(tmp_path):
 
 @cpu_machine_only
 def test_on_a_cpu_machine_the_kernel_is_not_timed_and_vllm_says_why(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": ["native", "vllm"]}))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4]},
+                                   implementations={"native": {}, "vllm": VLLM_RMS_NORM}))
     impls = implementations(plan, "cpu")
     assert impls["kernel"] == CPU_KERNEL_REASON and "interpreter" in impls["kernel"]
     assert callable(impls["native"])
-    assert impls["compiled"] == "not in the plan's benchmark.baselines"
+    assert impls["compiled"] == "not in the plan's implementations as a baseline"
     if vllm_missing():
         assert isinstance(impls["vllm"], str) and "not installed" in impls["vllm"]
     else:  # vLLM's CPU build has the in-tree kernel: it is timed like the references
         assert callable(impls["vllm"]) or isinstance(impls["vllm"], str) and impls["vllm"]
 
 
-NAMED = {"decode": [4], "baselines": ["native", "compiled", {"ref_into": "tests.baselines:rms_norm_into"},
-                                      {"liger": "liger_kernel_not_here.ops:rms_norm"}]}
+NAMED = {"native": {}, "compiled": {}, "ref_into": {"path": "tests.baselines:rms_norm_into"},
+         "liger": {"path": "liger_kernel_not_here.ops:rms_norm"}}
 
 
 def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run(tmp_path):
-    plan = load_plan(rms_norm_plan(tmp_path, benchmark=NAMED))  # the missing package does not stop the plan loading
-    assert plan.benchmark.baselines == ("native", "compiled")
-    assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
-                                    ("liger", "liger_kernel_not_here.ops:rms_norm"))
+    # the missing package does not stop the plan loading
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4]}, implementations=NAMED))
+    assert plan.baselines == ("native", "compiled", "ref_into", "liger")
+    assert [(plan.implementation(n).kind, plan.implementation(n).path) for n in ("ref_into", "liger")] == [
+        ("import", "tests.baselines:rms_norm_into"), ("import", "liger_kernel_not_here.ops:rms_norm")]
     impls = implementations(plan, "cpu")
     assert list(impls) == ["kernel", "native", "compiled", "vllm", "ref_into", "liger"]
     assert callable(impls["ref_into"])
@@ -226,7 +228,7 @@ def test_named_baselines_are_kernel_style_calls_and_a_missing_package_is_not_run
 def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
     """The reference wrapped in kernel style: timed with the host clock and checked against the reference, like
     native and compiled; the missing one is recorded as not run; the kernel itself is not timed on a CPU."""
-    path = rms_norm_plan(tmp_path, hidden=[64], benchmark=NAMED)
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}, implementations=NAMED)
     plan = load_plan(path)
     rec = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0])).record
     assert set(rec.impls) == {"kernel", "native", "compiled", "vllm", "ref_into", "liger"}
@@ -239,8 +241,8 @@ def test_a_named_baseline_is_timed_and_checked_on_cpu(tmp_path):
 
 
 def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
-    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
-        "decode": [4], "baselines": ["native", {"wrong": "tests.broken.rms_norm_bugs:raises"}]})
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}, implementations={
+        "native": {}, "wrong": {"path": "tests.broken.rms_norm_bugs:raises"}})
     plan = load_plan(path)
     outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
     rec = outcome.record
@@ -250,8 +252,8 @@ def test_a_baseline_that_raises_is_not_run_and_the_item_goes_on(tmp_path):
 
 
 def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
-    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
-        "decode": [4], "baselines": ["native", {"scaled": "tests.baselines:rms_norm_off_by_a_tenth"}]})
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}, implementations={
+        "native": {}, "scaled": {"path": "tests.baselines:rms_norm_off_by_a_tenth"}})
     plan = load_plan(path)
     outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
     off = outcome.record.impls["scaled"]
@@ -261,21 +263,30 @@ def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("entry, field, words", [
-    ({"liger": "not a path"}, "benchmark.baselines[0].liger", "an import path 'package.module:attribute'"),
-    ({"Liger": "a.b:c"}, "benchmark.baselines[0]", "a baseline name of lowercase letters"),
-    ({False: "a.b:c"}, "benchmark.baselines[0]", "YAML reads off/on/yes/no/true/false as a boolean"),  # `off:`
-    ({"native": "a.b:c"}, "benchmark.baselines[0]", "other than native, compiled, vllm and kernel"),
-    ("inductor", "benchmark.baselines[0]", "one of native, compiled, vllm or {name: 'package.module:attribute'}"),
+    ({"liger": {"path": "not a path"}}, "implementations.liger.path", "an import path 'package.module:attribute'"),
+    ({"Liger": {"path": "a.b:c"}}, "implementations.Liger",
+     "an implementation name of lowercase letters, digits and _ other than kernel"),
+    ({False: {"path": "a.b:c"}}, "implementations.False",  # `off:`
+     "YAML reads off/on/yes/no/true/false as a boolean"),
+    ({"kernel": {"path": "a.b:c"}}, "implementations.kernel",
+     "an implementation name of lowercase letters, digits and _ other than kernel"),
+    ({"native": {"path": "a.b:c"}}, "implementations.native.path",
+     "a field of a native implementation (role, kind, contract, setting, max_step_fraction)"),
+    ({"inductor": {}}, "implementations.inductor", "path for a import implementation"),
 ])
 def test_bad_baselines_are_plan_errors(tmp_path, entry, field, words):
     with pytest.raises(PlanError) as exc:
-        load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": [entry]}))
-    assert exc.value.field == field and words in str(exc.value) and exc.value.line is not None
+        load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4]}, implementations=entry))
+    assert exc.value.field == field and words in str(exc.value) and exc.value.line is not None, str(exc.value)
 
 
 def test_duplicate_named_baselines_are_plan_errors(tmp_path):
-    with pytest.raises(PlanError, match="a baseline name not used before"):
-        load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": [{"a": "x.y:z"}, {"a": "x.y:w"}]}))
+    path = rms_norm_plan(tmp_path, benchmark={"decode": [4]}, implementations={"a": {"path": "x.y:z"}})
+    text = path.read_text()
+    path.write_text(text.replace("  a: {path: 'x.y:z'}\n", "  a: {path: 'x.y:z'}\n  a: {path: 'x.y:w'}\n"))
+    assert path.read_text() != text
+    with pytest.raises(PlanError, match="the key 'a' given twice"):
+        load_plan(path)
 
 
 def test_benchmark_models_name_the_model_of_each_size(tmp_path):
@@ -390,8 +401,8 @@ def test_bench_run_on_cpu_records_native_vs_compiled(pytester, monkeypatch):
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)  # the run below is not an xdist worker, whatever runs this test
     plan = rms_norm_plan(pytester.path, matrix={"graph_mode": ["eager", "cuda_graph"]}, hidden=[64],
-                         benchmark={"decode": [4], "baselines": ["native", "compiled", "vllm"]},
-                         vllm={"kernel": {"name": "rms_norm", "args": ["out", "x", "weight", "eps"]}})
+                         benchmark={"decode": [4]},
+                         implementations={"native": {}, "compiled": {}, "vllm": VLLM_RMS_NORM})
     reports = pytester.path / "reports"
     # Another plan's run holds the GPU turn (scripts/gpu_run.sh bench): this run times nothing until it is given up.
     turn = pytester.path / "gpu-turn"
@@ -477,7 +488,7 @@ def test_benchmark_only_runs_the_bench_items_and_skips_the_cells_unrecorded(pyte
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
         monkeypatch.delenv(name, raising=False)
-    plan = rms_norm_plan(pytester.path, hidden=[64], benchmark={"decode": [4], "baselines": ["native"]})
+    plan = rms_norm_plan(pytester.path, hidden=[64], benchmark={"decode": [4]}, implementations={"native": {}})
     reports = pytester.path / "reports"
     result = pytester.runpytest_inprocess("-p", "harness.plugin", "--plan", str(plan), "--bench", "--benchmark-only",
                                           "-rs", "--no-report", "--reports-dir", str(reports), "-p", "no:cacheprovider")
@@ -539,7 +550,7 @@ def test_precompile_fills_inductors_cache_and_drops_the_autotune_choices_it_made
         path.write_text("{}")
         os.utime(path, (when, when))
     # Without the compiled baseline: Inductor's C++ compile on a CPU machine would cost the suite 15 s.
-    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": ["native"]}))
+    plan = load_plan(rms_norm_plan(tmp_path, benchmark={"decode": [4]}, implementations={"native": {}}))
     spec = BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
     line = precompile(plan, [spec, dataclasses.replace(spec, graph_mode="cuda_graph")], "cpu", processes=1)
     assert line.startswith("precompiled 1 of 1 shapes"), line  # one shape: its two graph modes share the compile
@@ -556,13 +567,13 @@ def test_one_precompile_pool_serves_several_plans_and_stamps_only_those_that_com
     skipped, a plan all of whose shapes compiled is stamped, and one whose reference raises is left to its items."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     (tmp_path / "raising_ref.py").write_text("def rms_norm_ref(x, weight, eps):\n    raise ValueError('boom')\n")
-    native = {"decode": [4], "baselines": ["native"]}
+    native = {"benchmark": {"decode": [4]}, "implementations": {"native": {}}}
     # The third's compiled baseline is traced in the pool, and raises there (the others' C++ compiles would cost the
     # suite).
-    plans = [rms_norm_plan(tmp_path, name="done.yaml", benchmark=native),
-             rms_norm_plan(tmp_path, name="fresh.yaml", hidden=[32], benchmark=native),
+    plans = [rms_norm_plan(tmp_path, name="done.yaml", **native),
+             rms_norm_plan(tmp_path, name="fresh.yaml", hidden=[32], **native),
              rms_norm_plan(tmp_path, name="raises.yaml", op={"reference": "raising_ref:rms_norm_ref"},
-                           benchmark={"decode": [4], "baselines": ["native", "compiled"]})]
+                           benchmark={"decode": [4]}, implementations={"native": {}, "compiled": {}})]
     loaded = [load_plan(path) for path in plans]
     spec = BenchSpec("decode", "fp32", "eager", "cpu", 4, (("hidden", 64),))
     work = [(loaded[0], [spec]), (loaded[1], [dataclasses.replace(spec, sizes=(("hidden", 32),))]),
@@ -663,8 +674,8 @@ def test_memory_other_processes_hold_is_not_run_even_inside_a_comparison(tmp_pat
     """torch.testing wraps an out-of-memory raised while comparing in "RuntimeError: Comparing ...": its cause
     still says whose fault it is, so the implementation is not run here rather than failed."""
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the message alone, not this machine's GPU
-    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={
-        "decode": [4], "baselines": ["native", {"denied": "tests.broken.rms_norm_bugs:oom_inside_a_comparison"}]})
+    path = rms_norm_plan(tmp_path, hidden=[64], benchmark={"decode": [4]}, implementations={
+        "native": {}, "denied": {"path": "tests.broken.rms_norm_bugs:oom_inside_a_comparison"}})
     plan = load_plan(path)
     outcome = run_benchmark(BenchTask(plan, bench_specs(plan, "cpu")[0]))
     denied = outcome.record.impls["denied"]

@@ -17,6 +17,9 @@ from harness.runtime.tasks import CellTask
 from harness.plan.model import Tolerance
 from tests.plans import cpu_machine_only, rms_norm_plan
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 BUGS = "tests.broken.rms_norm_bugs"
 CI = RunSettings(examples=25, profile="ci", database=None)
 

@@ -14,6 +14,9 @@ from harness.plan.load import load_plan
 from tests.calibration import __main__ as corpus
 from tests.plans import rms_norm_plan
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 
 def test_every_entry_is_a_valid_plan_of_its_base_op_with_its_kernel():
     paths = corpus.write_plans(corpus.CORPUS)

@@ -5,14 +5,16 @@ made on a copy of harness/ in tmp_path, never on the real files."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
 from pathlib import Path
 
-from harness.results.checks import CHECKS, HARNESS_DIR
-from harness.results.code_hash import (NO_VERDICT, code_hash, import_closure, manifest_now, manifest_problems,
-                                       read_manifest, uncovered_modules, write_manifest)
+from harness.results.checks import CHECKS, HARNESS_DIR, Subject
+from harness.results.code_hash import (INTERPRETER_ON_EVERY_MACHINE, NO_VERDICT, code_hash, import_closure,
+                                       manifest_now, manifest_problems, read_manifest, uncovered_modules,
+                                       write_manifest)
 
 COMPARISON = "count > allowed"
 
@@ -166,6 +168,51 @@ def test_manifest_entries_out_of_step_are_problems(tmp_path):
     assert "'retired check', which no longer exists" in problems[2]
     (root / "results/checks_manifest.json").unlink()
     assert len(manifest_problems(root)) == 1 and "no manifest" in manifest_problems(root)[0]
+
+
+def on_a_gpu(check) -> bool:
+    """Whether the check applies to some record made on a GPU (any section, axis or flag)."""
+    flags = [f.name for f in dataclasses.fields(Subject) if f.type in (bool, "bool")]
+    return any(check.applies(Subject(section, "sm90", dtype, tp, mode, route, **dict.fromkeys(flags, flag)))
+               for section in ("cells", "integration", "benchmarks") for dtype in ("fp32", "bf16") for tp in (1, 2)
+               for mode in ("eager", "torch_compile", "cuda_graph", "memcheck")
+               for route in ("", "ir", "fusion", "engine", "attention_backend") for flag in (False, True))
+
+
+def test_a_change_to_the_interpreters_patches_stales_cpu_records_only(tmp_path):
+    """Triton's interpreter made faithful (harness/interpreter/) computes only on a CPU machine: a change to any of
+    its modules (the patches, what they raise, the package's own) changes the interpreter check's hash and no hash of
+    a check that applies on a GPU, though the workers, the runner and vLLM's engine probe import it. Its modules that
+    a GPU's records use too (INTERPRETER_ON_EVERY_MACHINE) count where they are imported."""
+    root = harness_copy(tmp_path)
+    assert not on_a_gpu(next(c for c in CHECKS if c.name == "interpreter"))
+    assert on_a_gpu(next(c for c in CHECKS if c.name == "cell runner"))
+    patches = sorted(p.relative_to(root).as_posix() for p in (root / "interpreter").glob("*.py")
+                     if p.relative_to(root).as_posix() not in INTERPRETER_ON_EVERY_MACHINE)
+    assert {"interpreter/__init__.py", "interpreter/faithful.py", "interpreter/lang.py", "interpreter/libdevice.py",
+            "interpreter/unfaithful.py"} <= set(patches)
+    # The harness's other modules do import the package (the workers, the runner: else this test proves nothing).
+    elsewhere = "".join(p.read_text() for p in root.rglob("*.py") if not p.is_relative_to(root / "interpreter"))
+    imported = {rel for rel in patches
+                if f"harness.{Path(rel).with_suffix('').as_posix().replace('/', '.')}".removesuffix(".__init__")
+                in elsewhere}
+    assert {"interpreter/__init__.py", "interpreter/unfaithful.py"} <= imported
+    edits = {"interpreter/faithful.py": ("np.uint32(0x7FFF)", "np.uint32(0x7FFE)"),  # rounding to bf16
+             "interpreter/lang.py": ('"mov.b32 $0, $1;", ', ""),  # an inline asm it computes
+             "interpreter/unfaithful.py": ("exc.__cause__ or exc.__context__", "exc.__cause__")}
+    for rel in patches:
+        before = manifest_now(root)
+        if rel in edits:
+            edit(root, rel, *edits[rel])
+        else:
+            (root / rel).write_text((root / rel).read_text() + "\n\ndef _edited():\n    return 1\n")
+        after = manifest_now(root)
+        changed = {n for n in after if after[n]["code"] != before[n]["code"]}
+        assert changed == {"interpreter"}, (rel, changed)
+        assert not any(on_a_gpu(c) for c in CHECKS if c.name in changed)
+    for rel in INTERPRETER_ON_EVERY_MACHINE:
+        assert "cell runner" in closure_checks(root, rel), f"harness/{rel} is imported by no check on a GPU: " \
+                                                           "drop it from INTERPRETER_ON_EVERY_MACHINE"
 
 
 def test_checks_sharing_a_module_share_its_hash():

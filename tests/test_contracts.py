@@ -25,7 +25,7 @@ from harness.plan.model import PlanError
 from harness.results.store import to_json
 from harness.runtime.runner import RunSettings, run_cell, shrink_example
 from harness.runtime.tasks import BenchTask, CellTask
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.vllm.plugin_source import render_plugin
 from tests.plans import rms_norm_args, rms_norm_plan, write_plan
 from tests.test_vllm_ops import _ruff
@@ -104,16 +104,16 @@ def test_contiguous_for_a_tensor_the_plan_draws_only_strided_is_an_error(tmp_pat
 
 @pytest.mark.parametrize("entry, field, at, words", [
     ({"picky": {"path": "tests.baselines:rms_norm_into", "contract": {"multiple_of": {"hiddn": 8}}}},
-     "benchmark.baselines[0].picky.contract.multiple_of.hiddn", "multiple_of: {hiddn: 8}", "one of the keys hidden"),
-    ({"picky": {"contract": {}}}, "benchmark.baselines[0].picky.path", "- picky:", "this key to be present"),
-    ({"picky": {"path": "not a path"}}, "benchmark.baselines[0].picky.path", "- picky: {path: not a path}",
+     "implementations.picky.contract.multiple_of.hiddn", "multiple_of: {hiddn: 8}", "one of the keys hidden"),
+    ({"picky": {"contract": {}}}, "implementations.picky", "  picky:", "path for a import implementation"),
+    ({"picky": {"path": "not a path"}}, "implementations.picky.path", "  picky: {path: not a path}",
      "an import path"),
     ({"picky": {"path": "tests.baselines:rms_norm_into", "contract": {"dtypes": ["bf16"]}}},
-     "benchmark.baselines[0].picky.contract.dtypes[0]", "dtypes: [bf16]", "one of fp32"),
+     "implementations.picky.contract.dtypes[0]", "dtypes: [bf16]", "one of fp32"),
 ])
 def test_a_bad_baseline_contract_is_a_plan_error(tmp_path, entry, field, at, words):
     """`at`: the text of the line the error names."""
-    path = rms_norm_plan(tmp_path, benchmark={"decode": [4], "baselines": [entry]})
+    path = rms_norm_plan(tmp_path, benchmark={"decode": [4]}, implementations=entry)
     with pytest.raises(PlanError) as exc:
         load_plan(path)
     assert exc.value.field == field and exc.value.line == _line_of(path, at), (str(exc.value), path.read_text())
@@ -225,6 +225,7 @@ CASES = [  # (kernel, its contract, contracts that leave out what it needs)
 
 
 @pytest.mark.parametrize("kernel, contract, weaker", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_a_kernel_passes_inside_its_contract_and_fails_without_it(tmp_path, kernel, contract, weaker):
     def run(contract):
         path = contract_plan(tmp_path, contract, kernel=f"{BUGS}:{kernel}") if contract else \
@@ -245,7 +246,7 @@ def test_a_kernel_passes_inside_its_contract_and_fails_without_it(tmp_path, kern
 
 def test_cells_of_a_dtype_outside_the_contract_are_excluded(tmp_path):
     path = contract_plan(tmp_path, {"dtypes": ["bf16"], "why": "bf16 loads only"}, matrix={"dtype": ["fp32", "bf16"]},
-                         benchmark={"decode": [4], "baselines": ["native"]})
+                         benchmark={"decode": [4]}, implementations={"native": {}})
     plan = load_plan(path)
     fp32 = decide(plan, Cell("decode", "fp32", 1, "eager", "cpu"), CPU, 4)
     assert fp32.status == Status.EXCLUDED
@@ -269,17 +270,17 @@ def test_an_expect_rule_only_on_dtypes_outside_the_contract_is_a_warning(tmp_pat
 
 
 def baselines(picky_dtypes=("fp32",)) -> dict:
-    """A benchmark section with two named baselines, one of them (picky) with a contract."""
+    """Implementations with two of the plan's own baselines, one of them (picky) with a contract."""
     picky = {"path": "tests.baselines:rms_norm_into",
              "contract": {"multiple_of": {"hidden": 128}, "dtypes": list(picky_dtypes)}}
-    return {"decode": [4], "baselines": ["native", {"ref_into": "tests.baselines:rms_norm_into"}, {"picky": picky}]}
+    return {"native": {}, "ref_into": {"path": "tests.baselines:rms_norm_into"}, "picky": picky}
 
 
 def test_shapes_outside_a_baselines_contract_are_not_timed_for_it_on_cpu(tmp_path):
-    path = rms_norm_plan(tmp_path, hidden=[64, 128], benchmark=baselines())
+    path = rms_norm_plan(tmp_path, hidden=[64, 128], benchmark={"decode": [4]}, implementations=baselines())
     plan = load_plan(path)
-    assert plan.benchmark.named == (("ref_into", "tests.baselines:rms_norm_into"),
-                                    ("picky", "tests.baselines:rms_norm_into"))
+    assert plan.baselines == ("native", "ref_into", "picky")
+    assert [plan.implementation(n).path for n in ("ref_into", "picky")] == ["tests.baselines:rms_norm_into"] * 2
     specs = {s.sizes_dict["hidden"]: s for s in bench_specs(plan, "cpu")}
     assert skip_reason(plan, specs[64], CPU) == ""  # the kernel has no contract: the item runs
     rec = run_benchmark(BenchTask(plan, specs[64])).record
@@ -295,7 +296,7 @@ def test_shapes_outside_a_baselines_contract_are_not_timed_for_it_on_cpu(tmp_pat
 
 def test_shapes_outside_the_kernels_contract_are_not_benchmarked(tmp_path):
     plan = load_plan(contract_plan(tmp_path, {"at_most": {"hidden": 64}, "row_stride_multiple_of": {"x": 128}},
-                                   hidden=[64, 128], benchmark={"decode": [4], "baselines": ["native"]}))
+                                   hidden=[64, 128], benchmark={"decode": [4]}, implementations={"native": {}}))
     specs = {s.sizes_dict["hidden"]: s for s in bench_specs(plan, "cpu")}
     assert skip_reason(plan, specs[128], CPU) == "outside the kernel's contract: hidden 128 is above 64"
     assert skip_reason(plan, specs[64], CPU) == \
@@ -309,15 +310,16 @@ def test_shapes_outside_the_kernels_contract_are_not_benchmarked(tmp_path):
 def test_the_report_lists_the_contracts_among_the_constraints(tmp_path):
     path = contract_plan(tmp_path, {"contiguous": ["x"], "multiple_of": {"hidden": 8}, "dtypes": ["bf16"],
                                     "why": "16-byte loads"},
-                         matrix={"dtype": ["fp32", "bf16"]}, benchmark=baselines(picky_dtypes=["bf16"]))
+                         matrix={"dtype": ["fp32", "bf16"]}, benchmark={"decode": [4]},
+                         implementations=baselines(picky_dtypes=["bf16"]))
     text, _ = report.render(load_plan(path), tmp_path / "reports" / "rms_norm")
     constraints = text[text.index("## Constraints and assumptions"):text.index("## High-level design")]
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in constraints.splitlines()
             if line.startswith("| ")}
     assert rows["Kernel contract"] == f"x contiguous; hidden a multiple of 8; dtypes bf16: 16-byte loads " \
                                       f"(plan line {contract_line(path)})"
-    assert rows["Contract of the baseline picky"] == \
-        f"hidden a multiple of 128; dtypes bf16 (plan line {_line_of(path, '      contract:')})"
+    assert rows["Contract of picky"] == \
+        f"hidden a multiple of 128; dtypes bf16 (plan line {_line_of(path, '    contract:')})"
     assert f"outside the kernel's contract (line {contract_line(path)}): dtypes bf16 (16-byte loads)" in text  # fp32
 
 

@@ -17,8 +17,8 @@ from tests.plans import cpu_machine_only, rms_norm_plan
 KERNELS = "tests.broken.crash_kernels"
 FILE = "tests/broken/crash_kernels.py"
 
-# Every test here runs a kernel in Triton's interpreter.
-pytestmark = cpu_machine_only
+# Every test here runs a kernel in Triton's interpreter, in this process: made faithful, as the workers run them.
+pytestmark = [cpu_machine_only, pytest.mark.usefixtures("faithful_interpreter")]
 
 
 def _line(text: str) -> int:

@@ -15,7 +15,7 @@ from harness.decisions.speedups import Interval
 from harness.rendering.defaults import regime_summary
 from harness.rendering.overview import render_overview
 from harness.plan.load import load_plan
-from harness.vllm.defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, vllm_default
+from harness.vllm_facts.defaults import DEFAULTS, INDUCTOR_OFF, INDUCTOR_ON, vllm_default
 from tests.plans import small_plan
 from tests.test_report import bench, cell, machine, render, write_results
 
@@ -152,7 +152,7 @@ def test_the_defaults_table_sets_vllms_default_beside_the_measured_decision(tmp_
 def _switches() -> dict:
     """The switch of vLLM's kernel in every bundled plan naming one."""
     plans = (load_plan(p) for p in (ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))))
-    return {plan.vllm.kernel.name: plan.vllm.kernel.switch for plan in plans if plan.vllm.kernel}
+    return {plan.vllm_kernel.name: plan.vllm_kernel.switch for plan in plans if plan.vllm_kernel}
 
 
 def test_every_vllm_kernel_has_a_switch_and_a_default_per_platform_and_profile():

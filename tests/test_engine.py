@@ -16,9 +16,9 @@ import pytest
 
 from harness.vllm import engine, fusion
 from harness.vllm.engine import EngineRun, compare_greedy, engine_problems, missing_calls, serve_with_and_without
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.load import load_plan
-from harness.vllm.fusion_cases import fusion_case, fusion_profiles
+from harness.vllm_facts.fusion_cases import fusion_case, fusion_profiles
 from tests.plans import cpu_machine_only, hide_vllm, rms_norm_plan
 
 ROOT = Path(__file__).resolve().parents[1]

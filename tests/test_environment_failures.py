@@ -24,6 +24,9 @@ from harness.plan.model import PlanError
 from kernels.rms_norm import rms_norm as correct_rms_norm
 from tests.plans import cpu_machine_only, read_results, rms_norm_plan
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 ROOT = Path(__file__).resolve().parents[1]
 HERE = "tests.test_environment_failures"
 CELL = "decode-fp32-tp1-eager-cpu"

@@ -27,6 +27,9 @@ from tests.broken.replay_kernels import COUNTED, FLAG
 from tests.plans import cpu_machine_only, rms_norm_plan, small_plan
 from tests.test_report import cell, machine, section, stamp_current, write_results
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = "tests.broken.replay_kernels"
 CELL = "decode-fp32-tp1-eager-cpu"

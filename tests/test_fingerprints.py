@@ -45,7 +45,7 @@ def every_fingerprint(plan) -> dict:
     """Every record's plan fingerprint (cells per provider, dtype and phase; integration per dtype; benchmarks per
     dtype and phase) and every implementation's."""
     out = {}
-    for provider, dtype, phase in itertools.product(("", *plan.providers, *dict(plan.benchmark.named)),
+    for provider, dtype, phase in itertools.product(("", *dict.fromkeys((*plan.providers, *plan.baselines))),
                                                     plan.matrix["dtype"], PHASES):
         out["cells", provider, dtype, phase] = plan_fingerprint(plan, "cells", provider, dtype, phase=phase)
     for dtype, phase in itertools.product(plan.matrix["dtype"], PHASES):
@@ -53,7 +53,7 @@ def every_fingerprint(plan) -> dict:
                                                             phase=phase)
         out["benchmarks", dtype, phase] = plan_fingerprint(plan, "benchmarks", dtype=dtype, phase=phase,
                                                            sizes={"hidden": 4096, "num_tokens": 64})
-    for provider in ("", "native", "compiled", "vllm", *dict(plan.benchmark.named)):
+    for provider in ("", *dict.fromkeys(("native", "compiled", "vllm", *plan.baselines))):
         out["implementation", provider] = implementation_fingerprint(plan, provider)
     return out
 
@@ -133,7 +133,7 @@ def test_plan_comments_descriptions_models_and_rules_change_nothing(tmp_path):
     edit(path, "why: \"memcheck on bf16 cells: the same", "why: \"memcheck on bf16 cells only: the same")
     edit(path, "tp: {kind: trivial}", "tp:\n  kind: trivial\n")
     edit(path, 'runs_for: "RMSNorm without a residual', 'runs_for: "RMSNorm (no residual)')
-    edit(path, "providers: [vllm]", "providers:\n  - vllm")
+    edit(path, "role: [baseline, audited]", "role:\n      - baseline\n      - audited")
     assert every_fingerprint(load_plan(path)) == before
 
 
@@ -169,8 +169,8 @@ def test_a_providers_entry_changes_its_own_records_only(tmp_path):
     before = every_fingerprint(load_plan(path))
     edit(path, 'setting: "a W8A16 checkpoint', 'setting: "a W8A16 (int8 weight-only) checkpoint')
     assert every_fingerprint(load_plan(path)) == before
-    edit(path, "prepare: kernels.int8_linear_vllm:machete_prepack,",
-         "prepare: kernels.int8_linear_vllm:machete_prepack, contract: {dtypes: [fp16, bf16]},")
+    edit(path, "    prepare: kernels.int8_linear_vllm:machete_prepack\n",
+         "    prepare: kernels.int8_linear_vllm:machete_prepack\n    contract: {dtypes: [fp16, bf16]}\n")
     after = every_fingerprint(load_plan(path))
     assert {key[:2] for key in changed(before, after)} == {("cells", "machete"), ("benchmarks", "fp16"),
                                                            ("benchmarks", "bf16"), ("benchmarks", "fp32")}
@@ -178,7 +178,8 @@ def test_a_providers_entry_changes_its_own_records_only(tmp_path):
     path = root / "plan.yaml"
     before = every_fingerprint(load_plan(path))
     edit(path, "    name: rms_norm            # torch.ops._C.rms_norm",
-         "    name: rms_norm            # torch.ops._C.rms_norm\n    dtypes: [bf16, fp16]\n    why: 16-bit only")
+         "    name: rms_norm            # torch.ops._C.rms_norm\n"
+         "    contract: {dtypes: [bf16, fp16], why: 16-bit only}")
     after = every_fingerprint(load_plan(path))
     assert {key[:2] for key in changed(before, after)} == {("cells", "vllm")} | {
         ("integration", dtype) for dtype in ("fp16", "bf16", "fp32")} | {
@@ -195,8 +196,8 @@ def test_a_record_of_other_sizes_or_phase_has_its_own_fingerprint(tmp_path):
     assert plan_fingerprint(plan, **shape) != plan_fingerprint(plan, **{**shape, "sizes": {"hidden": 8192,
                                                                                           "num_tokens": 8}})
     assert plan_fingerprint(plan, **shape) != plan_fingerprint(plan, **{**shape, "phase": "prefill"})
-    edit(path, "  baselines: [native, compiled, vllm]",
-         "  baselines: [native, compiled, vllm]\n  bytes: 2 * num_tokens * hidden * act_bytes + hidden * act_bytes")
+    edit(path, "  prefill: [2048, 8192, 32768]",
+         "  prefill: [2048, 8192, 32768]\n  bytes: 2 * num_tokens * hidden * act_bytes + hidden * act_bytes")
     assert plan_fingerprint(load_plan(path), **shape) != plan_fingerprint(plan, **shape)
     kernel_cell, vllm_cell = (plan_fingerprint(plan, "cells", p, "bf16", phase="decode") for p in ("", "vllm"))
     edit(path, "  outputs: [out]", "  outputs: [out]\n  contract: {contiguous: [x]}")
@@ -210,8 +211,7 @@ def test_code_not_found_here_is_unknown(tmp_path):
     stale), and so does a benchmark timing it; the others stay known."""
     root = copy_tree(tmp_path)
     path = root / "plan.yaml"
-    edit(path, "  baselines: [native, compiled, vllm]",
-         "  baselines: [native, compiled, vllm, {theirs: not_installed_pkg.ops:rms_norm}]")
+    edit(path, "  compiled: {}\n", "  compiled: {}\n  theirs: {path: 'not_installed_pkg.ops:rms_norm'}\n")
     plan = load_plan(path)
     assert implementation_fingerprint(plan, "theirs") == UNKNOWN
     assert implementation_fingerprint(plan, "no such provider") == UNKNOWN
@@ -255,7 +255,7 @@ from harness.results import fingerprints as fp
 paths = {[str(p) for p in BUNDLED]!r}
 for path in paths:
     plan = load_plan(path)
-    for name in ("", *dict(plan.benchmark.named)):
+    for name in ("", *(n for n in plan.baselines if plan.implementation(n).path)):
         assert fp.implementation_fingerprint(plan, name) != fp.UNKNOWN, (path, name)
 liger = load_plan(paths[-1]).model_copy(update={{"op": load_plan(paths[-1]).op.model_copy(
     update={{"kernel": "liger_kernel.ops.rms_norm:rms_norm_forward"}})}})
@@ -279,8 +279,7 @@ def test_every_bundled_record_fingerprints():
         for phase, counts in plan.benchmark.shapes().items():
             for n, dtype in itertools.product(counts, plan.matrix["dtype"]):
                 plan_fingerprint(plan, "benchmarks", dtype=dtype, phase=phase, sizes={"num_tokens": n})
-                assert "kernel=" in benchmark_fingerprint(plan, (*plan.benchmark.baselines,
-                                                                 *dict(plan.benchmark.named)))
+                assert "kernel=" in benchmark_fingerprint(plan, plan.baselines)
         for dtype, phase in itertools.product(plan.matrix["dtype"], PHASES):
             assert len(plan_fingerprint(plan, "integration", dtype=dtype, route=plan.vllm.route, phase=phase)) == 12
 

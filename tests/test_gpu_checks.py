@@ -1,5 +1,6 @@
-"""Checks that see what value comparisons cannot: memory safety under compute-sanitizer and layouts kept under CUDA
-graphs. On a CPU machine the GPU checks are reported not run, with the reason; on a GPU they must catch the bugs."""
+"""Checks that see what value comparisons cannot: memory safety under compute-sanitizer (memcheck, then its racecheck,
+initcheck and synccheck lanes) and layouts kept under CUDA graphs. On a CPU machine the GPU checks are reported not
+run, with the reason; on a GPU they must catch the bugs."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
+import tests.broken.sanitizer_bugs as sanitizer_bugs
 from harness.runtime.memcheck import sanitizer
 from tests.plans import read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "gpu_checks_plan.yaml"
 BUGS = "tests.broken.rms_norm_bugs"
+SANITIZER_BUGS = "tests.broken.sanitizer_bugs"  # right values, a bug only one sanitizer lane sees
+LANES = ("racecheck", "initcheck", "synccheck")
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available() or sanitizer() is None,
                             reason="needs a CUDA device and compute-sanitizer")
 
@@ -56,6 +60,26 @@ def test_memcheck_catches_reads_past_the_end_that_values_do_not(tmp_path):
 def test_a_correct_kernel_passes_memcheck(tmp_path):
     cells = run_plan(tmp_path, "kernels.rms_norm:rms_norm", "contiguous, strided")
     assert {c["status"] for k, c in cells.items() if k.endswith("sm90")} == {"passed"}, cells
+    facts = cells["decode-bf16-tp1-memcheck-sm90"]["facts"]
+    assert facts["sanitizer"] == "memcheck, racecheck, initcheck, synccheck", facts  # every lane ran to its summary
+    assert not any(facts[lane].startswith("failed") for lane in LANES), facts
+
+
+@on_gpu
+@pytest.mark.parametrize("kernel, lane, kernel_name", [
+    ("shared_race", "racecheck", "rms_norm_shared_race_kernel"),  # CUDA: a Triton kernel cannot race in shared memory
+    ("uninitialised_slots", "initcheck", "_rms_norm_from_slots_kernel"),
+    ("split_barrier", "synccheck", "rms_norm_split_barrier_kernel"),  # CUDA: nor place a barrier per thread
+])
+def test_each_sanitizer_lane_catches_the_bug_values_and_memcheck_miss(tmp_path, kernel, lane, kernel_name):
+    if lane != "initcheck":  # built here, once: nvcc's minutes stay out of the cells' calls, which load it cached
+        sanitizer_bugs._extension()
+    cells = run_plan(tmp_path, f"{SANITIZER_BUGS}:{kernel}")
+    assert cells["decode-bf16-tp1-eager-sm90"]["status"] == "passed", cells  # its values are right
+    cell = cells["decode-bf16-tp1-memcheck-sm90"]
+    assert cell["status"] == "failed" and cell["reason"].startswith(f"{lane}: "), cell  # memcheck found nothing
+    assert kernel_name in cell["reason"] and cell["minimal_example"], cell
+    assert cell["facts"][lane].startswith("failed: "), cell["facts"]
 
 
 @on_gpu

@@ -25,10 +25,13 @@ from harness.interpreter import faithful  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 
 @pytest.fixture(scope="module")
 def still_unfaithful():
-    # The repository's conftest already made this process faithful, as every harness worker is.
+    # This process is made faithful already (pytestmark), as every harness worker is: what the re-probe finds.
     yield interpreter.make_faithful()
 
 

@@ -18,7 +18,10 @@ from harness.plan.model import PlanError
 from harness.results.store import Status
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
-from tests.plans import cpu_machine_only, write_plan
+from tests.plans import cpu_machine_only, read_plan, write_plan
+
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
@@ -30,9 +33,22 @@ CPU_SLICE = {"phase": ["decode", "chunked_prefill"], "dtype": ["fp32"], "tp": [1
 
 
 def narrowed(tmp_path: Path, plan: str, kernel: str | None = None, matrix: dict = CPU_SLICE, **sections) -> Path:
-    """A bundled plan with another kernel and a CPU-only slice of its matrix, without its exclude rules."""
+    """A bundled plan with another kernel and a CPU-only slice of its matrix, without its exclude rules, and with
+    no implementation audited beside the kernel (the kernel's own cells only)."""
+    implementations = {name: narrowed_entry(entry, matrix)
+                       for name, entry in read_plan(PLANS / f"{plan}.yaml")["implementations"].items()}
     return write_plan(tmp_path / f"{plan}.yaml", PLANS / f"{plan}.yaml", op={"kernel": kernel} if kernel else {},
-                      matrix=matrix, exclude=None, **{"providers": None, **sections})
+                      matrix=matrix, exclude=None, **{"implementations": implementations, **sections})
+
+
+def narrowed_entry(entry: dict, matrix: dict) -> dict:
+    """An implementation not audited, its contract's dtypes those of the narrowed matrix (a contract names dtypes
+    of the matrix only)."""
+    entry = {**entry, "role": [r for r in entry.get("role", ["baseline"]) if r != "audited"]}
+    dtypes = (entry.get("contract") or {}).get("dtypes")
+    if dtypes and "dtype" in matrix:
+        entry["contract"] = {**entry["contract"], "dtypes": [d for d in dtypes if d in matrix["dtype"]] or None}
+    return entry
 
 
 # ---------------------------------------------------------------- spec elements and their errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import re
 
 import subprocess
@@ -58,6 +59,26 @@ def test_bundled_plans_load():
         code = resolve(plan)
         assert code.kernel is not None and code.reference is not None
         assert plan.outputs
+
+
+PLAN_FILES = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml")),
+              *sorted((ROOT / "tests" / "thirdparty").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", PLAN_FILES, ids=lambda p: p.stem)
+def test_a_validated_plan_is_complete_however_it_was_made(path):
+    """Plan.model_validate of a file's data, a copy and a pickle round trip give the runtime what loading the file
+    gives (the derived arguments, TP split, benchmark sizes, tolerances and warnings included)."""
+    from harness.plan.model import Plan
+    from harness.plan.yaml_lines import parse
+    from tests.test_plan_mutations import canon
+
+    loaded = load_plan(path)
+    data, _ = parse(path.read_text())
+    for made in (Plan.model_validate(data), loaded.model_copy(), pickle.loads(pickle.dumps(loaded))):
+        assert canon(made) == canon(loaded)
+        assert made.args and len(made.warnings) == len(loaded.warnings)  # a file's warnings name its path
+    assert Plan.model_validate(data).path == Path("") and loaded.path == path
 
 
 def test_base_plan_fields(tmp_path):
@@ -255,8 +276,8 @@ MISLEADING = [
      "{uniform: [2.0, -2.0]}", "op.args.weight.init.uniform", "low below high"),
     ("decode batch larger than max_num_seqs", "plan.yaml", "decode: [1, 8,", "decode: [1, 100000,",
      "benchmark.decode[1]", "at most numerics.max_num_seqs (256)"),
-    ("named baseline with a typo in an installed package", "plan.yaml", "baselines: [native,",
-     "baselines: [{liger: kernels.rms_norm:rms_nrm}, native,", "benchmark.baselines[0].liger",
+    ("named baseline with a typo in an installed package", "plan.yaml", "  native: {}",
+     "  liger: {path: kernels.rms_norm:rms_nrm}\n  native: {}", "implementations.liger.path",
      "has no attribute 'rms_nrm'"),
 ]
 
@@ -298,8 +319,7 @@ WARNED = [
 @pytest.mark.parametrize("what, old, new, field, words", WARNED, ids=[m[0] for m in WARNED])
 def test_a_setting_the_run_reads_otherwise_is_warned_at_its_line(tmp_path, what, old, new, field, words):
     # vLLM's kernel mutates no input: neither it nor its cells here
-    text = (ROOT / "plan.yaml").read_text().replace("providers: [vllm]\n", "")
-    text = re.sub(r"  kernel: +# vLLM's own kernel.*\n(    .*\n)*", "", text)
+    text = re.sub(r"\n  vllm:\n(    .*\n)*", "\n", (ROOT / "plan.yaml").read_text())
     assert old in text, what
     path, changed = tmp_path / "plan.yaml", text.replace(old, new, 1)
     path.write_text(changed)
@@ -333,10 +353,12 @@ def test_a_plan_that_would_mislead_is_an_error_at_its_line(tmp_path, what, plan,
 
 def test_a_named_baseline_whose_package_is_not_installed_here_still_validates(tmp_path):
     """Installed on the GPU machine only: timed there, reported "cannot be imported here" elsewhere."""
-    baselines = read_plan(ROOT / "plan.yaml")["benchmark"]["baselines"]
+    implementations = read_plan(ROOT / "plan.yaml")["implementations"]
     path = write_plan(tmp_path / "plan.yaml", ROOT / "plan.yaml",
-                      benchmark={"baselines": [{"other": "not_installed_pkg.ops:rms"}, *baselines]})
-    assert resolve(load_plan(path)).plan.benchmark.named == (("other", "not_installed_pkg.ops:rms"),)
+                      implementations={"other": {"path": "not_installed_pkg.ops:rms"}, **implementations})
+    plan = resolve(load_plan(path)).plan
+    assert plan.baselines == ("native", "compiled", "vllm", "other")
+    assert plan.implementation("other").path == "not_installed_pkg.ops:rms"
 
 
 def test_a_plan_that_pins_an_optional_argument_gets_a_warning_naming_it(tmp_path):

@@ -53,7 +53,7 @@ DOC = ROOT / "docs" / "validation.md"
 # key is the kind of name, so `op.args.x.dtype` and `op.args.weight.dtype` are one field, `op.args.<arg>.dtype`.
 NAMED = {"op.args": "<arg>", "op.sizes": "<sym>", "op.paths": "<path>", "tolerance": "<dtype>",
          "tolerance.outputs": "<out>", "quantization.outputs": "<out>", "tp.inputs": "<arg>", "tp.outputs": "<out>",
-         "numerics.cpu_sizes": "<sym>", "benchmark.models": "<sizes>", "benchmark.baselines[]": "<name>",
+         "numerics.cpu_sizes": "<sym>", "benchmark.models": "<sizes>", "implementations": "<impl>",
          "benchmark.sizes[]": "<sym>"}
 NAMED_SUFFIXES = {"contract.row_stride_multiple_of": "<arg>", "contract.multiple_of": "<sym>",
                   "contract.at_least": "<sym>", "contract.at_most": "<sym>"}
@@ -75,8 +75,7 @@ def pattern(loc: tuple) -> str:
 
 # Fields holding an import path 'module:attribute', and the one holding a module.
 IMPORT_FIELDS = ("op.kernel", "op.reference", "op.native", "op.fake", "op.generate", "op.replaces", "vllm.layer",
-                 "benchmark.baselines[].<name>", "benchmark.baselines[].<name>.path",
-                 "benchmark.baselines[].<name>.prepare")
+                 "implementations.<impl>.path", "implementations.<impl>.prepare")
 MODULE_FIELDS = ("vllm.adapter",)
 RELATIONS = ("divides", "at_most")  # op.sizes.<sym>.divides: <other>: reversed, <other> gets the relation
 ARG_DTYPE_CHANGE = {"act": "float32", "float32": "bfloat16", "fp8": "int8", "int8": "fp8", "int32": "int64",
@@ -352,11 +351,11 @@ IGNORED_FIELDS = {"line"}  # an argument's line: where the plan states it
 RUNTIME_VIEW = {"Plan": ("name", "intent", "kernel", "reference", "fake", "description", "replaces", "args", "outputs",
                          "mutates", "sizes", "size_specs", "matrix", "excludes", "expects", "tolerance",
                          "output_tolerance", "numerics", "benchmark", "tp", "quantization", "generate", "vllm",
-                         "capture_sizes", "accumulation", "reduction", "contract", "native", "paths", "providers"),
+                         "capture_sizes", "accumulation", "reduction", "contract", "native", "paths", "implementations",
+                         "baselines", "providers"),
                 "TensorParallel": ("kind", "shard", "combine", "sequence_parallel", "units", "replicate",
                                    "merged_outputs"),
-                "Benchmark": ("decode", "prefill", "chunked_prefill", "baselines", "named", "sizes", "bytes", "flops",
-                              "models", "contracts", "prepares", "settings")}
+                "Benchmark": ("decode", "prefill", "chunked_prefill", "sizes", "bytes", "flops", "models")}
 
 
 def canon(value: Any) -> Any:
@@ -493,15 +492,16 @@ UNPREPARED = ("without its prepare the baseline takes the kernel's arguments, wh
 # (field pattern, mutation kind, what changed, why the run still checks what the plan says): `*` matches anything.
 # Mutations that validate with no error and no new warning, to the same Plan, need none. Every entry must be used.
 ALLOWED: list[tuple[str, str, str, str]] = [
-    ("providers", "drop", "*", NO_PROVIDERS),
+    ("implementations", "drop", "*", TIMED + "; " + NO_PROVIDERS),
+    ("implementations", "swap", "*", ORDER),
+    ("implementations.<impl>", "drop", "*", TIMED + "; " + NO_PROVIDERS),
+    ("implementations.<impl>", "rename", "*", LABEL),
+    ("implementations.<impl>.role", "drop", "*", NO_PROVIDERS),
+    ("implementations.<impl>.role", "reverse", "*", ORDER),
+    ("implementations.<impl>.path", "import:function", "*", PREPARED),
+    ("implementations.<impl>.prepare", "drop", "*", UNPREPARED),
+    ("implementations.<impl>.setting", "drop", "*", WORDS),
     ("benchmark", "drop", "*", TIMED),
-    ("benchmark.baselines", "drop", "*", TIMED),
-    ("benchmark.baselines", "reverse", "*", ORDER),
-    ("benchmark.baselines", "swap", "*", ORDER),
-    ("benchmark.baselines[].<name>", "rename", "*", LABEL),
-    ("benchmark.baselines[].<name>.path", "import:function", "*", PREPARED),
-    ("benchmark.baselines[].<name>.prepare", "drop", "*", UNPREPARED),
-    ("benchmark.baselines[].<name>.setting", "drop", "*", WORDS),
     ("benchmark.bytes", "drop", "*", TIMED),
     ("benchmark.flops", "drop", "*", TIMED),
     ("benchmark.models*", "*", "*", WORDS),
@@ -586,13 +586,15 @@ ALLOWED: list[tuple[str, str, str, str]] = [
     ("vllm.in_tree_provider", "drop", "*", VLLM_NAMES),
     ("vllm.provider", "drop", "*", VLLM_NAMES + " (the default name is <op>_kernel)"),
     ("vllm.why_not_proven", "drop", "*", WORDS + " (why a route is not proven; the route kind's own words stand in)"),
-    ("vllm.kernel.switch*", "*", "*", VLLM_SWITCH),
-    ("vllm.kernel.args", "swap", "*", VLLM_KERNEL_ARGS),
-    ("vllm.kernel.max_step_fraction", "drop", "*", STRICTER + " (the plan's quantization.max_step_fraction)"),
-    ("vllm.kernel.max_step_fraction", "x0.01", "*", STRICTER),
-    ("vllm.kernel.dtypes", "drop", "*", VLLM_KERNEL_DTYPES),
-    ("vllm.kernel.dtypes", "reverse", "*", ORDER),
-    ("vllm.kernel.why", "drop", "*", WORDS + " (why vLLM's kernel takes those dtypes only)"),
+    ("implementations.<impl>.switch*", "*", "*", VLLM_SWITCH),
+    ("implementations.<impl>.args", "swap", "*", VLLM_KERNEL_ARGS),
+    ("implementations.<impl>.max_step_fraction", "drop", "*", STRICTER + " (the plan's "
+                                                              "quantization.max_step_fraction)"),
+    ("implementations.<impl>.max_step_fraction", "x0.01", "*", STRICTER),
+    ("implementations.<impl>.contract", "drop", "*", VLLM_KERNEL_DTYPES),
+    ("implementations.<impl>.contract.dtypes", "drop", "*", VLLM_KERNEL_DTYPES),
+    ("implementations.<impl>.contract.dtypes", "reverse", "*", ORDER),
+    ("implementations.<impl>.contract.why", "drop", "*", WORDS + " (why vLLM's kernel takes those dtypes only)"),
     ("vllm.fusion", "drop", "*", FUSION_GONE),
     ("vllm.fusion.ir_ops", "drop", "*", VLLM_NAMES),
     ("vllm.fusion.residual", "*", "*", FUSION_LAYERS),
@@ -749,20 +751,23 @@ CHECKS = [
      "op.reference", "_rms_norm_kernel", "a Python function, not a @triton.jit kernel"),
     ("a @triton.jit kernel as a named baseline", "kernels/plans/int8_linear_column.yaml",
      [("path: kernels.int8_linear:dequantized_linear", "path: kernels.int8_linear:_int8_linear_kernel")], "error",
-     "benchmark.baselines[2].cublas", "- cublas:", "a Python function, not a @triton.jit kernel"),
+     "implementations.cublas.path", "path: kernels.int8_linear:_int8", "a Python function, not a @triton.jit kernel"),
     ("the in-place kernel named as the reference", "kernels/plans/fused_add_rms_norm.yaml",
      [("reference: kernels.fused_add_rms_norm:fused_add_rms_norm_ref",
        "reference: kernels.fused_add_rms_norm:fused_add_rms_norm")], "error", "op.reference", "reference:",
      "annotated to return None"),
     ("a prepare that does not take the kernel's arguments", "kernels/plans/int8_linear_column.yaml",
      [("prepare: kernels.int8_linear:dequantize_weight", "prepare: kernels.int8_linear:dequantized_linear")], "error",
-     "benchmark.baselines[2].cublas.prepare", "- cublas:", "a prepare taking the kernel's arguments by name"),
+     "implementations.cublas.prepare", "prepare: kernels.int8_linear:dequantized", "a prepare taking the kernel's "
+     "arguments by name"),
     ("a prepare returning nothing (path and prepare swapped)", "kernels/plans/int8_linear_column.yaml",
-     [("{path: kernels.int8_linear_vllm:machete_linear, prepare: kernels.int8_linear_vllm:machete_prepack",
-       "{path: kernels.int8_linear_vllm:machete_prepack, prepare: kernels.int8_linear_vllm:machete_linear")], "error",
-     "benchmark.baselines[3].machete.prepare", "- machete:", "annotated to return None"),
+     [("path: kernels.int8_linear_vllm:machete_linear\n    prepare: kernels.int8_linear_vllm:machete_prepack",
+       "path: kernels.int8_linear_vllm:machete_prepack\n    prepare: kernels.int8_linear_vllm:machete_linear")],
+     "error", "implementations.machete.prepare", "prepare: kernels.int8_linear_vllm:machete_linear",
+     "annotated to return None"),
     ("a baseline that needs its prepare, without it", "kernels/plans/int8_linear_column.yaml",
-     [("prepare: kernels.int8_linear:dequantize_weight,", "")], "error", "benchmark.baselines[2].cublas", "- cublas:",
+     [("    prepare: kernels.int8_linear:dequantize_weight\n", "")], "error", "implementations.cublas.path",
+     "path: kernels.int8_linear:dequantized_linear",
      "a baseline taking the kernel's arguments by name"),
     ("an input generator that cannot take its call", "plan.yaml",
      [("  accumulation: fp32\n", "  accumulation: fp32\n  generate: tests.plans:any_call\n")], "error",
@@ -832,7 +837,7 @@ CHECKS = [
      "sizes: {hidden", "one token of 131072 elements"),
     ("a kernel's optional argument left out", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
      [("    scale_ub: {shape: [1], dtype: float32, init: {uniform: [0.5, 4.0]}, optional: true}", ""),
-      ("providers: [vllm]\n", ""),
+      ("    role: [baseline, audited]\n", "    role: [baseline]\n"),
       ("args: [out, x, scales, scale_ub]", "args: [out, x, scales]\n    signature: \"dynamic_per_token_scaled_fp8_quant"
                                            "(Tensor! result, Tensor input, Tensor! scale) -> ()\"")],
      "warning",

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
-from harness.rendering.python_source import custom_op_source
+from harness.plan.op_source import custom_op_source
 from harness.results.store import Provenance, Status, load
 from harness.runtime import device
 from harness.runtime.check_code import plan_code_warnings

@@ -143,6 +143,64 @@ def test_a_plan_outside_the_repository_imports_from_its_own_folder_and_its_repro
     assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]
 
 
+# A `pytest --plan` plugin that writes, as the run ends, which of triton's patch points (harness.interpreter.faithful)
+# the run's own process holds patched.
+PATCH_PROBE = """
+import json, os, sys
+
+def pytest_sessionfinish(session):
+    loaded = "triton.runtime.interpreter" in sys.modules
+    import triton.runtime.interpreter as interp
+    from harness.interpreter.faithful import _patch_points
+    points = [(owner, attr) for owner, attr, _ in _patch_points(interp) if owner is not None]
+    patched = [attr for owner, attr in points if getattr(getattr(owner, attr, None), "_harness_faithful", False)]
+    with open(os.environ["PATCH_PROBE_OUT"], "w") as f:
+        json.dump({"loaded": loaded, "points": len(points), "patched": patched,
+                   "interpret": os.environ.get("TRITON_INTERPRET")}, f)
+"""
+
+# The bundled RMSNorm after a launch that runs only in a faithful interpreter: a float argument is the fp32 scalar a
+# GPU kernel gets, where the interpreter as shipped passes a Python float, which has no `.to`.
+NEEDS_FAITHFUL = """
+import torch
+import triton
+import triton.language as tl
+
+from kernels.rms_norm import rms_norm as bundled
+
+
+@triton.jit
+def _scalar(out_ptr, s):
+    tl.store(out_ptr, s.to(tl.float32))
+
+
+def rms_norm(out, x, weight, eps):
+    _scalar[(1,)](torch.empty(1), eps)
+    bundled(out, x, weight, eps)
+"""
+
+
+@cpu_machine_only
+def test_the_process_of_pytest_plan_leaves_triton_unpatched_and_its_workers_patch_it(tmp_path):
+    """Triton's interpreter is made faithful where kernels run, in the workers, never in the process of `pytest
+    --plan` itself, which runs none: run from the repository (its conftest.py loaded) in a process of its own, that
+    process ends with triton's interpreter loaded (the plan's kernel imported) and every patch point as triton ships
+    it, and the cell passes with a kernel that runs only in a faithful interpreter."""
+    (tmp_path / "needs_faithful.py").write_text(NEEDS_FAITHFUL)
+    (tmp_path / "patch_probe.py").write_text(PATCH_PROBE)
+    plan = rms_norm_plan(tmp_path, "needs_faithful:rms_norm", numerics={"examples": 3})
+    env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "PATCH_PROBE_OUT": str(tmp_path / "probe.json")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "--plan", str(plan), "--plan-profile", "ci", "-p",
+                           "patch_probe", "--reports-dir", str(tmp_path / "reports"), "-p", "no:cacheprovider"],
+                          cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "1 passed" in out, out[-3000:]
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert probe["interpret"] == "1" and probe["loaded"], probe
+    assert probe["points"] > 10 and probe["patched"] == [], probe
+
+
 @cpu_machine_only
 def test_cells_retry_runs_again_only_what_memory_others_held_left_not_run(pytester, run_plan):
     """Plans side by side on one GPU leave some cells "not run" for memory other processes held; `--cells retry` runs

@@ -85,8 +85,8 @@ def test_a_provider_none_of_whose_cells_ran_is_one_line():
 
 
 @pytest.fixture
-def run_plan(run_plan):
-    """conftest's run_plan, two examples a cell, in this process."""
+def run_plan(run_plan, faithful_interpreter):
+    """conftest's run_plan, two examples a cell, in this process (its kernels too: --isolation none)."""
     return lambda plan, *args: run_plan(plan, "--examples", "2", "--isolation", "none", *args)
 
 

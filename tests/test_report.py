@@ -24,7 +24,7 @@ from harness.rendering.report import write_report
 from harness.results.stamps import stamp
 from harness.results import store
 from harness.results.store import FORMAT, VERSION, ResultsError, load, write_atomic
-from harness.vllm.names import enable_setting, profile_setting
+from harness.vllm_facts.names import enable_setting, profile_setting
 from tests.plans import read_plan, small_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,7 +254,7 @@ def test_generated_custom_op_registers_and_runs(tmp_path):
     del args["out"]  # the reference as the kernel: it returns y
     functional = write_plan(tmp_path / "functional.yaml", ROOT / "plan.yaml",
                             op={"name": "rms_norm_functional", "kernel": "kernels.rms_norm:rms_norm_ref", "args": args,
-                                "outputs": ["y"]}, providers=None, vllm={"kernel": None})  # vLLM's writes `out`
+                                "outputs": ["y"]}, implementations={"vllm": None})  # vLLM's writes `out`
     blocks = []
     for plan in (RMS, load_plan(functional)):
         text, _ = report.render(plan, tmp_path / "reports" / plan.name)
@@ -651,12 +651,13 @@ def test_named_baselines_join_the_decision(tmp_path):
 def test_a_named_baseline_a_deployment_can_run_takes_the_decision(tmp_path):
     """A named baseline with a `setting` (how vLLM runs it) that beats the profile's baseline everywhere is the
     decision where the kernel loses, the fastest of those that qualify; one without a setting never is."""
-    baselines = ["native", "compiled",
-                 {"cublas": {"path": "kernels.int8_linear:dequantized_linear",
-                             "setting": "serve the unquantized checkpoint"}},
-                 {"machete": {"path": "kernels.rms_norm:rms_norm", "setting": "a W8A16 checkpoint"}},
-                 {"liger": "kernels.rms_norm:rms_norm"}]
-    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark={"decode": [64], "baselines": baselines})
+    implementations = {"native": {}, "compiled": {},
+                       "cublas": {"path": "kernels.int8_linear:dequantized_linear",
+                                  "setting": "serve the unquantized checkpoint"},
+                       "machete": {"path": "kernels.rms_norm:rms_norm", "setting": "a W8A16 checkpoint"},
+                       "liger": {"path": "kernels.rms_norm:rms_norm"}}
+    plan = small_plan(tmp_path, matrix={"phase": ["decode"]}, benchmark={"decode": [64]},
+                      implementations=implementations)
     op_dir = tmp_path / "reports" / "rms_norm"
     rec = bench("decode", 64, 10.0, 20.0, 8.0)  # kernel 2x faster than native, slower than Inductor
     for name, us in (("cublas", 4.0), ("machete", 6.0), ("liger", 2.0)):
@@ -668,7 +669,8 @@ def test_a_named_baseline_a_deployment_can_run_takes_the_decision(tmp_path):
         assert row["recommendation"] == "**leave it to cublas**", profile  # liger is faster, but names no setting
         assert row["vLLM setting"] == "serve the unquantized checkpoint"
         assert "slower than cublas at 1 of 1 shapes" in row["why"] and "cublas is faster than" in row["why"]
-    assert plan.benchmark.setting("machete") == "a W8A16 checkpoint" and plan.benchmark.setting("liger") is None
+    assert plan.implementation("machete").setting == "a W8A16 checkpoint"
+    assert plan.implementation("liger").setting is None
 
 
 def test_vllm_settings_per_profile_for_the_custom_op_route():
@@ -712,8 +714,8 @@ def overview_inputs(tmp_path: Path):
     silu = load_plan(write_plan(
         tmp_path / "silu.yaml", op=silu_op(14336),
         matrix={"phase": ["decode"], "dtype": ["bf16"], "tp": [1], "graph_mode": ["eager"], "sm": ["sm90", "sm100"]},
-        vllm=SILU_CUSTOM_OP,
-        benchmark={"decode": [64], "baselines": ["native", "compiled", "vllm"], "models": {"d=14336": "Llama-3-8B"}}))
+        vllm=SILU_CUSTOM_OP, benchmark={"decode": [64], "models": {"d=14336": "Llama-3-8B"}},
+        implementations={"native": {}, "compiled": {}, "vllm": {"name": "silu_and_mul", "args": ["out", "x"]}}))
     reports = tmp_path / "reports"
     passed_sm90(reports / "rms_norm", benchmarks={"decode-64": bench("decode", 64, 10.0, 50.0, 8.0),
                                                   "prefill-2048": bench("prefill", 2048, 30.0, 90.0, 60.0)})

@@ -65,6 +65,7 @@ def test_a_path_that_is_no_condition_is_a_plan_error(tmp_path, expr, words):
     assert "op.paths.two_pass" in str(err.value) and ":" in str(err.value).split("op.paths")[0]
 
 
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_a_bug_in_a_declared_path_fails_where_random_draws_miss_it(tmp_path):
     # Prefill of at most 16 tokens of 128 fp32 elements: 8 KiB, never the bug's 64 KiB. The plan times 600 tokens,
     # so its cells check an example past the declared path (128 tokens), within a CPU machine's budget.
@@ -84,6 +85,7 @@ def test_a_bug_in_a_declared_path_fails_where_random_draws_miss_it(tmp_path):
     assert rec.facts["path two_pass"].startswith("num_tokens=128 hidden=128"), rec.facts
 
 
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_an_output_larger_than_a_chunk_is_compared_slice_by_slice_to_its_last_row(tmp_path, monkeypatch):
     import torch
 

@@ -90,6 +90,7 @@ def test_small_sets_are_kept_whole_where_every_cell_is_needed():
 # ---------------------------------------------------------------- costs paid once
 
 
+@pytest.mark.usefixtures("faithful_interpreter")  # runs kernels in this process, as a worker does
 def test_a_later_torch_compile_cell_reuses_the_graphs_earlier_cells_compiled(tmp_path):
     plan = rms_norm_plan(tmp_path, matrix={"graph_mode": ["torch_compile"]}, hidden=[64])
     run = RunSettings(examples=4, profile="ci", database=None)  # derandomized: the same examples again

@@ -158,9 +158,9 @@ def test_a_check_added_later_leaves_plans_it_does_not_apply_to_current(tmp_path,
     assert not res.needs_run("benchmarks", "decode-64", lambda reason: False)
 
 
-def test_an_edit_to_the_kernel_stales_its_cells_and_no_other_providers(tmp_path):
+def test_an_edit_to_the_kernel_stales_its_cells_and_no_other_implementations(tmp_path):
     """The kernel's module lies beside the plan: a docstring or comment in it stales nothing, its code does, and the
-    cells of another provider (a named baseline) stay current."""
+    cells of another implementation (one the plan audits beside the kernel) stay current."""
     shutil.copy(ROOT / "kernels" / "rms_norm.py", tmp_path / "my_rms_norm.py")
     plan = small_plan(tmp_path, op={"kernel": "my_rms_norm:rms_norm"})
     plan, text = page(tmp_path, plan)
@@ -179,7 +179,7 @@ def test_a_changed_step_allowance_re_judges_stored_benchmarks_without_a_run():
     off); each implementation's allowance is applied when the page is made: vLLM's kernel with its own (5%), the
     kernel with the plan's (1%)."""
     plan = load_plan(ROOT / "kernels" / "plans" / "rms_norm_static_fp8_quant.yaml")
-    assert plan.quantization.max_step_fraction == 0.01 and plan.vllm.kernel.max_step_fraction == 0.05
+    assert plan.quantization.max_step_fraction == 0.01 and plan.vllm_kernel.max_step_fraction == 0.05
     rec = BenchRecord("decode", "bf16", "sm90", "eager", 64, impls={
         "kernel": ImplFigures(median_us=3.0, step_fraction=0.0117),
         "vllm": ImplFigures(median_us=3.0, step_fraction=0.0117)})
@@ -190,8 +190,8 @@ def test_a_changed_step_allowance_re_judges_stored_benchmarks_without_a_run():
     looser = plan.model_copy(update={"quantization": plan.quantization.model_copy(
         update={"max_step_fraction": 0.02})})
     assert judged(looser, rec).impls["kernel"].error is None
-    stricter = plan.model_copy(update={"vllm": plan.vllm.model_copy(update={"kernel": plan.vllm.kernel.model_copy(
-        update={"max_step_fraction": 0.001})})})
+    stricter = plan.model_copy(update={"implementations": {**plan.implementations, "vllm": plan.vllm_kernel.model_copy(
+        update={"max_step_fraction": 0.001})}})
     assert "1.17% of quantized elements" in judged(stricter, rec).impls["vllm"].differs
 
 

@@ -23,6 +23,9 @@ from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from tests.plans import read_plan, read_results, write_plan
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 ROOT = Path(__file__).resolve().parents[1]
 THIRDPARTY = ROOT / "tests" / "thirdparty"
 

@@ -23,14 +23,17 @@ from harness.plan.model import Tolerance
 from harness.rendering.design import plugin_markdown
 from harness.results.store import IntegrationRecord, Status, to_json
 from harness.plan.tolerances import tolerance_for
-from harness.runtime.providers import KernelUnavailable, load_kernel
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.implementations import KernelUnavailable, load_implementation
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.vllm.plugin_source import render_plugin
-from harness.vllm.names import integration_routes, plugin_entry_point, plugin_module_name, provider_name
+from harness.vllm_facts.names import integration_routes, plugin_entry_point, plugin_module_name, provider_name
 from harness.plan.matrix import Cell
 from harness.plan.load import load_plan
 from harness.plan.model import PlanError
-from tests.plans import cpu_machine_only, hide_vllm, rms_norm_plan
+from tests.plans import VLLM_RMS_NORM, cpu_machine_only, hide_vllm, rms_norm_plan
+
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
 
 ROOT = Path(__file__).resolve().parents[1]
 RMS_PLAN = ROOT / "plan.yaml"
@@ -68,10 +71,10 @@ def no_vllm(monkeypatch):
 
 
 def test_without_vllm_everything_says_not_installed(no_vllm, tmp_path):
-    plan = load_plan(small_rms_plan(tmp_path))
+    plan = load_plan(small_rms_plan(tmp_path, implementations={"vllm": VLLM_RMS_NORM}))
     assert vllm_missing() == "vllm not installed"
     with pytest.raises(KernelUnavailable, match="^vllm not installed"):
-        load_kernel(plan, "vllm")
+        load_implementation(plan, "vllm")
     for route in integration.ROUTES:
         assert integration.why_not_runnable(plan, route) == "vllm not installed"
 
@@ -314,7 +317,7 @@ def test_tolerance_comes_from_vllm_ir_unless_the_plan_sets_it(tmp_path):
 @pytest.mark.parametrize("plan_path", [RMS_PLAN, FUSED_PLAN, SILU_PLAN], ids=lambda p: p.stem)
 def test_vllm_baseline_has_the_kernels_calling_convention(plan_path):
     plan = load_plan(plan_path)
-    baseline = load_kernel(plan, "vllm")
+    baseline = load_implementation(plan, "vllm")
     sizes = {sym: 256 for sym in plan.sizes}
     values = build_args(plan, cell("fp32"), Example(num_tokens=4, sizes=sizes, seed=3), "cpu")
     expected = reference_outputs(plan, resolve(plan).reference, values)

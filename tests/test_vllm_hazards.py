@@ -29,6 +29,9 @@ from kernels.rms_norm import rms_norm_ref
 from tests.plans import cpu_machine_only, read_plan, rms_norm_plan, write_plan
 from tests.test_report import cell, machine, render, section, write_results
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 ROOT = Path(__file__).resolve().parents[1]
 HAZARDS = "tests.broken.hazard_kernels"
 BUNDLED = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml"))]
@@ -291,7 +294,7 @@ def test_a_correct_in_place_kernel_with_positions_passes(tmp_path):
                       matrix={"phase": ["decode"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["eager"],
                               "sm": ["cpu"]},
                       numerics={**SMALL, "cpu_element_budget": 16384}, exclude=None, tp=None,
-                      benchmark=None, vllm=None, providers=None)
+                      benchmark=None, vllm=None, implementations=None)
     rec = to_json(run_cell(CellTask.load(plan, "decode-fp32-tp1-eager-cpu", RunSettings(6, "ci", None))).record)
     assert rec["status"] == "passed", rec["reason"]
     assert rec["facts"]["padding isolation"] == "padding isolated"

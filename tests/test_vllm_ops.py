@@ -12,11 +12,11 @@ from string import Template
 import pytest
 
 from harness.vllm.plugin_source import TEMPLATES, plugin_template, render_plugin
-from harness.vllm.compiled import vllm_missing
-from harness.vllm.defaults import CPU, CUDA, CUSTOM_OP, DEFAULTS, FUSION_PASS, INDUCTOR_ON, IR, ROCM
+from harness.runtime.vllm_compiled import vllm_missing
+from harness.vllm_facts.defaults import CPU, CUDA, CUSTOM_OP, DEFAULTS, FUSION_PASS, INDUCTOR_ON, IR, ROCM
 from harness.plan.load import load_plan
 from harness.plan.tolerances import tolerance_for
-from harness.vllm.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
+from harness.vllm_facts.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_route, provider_name, unsupported
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,8 +113,8 @@ for plan_path, _ in pairs:  # vLLM's own names, before any plugin registered
             tol = getattr(ir.ops, v.ir_op).get_tolerance(t)
             entry["tolerance"][dt] = [float(tol["atol"]), float(tol["rtol"])]
     registries[plan_path] = entry
-# vLLM's own defaults on this machine's platform, per profile (harness.vllm.defaults pins them): the custom_ops base
-# mode and fusion-pass flags the config gives, and the platform's default IR op priority.
+# vLLM's own defaults on this machine's platform, per profile (harness.vllm_facts.defaults pins them): the custom_ops
+# base mode and fusion-pass flags the config gives, and the platform's default IR op priority.
 from vllm.config import CompilationConfig, VllmConfig
 from vllm.config.compilation import CompilationMode
 from vllm.platforms import current_platform
@@ -190,8 +190,8 @@ def test_the_plans_names_match_vllms_own_registries(in_vllm):
 @needs_vllm
 @pytest.mark.xdist_group("vllm_plugins")
 def test_the_pinned_vllm_defaults_are_the_installed_vllms(in_vllm):
-    """harness.vllm.defaults pins vLLM's defaults per switch kind, platform and profile (the pages and decisions read
-    them without importing vLLM): where the installed vLLM runs (a CPU machine), its config and platform give the
+    """harness.vllm_facts.defaults pins vLLM's defaults per switch kind, platform and profile (the pages and decisions
+    read them without importing vLLM): where the installed vLLM runs (a CPU machine), its config and platform give the
     same. The custom_ops base mode is the config's, the same on every platform."""
     def pinned(kind, platform, profile):
         return next(d for d in DEFAULTS if (d.kind, d.platform, d.profile) == (kind, platform, profile)).on

@@ -11,17 +11,20 @@ from pathlib import Path
 import pytest
 
 import kernels.rms_norm  # noqa: F401  triton imported here first
-from harness.vllm.names import integration_routes
+from harness.vllm_facts.names import integration_routes
 from harness.decisions.verdicts import BLOCKED, sm_verdicts
 from harness.vllm import routes as integration
 from harness.vllm.plugin_source import render_plugin
 from harness.rendering.report import render
 from harness.results.merge import collect
 from harness.results.store import IntegrationRecord, Status
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.load import load_plan
 from harness.plan.matrix import Cell
 from tests.plans import read_plan, rms_norm_plan, write_plan
+
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
 
 needs_vllm = pytest.mark.skipif(bool(vllm_missing()), reason="vllm not installed")
 RMS_VLLM = {"route": "ir", "layer": "vllm.model_executor.layers.layernorm:RMSNorm", "ir_op": "rms_norm"}
@@ -302,8 +305,8 @@ def test_a_kernel_returning_a_tuple_goes_through_the_custom_op_route(tmp_path, m
     args = {name: arg for name, arg in read_plan(bundled)["op"]["args"].items()
             if name not in ("out", "scales")}  # its outputs, returned
     plan = load_plan(write_plan(tmp_path / "quant.yaml", bundled,
-                                op={"kernel": "quant_returning:quant_returning", "args": args}, providers=None,
-                                vllm={"kernel": None}))  # vLLM's kernel writes `out` and `scales`: not this op
+                                op={"kernel": "quant_returning:quant_returning", "args": args},
+                                implementations={"vllm": None}))  # vLLM's kernel writes `out` and `scales`: not this op
     assert plan.returned_outputs == ("out", "scales")
     assert "    out, scales = kernel_op(x, scale_ub)\n    return out, scales" in render_plugin(plan)
     rec = integration.check_route(plan, CELL, "custom_op", examples=2)

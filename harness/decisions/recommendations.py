@@ -12,12 +12,15 @@ from harness.decisions.reasons import first_line
 from harness.decisions.speedups import REGIMES, Interval, baselines, impl_order, interval, ratio, regime, spread, \
     usable, valid, why_untimed
 from harness.results.merge import Merged
+from harness.plan.implementations import COMPILED, KINDS, NATIVE as NATIVE_IMPL, VLLM, keep, title
 from harness.plan.hardware import Hardware
 from harness.plan.matrix import Cell, bench_graph_modes, decide
-from harness.vllm.names import is_vllm_default, profile_setting
+from harness.vllm_facts.names import is_vllm_default, profile_setting
 
-ENABLE, INDUCTOR, NATIVE, KEEP_VLLM = ("enable the custom op", "leave it to Inductor", "keep native",
-                                      "keep vLLM's kernel")
+# The choices: the kernel, or what each built-in implementation's kind says where it stays (harness.plan.
+# implementations.KINDS: "leave it to Inductor", "keep native", "keep vLLM's kernel").
+ENABLE = "enable the custom op"
+INDUCTOR, NATIVE, KEEP_VLLM = (keep(name, name) for name in (COMPILED, NATIVE_IMPL, VLLM))
 # vLLM's two profiles and the baseline each compares with: Inductor compiles forward_native, or nothing does.
 VLLM_PROFILES = (("Inductor on", "compiled"), ("Inductor off", "native"))
 FALLBACK = {"compiled": INDUCTOR, "native": NATIVE}  # the choice where neither kernel qualifies
@@ -52,7 +55,7 @@ class Recommendation:
 
 
 def _use(choice: str) -> str:
-    return {ENABLE: "kernel", KEEP_VLLM: "vllm"}.get(choice, "native")
+    return {ENABLE: "kernel", KEEP_VLLM: VLLM}.get(choice, NATIVE_IMPL)
 
 
 def _groups(res: Merged) -> list[tuple[str, str, str, list]]:
@@ -84,9 +87,9 @@ def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
             continue
         gpus = tuple(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
         for profile, baseline in VLLM_PROFILES:
-            speed = _against(recs, baseline, "vllm")
+            speed = _against(recs, baseline, VLLM)
             if speed is None:
-                why = f"vllm and {baseline} not both timed: {first_line(why_untimed(recs[0].impls.get('vllm')), 120)}"
+                why = f"vllm and {baseline} not both timed: {first_line(why_untimed(recs[0].impls.get(VLLM)), 120)}"
                 out.append(Recommendation(sm, dtype, reg, profile, "", why, baseline, gpus=gpus))
                 continue
             at = f"at all {speed.shapes} shapes" if speed.shapes > 1 else "at the one shape"
@@ -153,20 +156,24 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     # What a deployment can run instead: vLLM's kernel, or a named baseline whose setting the plan states, where
     # it is faster than the profile's baseline at every shape the kernel and that baseline were timed; the fastest.
     pairs = [r for r in timed if valid(r.impls.get(baseline))]
-    runnable = ["vllm"] + [name for name in names if plan.benchmark.setting(name)]
     better = []
-    for name in runnable:
+    for name in sorted(deployable(plan), key=impl_order):
         vs = _against(pairs, baseline, name)
         if vs is not None and vs.shapes == len(pairs) and vs.wholly_faster:
             better.append((vs.median, name, vs))
     if better:
         _, name, vs = max(better)
-        if name == "vllm":
-            return made(KEEP_VLLM, "; ".join(reasons) + f"; vLLM's kernel is faster than {baseline} {at} "
-                                   f"({vs.text()})", speed, others, timed)
-        return made(f"leave it to {name}", "; ".join(reasons) + f"; {name} is faster than {baseline} {at} "
-                    f"({vs.text()})", speed, others, timed, setting=plan.benchmark.setting(name))
+        kind = plan.implementation(name).kind
+        return made(keep(name, kind), "; ".join(reasons) + f"; {title(name, kind)} is faster than {baseline} {at} "
+                    f"({vs.text()})", speed, others, timed, setting=plan.implementation(name).setting)
     return made(FALLBACK[baseline], "; ".join(reasons), speed, others, timed)
+
+
+def deployable(plan) -> list[str]:
+    """The implementations a deployment can run in the kernel's place: one vLLM switches on itself, or one whose
+    setting the plan states."""
+    return [name for name in plan.baselines if name not in FALLBACK
+            and (KINDS[plan.implementation(name).kind].switched_by_vllm or plan.implementation(name).setting)]
 
 
 def _against(recs: list, baseline: str, name: str) -> Interval | None:

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 from harness.decisions.bounds import broken_timing
 from harness.results.store import BenchRecord, ImplFigures, finite_number
+from harness.plan.implementations import BUILTIN, COMPILED, NATIVE, function_of
 from harness.plan.model import Plan
 
 REGIMES = ("decode-sized", "prefill-sized")
 # Run-to-run drift seen on one GPU beyond a single run's q20/q80 spread; speedups inside it are noise: every
 # speedup interval is widened by it.
 NOISE_FLOOR = 0.02
-IMPL_ORDER = ("kernel", "native", "compiled", "vllm")
+IMPL_ORDER = ("kernel", *BUILTIN)
 
 
 def regime(phase: str) -> str:
@@ -41,18 +42,14 @@ def timed_function(plan: Plan, rec: BenchRecord, name: str) -> str | None:
     """The import path a record's baseline timed: as recorded, else (results from before baselines recorded it) the
     reference for native and compiled; None for other baselines of such results."""
     recorded = (rec.timed_functions or {}).get(name)
-    if recorded is None and name in ("native", "compiled"):
+    if recorded is None and name in (NATIVE, COMPILED):
         return plan.reference
     return recorded
 
 
 def plan_function(plan: Plan, name: str) -> str | None:
     """What the plan says a baseline times now (None: not a baseline with an import path)."""
-    if name in ("native", "compiled"):
-        return plan.native_path
-    path = dict(plan.benchmark.named).get(name)
-    prepare = plan.benchmark.prepare(name)
-    return f"{path}; prepared by {prepare}" if path and prepare else path
+    return plan.native_path if name in (NATIVE, COMPILED) else function_of(plan, name)
 
 
 def stale(plan: Plan, rec: BenchRecord, name: str) -> str:

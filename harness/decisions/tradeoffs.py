@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness.results.merge import Merged
-from harness.vllm.names import plugin_route
+from harness.vllm_facts.names import plugin_route
 
 
 # In the page's order: "opaque" (torch.compile cannot fuse across the op), "fusion" (Inductor may fuse the native

@@ -1,11 +1,12 @@
 """A Plan that fits its schema, checked across fields as pydantic cannot express, and completed (`build`).
 
-Validating the Plan (harness.plan.load) has already checked every key, type, range and vocabulary; what is left
-needs more than one field at a time: a shape's symbols defined in op.sizes, outputs that the op writes, rule values
-of the matrix, a contract something of the plan meets, a TP split that divides its dimension. Each failure is a
-PlanError at the line of the field it names (harness.plan.model.Where); what the checks derive (the arguments
-parsed, the TP split's dims, ...) the Plan holds as private attributes. These are no model validators: they need
-harness.vllm.names, which imports the Plan. Nothing here imports the user's code.
+Run as the last step of the Plan's validation (Plan._complete), once pydantic has checked every key, type, range and
+vocabulary; what is left needs more than one field at a time: a shape's symbols defined in op.sizes, outputs that
+the op writes, rule values of the matrix, a contract something of the plan meets, a TP split that divides its
+dimension. Each failure is a PlanError at the line of the field it names (harness.plan.model.Where); what the checks
+derive (the arguments parsed, the TP split's dims, ...) the Plan holds as private attributes, set during its
+validation, so a validated Plan is complete however it was made (a file loaded, `Plan.model_validate(data)`) and a
+copy or a pickle keeps them. Nothing here imports the user's code.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import Any
 from harness.plan.dtypes import DTYPE, QUANTIZED_DTYPES
 from harness.plan.expressions import condition, evaluate, formula_text, is_condition, names_in
 from harness.plan.fields import many, number_as_text
+from harness.plan.implementations import BUILTIN, COMMON, COMPILED, KINDS, NATIVE, title
 from harness.plan.model import Benchmark, Plan, TensorParallel, Where
-from harness.plan.sections import Arg, Contract, Dim, Gather, NamedBaseline, Numerics, ParamInit, Quantization, Rule, \
+from harness.plan.sections import Arg, Contract, Dim, Gather, Numerics, ParamInit, Quantization, Rule, \
     Shard, SizeArg, SizeSpec, TensorArg, Tolerance, Tolerances
-from harness.plan.vocabulary import BASELINES, BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
-from harness.vllm.attention_layout import attention_problem
-from harness.vllm.names import baseline_unsupported
-from harness.vllm.kernels import parse_schema
+from harness.plan.vocabulary import BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
+from harness.vllm_facts.attention_layout import attention_problem
+from harness.vllm_facts.names import implementation_unsupported
+from harness.vllm_facts.kernels import parse_schema
 from harness.plan.yaml_lines import Loc, dotted
 from harness.plan.plan_warnings import _never_applies, _would_mislead
 
@@ -49,13 +51,14 @@ def no_repeats(w: Where, loc: Loc, values: tuple) -> None:
             raise w.fail(loc + (i,), f"values without repeats ({v} is listed before)", v)
 
 
-def build(plan: Plan, w: Where, text: str, path: Path, raw: dict) -> Plan:
+def build(plan: Plan, w: Where, text: str, path: Path, raw: dict, deprecated: list[tuple[Loc, str]] = ()) -> Plan:
     """A validated Plan checked across its fields, in the file's order of concern (of two errors, the first a reader
-    meets is said), with what the checks derive set (`raw`: the file's data, for the order of its tolerance keys)."""
+    meets is said), with what the checks derive set (`raw`: the file's data, for the order of its tolerance keys;
+    `deprecated`: old keys read into the new form, warned at their lines)."""
     op, matrix = plan.op, plan.matrix
     if op.kernel.startswith("vllm:"):  # vLLM's own kernel is not a kernel under test but a provider of the op
         raise w.fail(("op", "kernel"), "the import path of the kernel under test; vLLM's own kernel for the op runs "
-                     "through the same cells with `providers: [vllm]` beside it", op.kernel)
+                     "through the same cells as `implementations.vllm` with `role: [baseline, audited]`", op.kernel)
     sizes, size_specs = plan.sizes, plan.size_specs
     _sizes(w, size_specs, sizes)
     args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
@@ -93,7 +96,7 @@ def build(plan: Plan, w: Where, text: str, path: Path, raw: dict) -> Plan:
                          f"route {vllm.route} without vllm.{field_name}")
     _rules(w, "exclude", plan.excludes, matrix)
     _rules(w, "expect", plan.expects, matrix)
-    _benchmark(w, plan.benchmark, sizes, size_specs, contract_of, plan.numerics)
+    _benchmark(w, plan.benchmark, sizes, size_specs, plan.numerics)
     _tp(w, plan.tp, args, op.outputs, matrix["tp"], tuple(sizes))
     _quantization(w, plan.quantization, args, op.outputs)
     if op.contract is not None:
@@ -102,54 +105,60 @@ def build(plan: Plan, w: Where, text: str, path: Path, raw: dict) -> Plan:
     plan._path, plan._raw_text, plan._lines = path, text, {dotted(loc): line for loc, line in w.lines.items() if loc}
     plan._args, plan._tolerance = args, tolerance
     _check_models(w, plan)
-    _vllm_kernel(w, plan)
+    _implementations(w, plan, contract_of)
     unfit = attention_problem(plan)  # the attention_backend route maps vLLM's tensors onto the plan's arguments
     if unfit:
         raise w.fail(("vllm", "route"), f"for route attention_backend, {unfit}", plan.vllm.route)
-    _providers(w, plan)
-    plan._warnings = _never_applies(w, plan) + _would_mislead(w, plan)
+    plan._warnings = tuple(str(w.fail(loc, expected, "the old keys", field=dotted(loc)))
+                           for loc, expected in deprecated) + _never_applies(w, plan) + _would_mislead(w, plan)
     return plan
 
 
-def _vllm_kernel(w: Where, plan: Plan) -> None:
-    """vLLM's kernel for the op called with the plan's arguments its `args` name, as its schema takes them (where the
-    schema is known before a run); a fusion produces that kernel and is switched by its pass's flag."""
-    kernel, fusion = plan.vllm.kernel, plan.vllm.fusion
+def _implementations(w: Where, plan: Plan, contract_of) -> None:
+    """Each implementation beside the kernel: a name of its own, the fields of its kind and no others, its arguments
+    the plan's and its schema's where the schema is known before a run; vLLM's kernel, where a fusion produces it,
+    switched by the pass's flag."""
+    for name, e in plan.implementations.items():
+        loc, kind = ("implementations", name), KINDS[e.kind]
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)) or name == "kernel":
+            raise w.fail(loc, "an implementation name of lowercase letters, digits and _ other than kernel (the "
+                         "kernel under test is op.kernel)" + (" (YAML reads off/on/yes/no/true/false as a boolean: "
+                         "quote the name)" if isinstance(name, bool) else ""), name, field=dotted(loc))
+        if name not in BUILTIN and e.kind in BUILTIN:
+            named = " or ".join(k for k in KINDS if k not in BUILTIN)
+            raise w.fail(loc + ("kind",), f"{named} ({e.kind} is the entry named {e.kind})", e.kind)
+        fields = (*kind.required, *kind.optional, *COMMON)
+        for field_name in sorted(e.model_fields_set - set(fields) - {"kind"}, key=list(type(e).model_fields).index):
+            raise w.fail(loc + (field_name,), f"a field of a {e.kind} implementation ({', '.join(fields)})",
+                         field_name)
+        for field_name in kind.required:
+            if getattr(e, field_name) is None:
+                raise w.fail(loc, f"{field_name} for a {e.kind} implementation ({kind.describes})",
+                             f"no {field_name}")
+        no_repeats(w, loc + ("role",), e.role)
+        if "audited" in e.role and e.kind in (NATIVE, COMPILED):
+            raise w.fail(loc + ("role",), "baseline (the reference runs in every cell already)", list(e.role))
+        if kind.name_form and not re.fullmatch(kind.name_form[0], e.name):
+            raise w.fail(loc + ("name",), kind.name_form[1], e.name)
+        if e.contract is not None:
+            contract_of(loc + ("contract",), e.contract)
+        if e.signature:
+            try:
+                parse_schema(e.signature)
+            except ValueError as exc:
+                raise w.fail(loc + ("signature",), "a schema 'name(Tensor! out, Tensor x, float eps) -> ()'",
+                             str(exc)) from None
+        for i, arg in enumerate(e.args or ()):
+            if not plan.has_arg(arg):
+                raise w.fail(loc + ("args", i), f"an argument of the plan ({', '.join(a.name for a in plan.args)})",
+                             arg)
+        why = implementation_unsupported(plan, name)
+        if why:
+            raise w.fail(loc + ("args",), f"the plan arguments {title(name, e.kind)} takes ({why})", e.args)
+    kernel, fusion = plan.vllm_kernel, plan.vllm.fusion
     if fusion is not None and (kernel is None or kernel.switch is None or kernel.switch.kind != "fusion_pass"):
-        raise w.fail(("vllm", "fusion"), "vllm.kernel beside it, the kernel the pass rewrites into, with switch "
-                     "{kind: fusion_pass, name: <the pass_config flag>}", "a fusion without that kernel")
-    if kernel is None:
-        return
-    if kernel.signature:
-        try:
-            parse_schema(kernel.signature)
-        except ValueError as exc:
-            raise w.fail(("vllm", "kernel", "signature"), "a schema 'name(Tensor! out, Tensor x, float eps) -> ()'",
-                         str(exc)) from None
-    for i, name in enumerate(kernel.args):
-        if not plan.has_arg(name):
-            names = ", ".join(a.name for a in plan.args)
-            raise w.fail(("vllm", "kernel", "args", i), f"an argument of the plan ({names})", name)
-    why = baseline_unsupported(plan)
-    if why:
-        raise w.fail(("vllm", "kernel", "args"), f"the plan arguments vLLM's kernel takes ({why})", kernel.args)
-
-
-def _providers(w: Where, plan: Plan) -> None:
-    """The implementations the numerics cells run beside the kernel: vLLM's kernel for the op, where its adapter maps
-    the plan's arguments, or the plan's named baselines."""
-    names, named = plan.providers, [n for n, _ in plan.benchmark.named]
-    no_repeats(w, ("providers",), names)
-    for i, name in enumerate(names):
-        if name == "vllm":
-            why = baseline_unsupported(plan)
-            if why:
-                raise w.fail(("providers", i), f"an implementation the harness can call (vLLM's kernel: {why})", name)
-        elif name not in named:
-            expected = "vllm or a named baseline of benchmark.baselines" + (f" ({', '.join(named)})" if named else "")
-            if name in ("kernel", *BASELINES):
-                expected += " (the kernel under test and the reference run in every cell already)"
-            raise w.fail(("providers", i), expected, name)
+        raise w.fail(("vllm", "fusion"), "implementations.vllm beside it, the kernel the pass rewrites into, with "
+                     "switch {kind: fusion_pass, name: <the pass_config flag>}", "a fusion without that kernel")
 
 
 # ---------------------------------------------------------------- op
@@ -437,7 +446,7 @@ def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dic
 # ---------------------------------------------------------------- benchmark
 
 
-def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, contract_of, numerics: Numerics) -> None:
+def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, numerics: Numerics) -> None:
     for i, tokens in enumerate(b.decode):
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
@@ -450,27 +459,6 @@ def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, contract_o
                 raise w.fail(("benchmark", phase, i), f"a {phase.replace('_', ' ')} batch of no fewer tokens than "
                              f"the largest decode batch timed ({max(b.decode)}), as vLLM's phases are sized "
                              "(decode ≤ chunked prefill ≤ prefill)", tokens)
-    builtin, named = [], []
-    for i, item in enumerate(many(b.listed_baselines)):
-        loc = ("benchmark", "baselines", i)
-        if isinstance(item, str):
-            if item in builtin:
-                raise w.fail(loc, f"values without repeats ({item} is listed before)", item)
-            builtin.append(item)
-            continue
-        name, entry = next(iter(item.items()))
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", str(name)) or name in BASELINES + ("kernel",):
-            raise w.fail(loc + (name,), "a baseline name of lowercase letters, digits and _ other than "
-                         f"{', '.join(BASELINES)} and kernel" + (" (YAML reads off/on/yes/no/true/false as a "
-                         "boolean: quote the name)" if isinstance(name, bool) else ""), name, field=dotted(loc))
-        if name in named:
-            raise w.fail(loc + (name,), "a baseline name not used before in benchmark.baselines", name,
-                         field=dotted(loc))
-        # The path's syntax only: the package may be installed on one machine and not on another; a benchmark
-        # that cannot import it reports that baseline as not run (harness.runtime.resolve).
-        if isinstance(entry, NamedBaseline) and entry.contract is not None:
-            contract_of(loc + (name, "contract"), entry.contract)
-        named.append(name)
     b._models, b._sizes = _models(w, b.listed_models, sizes), _timed_sizes(w, b.listed_sizes, sizes, size_specs)
 
 

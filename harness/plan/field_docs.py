@@ -1,12 +1,15 @@
 """Every field of a plan file, in words: the one text the README's field table and the JSON Schema's
 `markdownDescription` (what an editor shows on hover, beside the terse `description` an error says was expected)
 are made from. `python -m harness fields` prints the table; tests/test_architecture.py checks the README holds it.
-Plain data: nothing here imports the harness's other layers.
+Plain data: nothing here imports the harness's other layers (the kinds of implementation are described beside
+their own fields, harness.plan.implementations).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from harness.plan.implementations import BUILTIN, KINDS
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,8 @@ FIELD_DOCS = (
         '`op.kernel`, `op.reference`',
         'import paths: the kernel under test (writes outputs into arguments or returns them) and its '
         'functional PyTorch reference, the accuracy oracle, which may compute in fp32 (returns `op.outputs` in '
-        "order). vLLM's own compiled kernel is not named here but in `vllm.kernel` and run beside the kernel "
-        'with `providers: [vllm]` (a `vllm:` path here is refused, saying so). A `@triton.jit` function is '
+        "order). vLLM's own compiled kernel is not named here but in `implementations.vllm` and run beside the "
+        'kernel (a `vllm:` path here is refused, saying so). A `@triton.jit` function is '
         'refused (name the Python function that launches it), and so is a reference annotated to return None '
         '(an in-place function: the kernel named where the reference belongs)',
         '`kernel: kernels.rms_norm:rms_norm`',
@@ -219,47 +222,47 @@ FIELD_DOCS = (
         "`CUSTOM`, its forward calling the kernel on vLLM's KV cache and metadata, mapped by `op.args`' shapes) | "
         '`attention` | `fusion` (the last two: stated, not proven here, with `why_not_proven`); `layer`, `ir_op`, '
         "`custom_op`, `provider`, `in_tree_provider` (vLLM's "
-        "own IR provider, `vllm_c`), `kernel` (vLLM's own compiled kernel for the op: `name`, its "
-        '`torch.ops._C` name; `args`, the plan argument for each of its parameters in order; `switch` `{kind: '
-        'ir | custom_op | fusion_pass, name, runs_for, note, cpu_runs_native}`, how a deployment turns it on; '
-        "optional `signature`, `dtypes` + `why`, `max_step_fraction`: below), `fusion` (vLLM's pass that "
-        'rewrites its layers into that kernel: `layers`, `pass_path`, `layer_custom_op`, `ir_ops`, '
+        "own IR provider, `vllm_c`), `fusion` (vLLM's pass that rewrites its layers into its own kernel, "
+        '`implementations.vllm` with a `fusion_pass` switch: `layers`, `pass_path`, `layer_custom_op`, `ir_ops`, '
         "`residual`), `adapter` (the module with the op's vLLM side, default the kernel's: "
         'docs/adding-an-op.md; its functions are checked against how they are called, and warned); no section: '
         'no route, and the page names none (its fields without a `route` are warned)',
-        '`vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}`; `kernel: '
-        '{name: rms_norm, args: [out, x, weight, eps], switch: {kind: ir, name: rms_norm, runs_for: '
-        'RMSNorm}}`; `fusion:` as in `kernels/plans/rms_norm_static_fp8_quant.yaml`',
+        '`vllm: {route: ir, layer: "vllm.model_executor.layers.layernorm:RMSNorm", ir_op: rms_norm}`; `fusion:` '
+        'as in `kernels/plans/rms_norm_static_fp8_quant.yaml`',
         ((None, 'vllm'),)),
     FieldDoc(
         '`benchmark`',
-        'token counts per phase (`decode`, `prefill`, `chunked_prefill`); `baselines` `native`, `compiled` '
-        "(op.native, else the reference, eager and under Inductor), `vllm` (vLLM's compiled kernel for the op, "
-        'below) and named kernels `{name: package.module:function}` called like the kernel, or `{name: {path: '
-        'package.module:function, contract: {...}, prepare: package.module:function, setting: ...}}` with a '
-        "contract like `op.contract`'s (shapes and dtypes outside it are not timed for that baseline; a "
-        "baseline without a `prepare`, and a `prepare`, are checked to take the kernel's arguments by name "
-        "where their package is installed), a `prepare` that maps the kernel's arguments (by name) to the "
-        "baseline's (a dict) once per input set, before timing (weights dequantized for cuBLAS, prepacked for "
-        "vLLM's machete: that work stays outside the timed region), and a `setting`, how a vLLM deployment "
-        'runs that baseline (where it beats the kernel and the profile\'s baseline, the decision is "leave it '
-        'to <name>" with that setting: docs/report.md); `bytes` / `flops` models (the bound of each figure, '
-        'below); `models`: which real model each size comes from; `sizes`: the size combinations timed, each '
-        'naming every size of `op.sizes` (default: every combination their constraints allow; a stored record '
-        'of sizes no longer listed is not shown)',
-        '`cublas: {path: kernels.int8_linear:dequantized_linear, prepare: '
-        'kernels.int8_linear:dequantize_weight, setting: "serve the unquantized checkpoint"}`; `sizes: '
-        '[{in_features: 4096, out_features: 14336}]`',
+        'token counts per phase (`decode`, `prefill`, `chunked_prefill`); `bytes` / `flops` models (the bound of '
+        "each figure, below); `models`: which real model each size comes from; `sizes`: the size combinations "
+        'timed, each naming every size of `op.sizes` (default: every combination their constraints allow; a '
+        'stored record of sizes no longer listed is not shown); what is timed beside the kernel: '
+        '`implementations`',
+        '`decode: [1, 64, 256]`; `sizes: [{in_features: 4096, out_features: 14336}]`',
         ((None, 'benchmark'),)),
     FieldDoc(
-        '`providers`',
-        'implementations run through the numerics cells beside the kernel, each cell again with its id ending '
-        "`-<provider>`: `vllm` (vLLM's compiled kernel for the op: its arguments must map onto vLLM's schema, "
-        'below) or a named baseline of `benchmark.baselines` (within its `contract`); their failures are '
-        'findings on the op\'s page ("What vLLM\'s kernel accepts"), never the kernel\'s verdict; `native`, '
-        '`compiled` and names listed twice are errors',
-        '`providers: [vllm]`',
-        ((None, 'providers'),)),
+        '`implementations`',
+        "the op's implementations beside the kernel, by name (vLLM IR's `impls`: native is one of them). "
+        '`native` and `compiled` (op.native, else the reference, eager and under Inductor) and `vllm` '
+        "(vLLM's own compiled kernel for the op: `name`, its `torch.ops._C` name; `args`, the plan argument for "
+        'each of its parameters in order; optional `signature`; `switch` `{kind: ir | custom_op | fusion_pass, '
+        'name, runs_for, note, cpu_runs_native}`, how a deployment turns it on) are named by their kind; any '
+        "other name is the plan's own, of a `kind`: " + "; ".join(
+            f"`{name}` ({kind.describes}: `{'`, `'.join(kind.required)}`"
+            + (f", optional `{'`, `'.join(kind.optional)}`" if kind.optional else "") + ")"
+            for name, kind in KINDS.items() if name not in BUILTIN) + " (default: import). "
+        "Each may state a `contract` like `op.contract`'s (shapes and dtypes "
+        'outside it are not drawn or timed for it), a `max_step_fraction` (its own allowance of quantized '
+        'elements one step from the reference) and a `setting`, how a vLLM deployment runs it (where it beats '
+        'the kernel and the profile\'s baseline the decision is "leave it to <name>" with that setting: '
+        "docs/report.md). `role`: `baseline` (the default: timed beside the kernel, weighed by the decision), "
+        "`audited` (run through the numerics cells too, each cell again with its id ending `-<name>`: its "
+        'failures are findings on the op\'s page, "What vLLM\'s kernel accepts", never the kernel\'s verdict), '
+        'or `[]`. Absent: `native` and `compiled`, timed. The keys plans wrote before (`benchmark.baselines`, '
+        '`vllm.kernel`, `providers`) still load, with a warning that shows this form',
+        '`vllm: {role: [baseline, audited], name: rms_norm, args: [out, x, weight, eps], switch: {kind: ir, '
+        'name: rms_norm, runs_for: RMSNorm}}`; `cublas: {path: kernels.int8_linear:dequantized_linear, prepare: '
+        'kernels.int8_linear:dequantize_weight, setting: "serve the unquantized checkpoint"}`',
+        ((None, 'implementations'), ('Implementation', None))),
 )
 
 

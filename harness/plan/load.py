@@ -15,9 +15,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
-from harness.plan.checks import build
 from harness.plan.fields import TAGS, number_as_text
-from harness.plan.model import Plan, PlanError, Where
+from harness.plan.model import Plan, PlanError
 from harness.plan.yaml_lines import Loc, YamlError, dotted, line_of, parse
 
 
@@ -34,10 +33,9 @@ def load_plan(path: str | Path) -> Plan:
     if not isinstance(data, dict):
         raise PlanError(str(path), 1, "(top level)", "a mapping with an 'op' section", data)
     try:
-        plan = Plan.model_validate(data)
+        return Plan.model_validate(data, context={"path": str(path), "lines": lines, "text": text})
     except ValidationError as exc:
         raise first_error(str(path), exc, lines) from None
-    return build(plan, Where(str(path), lines), text, path, data)
 
 
 # ---------------------------------------------------------------- pydantic's errors as the plan's
@@ -65,6 +63,9 @@ def explain(err: dict) -> tuple[Loc, Loc, str, Any]:
         return loc, loc, f"one of the keys {', '.join(keys(model))}", loc[-1]
     if kind == "invalid_key":
         return loc, loc, "a name (YAML reads off/on/yes/no/true/false as a boolean: quote the name)", loc[-1]
+    if err["loc"][-1:] == ("[key]",) and isinstance(err["input"], bool):  # a mapping's key read as a boolean
+        at = loc[:-1] + (err["input"],)
+        return at, at, "a name (YAML reads off/on/yes/no/true/false as a boolean: quote the name)", err["input"]
     ctx = err.get("ctx") or {}
     if kind in ("too_short", "too_long") and not descriptions:
         n, what = (ctx["min_length"], "at least") if kind == "too_short" else (ctx["max_length"], "at most")

@@ -86,27 +86,24 @@ def every_cell(plan: Plan) -> list[Cell]:
 
 
 def contract_of(plan: Plan, provider: str) -> Contract:
-    """What the kernel under test (""), or a provider, is written for: op.contract, a named baseline's contract, or
-    the dtypes vLLM's kernel takes (vllm.kernel.dtypes)."""
+    """What the kernel under test (""), or one of the plan's implementations, is written for: op.contract, or the
+    implementation's own contract."""
     if not provider:
         return plan.contract
-    if provider == "vllm":
-        kernel = plan.vllm.kernel
-        return Contract(dtypes=list(kernel.dtypes), why=kernel.why) if kernel and kernel.dtypes else Contract()
-    return plan.benchmark.contract(provider) or Contract()
+    return plan.implementation(provider).contract or Contract()
 
 
 def provider_view(plan: Plan, provider: str) -> Plan:
-    """The plan as a provider's cells run it: its inputs drawn within that provider's contract, and vLLM's kernel
-    allowed the one-fp8-step elements its rounding order gives (vllm.kernel.max_step_fraction)."""
+    """The plan as an implementation's cells run it: its inputs drawn within that implementation's contract, and
+    the one-fp8-step elements its rounding order gives allowed where it says (its max_step_fraction)."""
     if not provider:
         return plan
     # The contract is op.contract (Plan.contract reads it); model_copy keeps the privates checks derived and runs no
     # validator, so only the fields the update names change.
     view = plan.model_copy(update={"op": plan.op.model_copy(update={"contract": contract_of(plan, provider)})})
-    kernel = plan.vllm.kernel if provider == "vllm" else None
-    if kernel and kernel.max_step_fraction is not None:
-        steps = max(kernel.max_step_fraction, plan.quantization.max_step_fraction)
+    own = plan.implementation(provider).max_step_fraction
+    if own is not None:
+        steps = max(own, plan.quantization.max_step_fraction)
         view = view.model_copy(update={"quantization": plan.quantization.model_copy(
             update={"max_step_fraction": steps})})
     return view
@@ -114,9 +111,11 @@ def provider_view(plan: Plan, provider: str) -> Plan:
 
 def step_allowance(plan: Plan, implementation: str) -> tuple[float, str]:
     """The fraction of quantized elements an implementation may put one step from the reference, and the plan field
-    that says so: vLLM's kernel its own (vllm.kernel.max_step_fraction, as its cells), the others the plan's."""
-    if implementation == "vllm" and plan.vllm.kernel and plan.vllm.kernel.max_step_fraction is not None:
-        return provider_view(plan, "vllm").quantization.max_step_fraction, "vllm.kernel.max_step_fraction"
+    that says so: its own max_step_fraction, as its cells have it, else the plan's."""
+    entry = plan.implementation(implementation) if implementation != "kernel" else None
+    if entry is not None and entry.max_step_fraction is not None:
+        return (provider_view(plan, implementation).quantization.max_step_fraction,
+                f"implementations.{implementation}.max_step_fraction")
     return plan.quantization.max_step_fraction, "quantization.max_step_fraction"
 
 

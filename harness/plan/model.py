@@ -3,10 +3,11 @@
 Plan is the one model of a plan file: its fields are the file's keys (harness.plan.load validates the file with it;
 its JSON Schema is harness.plan.schema's), held in the form the runtime reads where that maps one to one onto the
 file's (the matrix as axis -> values, a section left out as its default). What needs several fields (the arguments
-parsed, the TP split's dims counted from the front, the benchmark's sizes) harness.plan.checks sets as private
-attributes after its checks. Nothing here imports the user's code: a Plan holds import paths, and the line of every
-field it came from (`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel:
-expected ...; found ...`.
+parsed, the TP split's dims counted from the front, the benchmark's sizes) harness.plan.checks derives as the last
+step of validation, so any validated Plan is complete (`Plan.model_validate(data)` as much as a file loaded).
+Nothing here imports the user's code: a Plan holds import paths, and the line of every field it came from
+(`Plan.where`), so that whoever finds a field wrong later still says `plan.yaml:8: op.kernel: expected ...; found
+...`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
-from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
 from harness.plan.fields import PositiveInt, Section, forms, many, one_or_list
-from harness.plan.sections import Arg, Baseline, Contract, CudaGraph, Exclude, Expect, Gather, Matrix, \
-    NamedBaseline, Numerics, Op, Quantization, Shard, Tolerance, Tolerances, Vllm
+from harness.plan.implementations import BUILTIN, DEFAULT, VLLM, Implementation, kind_of, upgrade
+from harness.plan.sections import Arg, Contract, CudaGraph, Exclude, Expect, Gather, Matrix, Numerics, Op, \
+    Quantization, Shard, Tolerance, Tolerances, Vllm
 from harness.plan.vocabulary import AXES, PHASES
 from harness.plan.yaml_lines import Loc, dotted, line_of
 
@@ -54,13 +56,12 @@ def _tokens() -> Any:
     return Annotated[one_or_list(PositiveInt), AfterValidator(many)]
 
 
-# The `benchmark` section (absent: Benchmark()). The file's baselines, models and sizes are held as listed under
-# those keys (aliases); the runtime reads them as `baselines` (the built-in ones), `named`, `models` and `sizes`.
+# The `benchmark` section (absent: Benchmark()). The file's models and sizes are held as listed under those keys
+# (aliases); the runtime reads them as `models` and `sizes`. What is timed beside the kernel: `implementations`.
 class Benchmark(Section):
     decode: _tokens() = Field([], validate_default=True)
     prefill: _tokens() = Field([], validate_default=True)
     chunked_prefill: _tokens() = Field([], validate_default=True)
-    listed_baselines: Optional[one_or_list(Baseline)] = Field(None, alias="baselines")
     bytes: Optional[str] = Field(None, description="a byte-count expression")  # default: every tensor arg once
     flops: Optional[str] = Field(None, description="a flop-count expression")
     listed_models: dict[str, str] = Field({}, alias="models", description="'symbol=value' pairs: the model these "
@@ -81,41 +82,6 @@ class Benchmark(Section):
     def sizes(self) -> tuple[tuple[tuple[str, int], ...], ...]:
         return self._sizes
 
-    @property
-    def baselines(self) -> tuple[str, ...]:
-        """The built-in baselines timed (native, compiled, vllm), native and compiled where the plan lists none."""
-        listed = many(self.listed_baselines) if self.listed_baselines is not None else ("native", "compiled")
-        return tuple(b for b in listed if isinstance(b, str))
-
-    @property
-    def _named(self) -> tuple[tuple[str, str | NamedBaseline], ...]:
-        return tuple(next(iter(b.items())) for b in many(self.listed_baselines) if isinstance(b, dict))
-
-    @property
-    def named(self) -> tuple[tuple[str, str], ...]:
-        """Named baselines by import path (Liger-Kernel's, FlashInfer's, ...), called like the kernel: name -> path."""
-        return tuple((name, e.path if isinstance(e, NamedBaseline) else e) for name, e in self._named)
-
-    def _of_named(self, key: str) -> tuple[tuple[str, Any], ...]:
-        return tuple((name, getattr(e, key)) for name, e in self._named
-                     if isinstance(e, NamedBaseline) and getattr(e, key) is not None)
-
-    @property
-    def contracts(self) -> tuple[tuple[str, Contract], ...]:
-        """Named baseline -> its contract, where it states one."""
-        return self._of_named("contract")
-
-    @property
-    def prepares(self) -> tuple[tuple[str, str], ...]:
-        """Named baseline -> the import path of a function mapping the kernel's arguments to the baseline's once per
-        input set, outside the timed region (weights dequantized or prepacked), where it names one."""
-        return self._of_named("prepare")
-
-    @property
-    def settings(self) -> tuple[tuple[str, str], ...]:
-        """Named baseline -> how a vLLM deployment runs it, where the plan says (the decision can then name it)."""
-        return self._of_named("setting")
-
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
 
@@ -123,18 +89,6 @@ class Benchmark(Section):
         """Whether the plan times these sizes: any, unless benchmark.sizes lists them (a stored record of sizes it
         no longer lists is stale)."""
         return not self.sizes or any(dict(listed) == sizes for listed in self.sizes)
-
-    def prepare(self, name: str) -> str | None:
-        """The import path of a named baseline's `prepare`, None where it names none."""
-        return dict(self.prepares).get(name)
-
-    def setting(self, name: str) -> str | None:
-        """How a vLLM deployment runs a named baseline, None where the plan does not say."""
-        return dict(self.settings).get(name)
-
-    def contract(self, name: str) -> Contract | None:
-        """A named baseline's contract, None where it states none."""
-        return dict(self.contracts).get(name)
 
     def model(self, sizes: dict) -> str | None:
         """The model a benchmark shape's sizes come from (the entry naming the most symbols wins), else None."""
@@ -190,6 +144,13 @@ class TensorParallel(Section):
         return tuple((name, s.merged) for name, s in self.outputs.items() if not isinstance(s, str) and s.merged > 1)
 
 
+def _with_kinds(entries: dict[str, Implementation] | None) -> dict[str, Implementation]:
+    """Each entry with its kind set (a built-in name's, else its own or import); none: the default's."""
+    if entries is None:
+        entries = {name: Implementation.model_validate(entry) for name, entry in DEFAULT.items()}
+    return {name: e.model_copy(update={"kind": kind_of(name, e)}) for name, e in entries.items()}
+
+
 def _absent_as(default: Callable[[], Any]) -> AfterValidator:
     """A section left out (or null) held as its default: the runtime never reads None, the schema still says null."""
     return AfterValidator(lambda section: default() if section is None else section)
@@ -216,19 +177,35 @@ class Plan(Section):
         lambda q: q if isinstance(q, Quantization) else Quantization(outputs={}))] = Field(None, validate_default=True)
     vllm: Annotated[Optional[Vllm], _absent_as(Vllm)] = Field(None, validate_default=True)
     cuda_graph: Optional[CudaGraph] = None
-    # implementations of the op run through the numerics matrix beside the kernel (harness.plan.matrix)
-    providers: Annotated[Optional[list[str]], AfterValidator(lambda names: tuple(names or ()))] = Field(
+    # The op's implementations beside the kernel, by name (harness.plan.implementations), each with its kind set;
+    # absent: native and compiled, timed.
+    implementations: Annotated[Optional[dict[str, Implementation]], AfterValidator(_with_kinds)] = Field(
         None, validate_default=True, description=(
-            "a list: vllm (vLLM's own compiled kernel for the op) or names of named baselines, run through the "
-            "numerics cells beside the kernel; the page says what each accepts"))
-    # Set by harness.plan.checks after its checks: where the plan came from, and what it derives from the file's
-    # forms (the arguments parsed, the dtypes' tolerances in the file's order).
+            "a mapping name: {kind, role, ...}: native, compiled, vllm (vLLM's own kernel) or the plan's own "
+            "implementations, timed beside the kernel (role baseline) or run through its cells (role audited)"))
+    # Set by harness.plan.checks as the plan is validated (`_complete`): where the plan came from, and what it
+    # derives from the file's forms (the arguments parsed, the dtypes' tolerances in the file's order).
     _path: Path = PrivateAttr(Path())
     _raw_text: str = PrivateAttr("")
     _lines: dict[str, int] = PrivateAttr({})  # dotted field -> its line
     _warnings: tuple[str, ...] = PrivateAttr(())  # settings that can never apply to a cell of the matrix
     _args: tuple[Arg, ...] = PrivateAttr(())
     _tolerance: dict[str, Tolerance] = PrivateAttr({})
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _complete(cls, data: Any, handler: Callable[[Any], "Plan"], info: ValidationInfo) -> "Plan":
+        """The plan checked across its fields and completed (harness.plan.checks) as part of its validation, so that
+        `Plan.model_validate(data)` gives what the runtime reads, as loading a file does. The context says where
+        the data came from (`path`, its `text` and the `lines` of its fields: PlanErrors at file:line)."""
+        if not isinstance(data, dict):  # a Plan given as is: already complete
+            return handler(data)
+        ctx = info.context or {}
+        path, lines = ctx.get("path"), dict(ctx.get("lines", {}))
+        data, deprecated = upgrade(data, lines)  # the keys plans wrote before `implementations`
+        where = Where(str(path or "(plan data)"), lines)
+        plan = handler(data)
+        return checks.build(plan, where, ctx.get("text", ""), Path(path or ""), data, deprecated)
 
     path = property(lambda self: self._path)
     raw_text = property(lambda self: self._raw_text)
@@ -257,6 +234,25 @@ class Plan(Section):
     excludes = property(lambda self: tuple(self.exclude or ()))
     expects = property(lambda self: tuple(self.expect or ()))
     capture_sizes = property(lambda self: many(self.cuda_graph.capture_sizes) or None if self.cuda_graph else None)
+
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """The implementations timed beside the kernel: the built-in ones in their order, then the plan's own."""
+        timed = [name for name, e in self.implementations.items() if "baseline" in e.role]
+        return tuple([b for b in BUILTIN if b in timed] + [n for n in timed if n not in BUILTIN])
+
+    @property
+    def providers(self) -> tuple[str, ...]:
+        """The implementations run through the numerics cells beside the kernel (role audited), in plan order."""
+        return tuple(name for name, e in self.implementations.items() if "audited" in e.role)
+
+    def implementation(self, name: str) -> Implementation | None:
+        return self.implementations.get(name)
+
+    @property
+    def vllm_kernel(self) -> Implementation | None:
+        """vLLM's own kernel for the op (the `vllm` implementation), where the plan names it."""
+        return self.implementations.get(VLLM)
 
     @property
     def sizes(self) -> dict[str, tuple[int, ...]]:
@@ -372,3 +368,7 @@ def vllm_capture_sizes(max_num_seqs: int) -> list[int]:
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, largest + 1, 16))
     return [s for s in sizes if s <= largest]
 
+
+# The checks across fields, which validation runs last (Plan._complete), read the classes above: imported after them,
+# as a module, so that either module may be imported first.
+from harness.plan import checks  # noqa: E402

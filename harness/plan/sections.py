@@ -23,11 +23,11 @@ from harness.plan.expressions import evaluate, names_in, number_kind
 from harness.plan.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, Symbol, forms, import_path, many, \
     one_or_list
 from harness.plan.dtypes import ARG_DTYPES, CELL_DTYPES
-from harness.plan.vocabulary import AXES, BASELINES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
+from harness.plan.vocabulary import AXES, GRANULARITIES, GRAPH_MODES, INITS, INTENTS, LAYOUTS, PHASES, \
     ROLES, SM_EXPECTED, SM_PATTERN, STRUCTURED_INITS, VALUE_SCALES
 
 
-# How a kernel goes into vLLM, by the kind of op (harness.vllm.names.ROUTE_KINDS says what each needs):
+# How a kernel goes into vLLM, by the kind of op (harness.vllm_facts.names.ROUTE_KINDS says what each needs):
 # an IR provider, an out-of-tree CustomOp, a quantization method, an attention backend (attention_backend; attention:
 # stated, not driven), a fusion pass.
 VLLM_ROUTES = ("ir", "custom_op", "quantization", "attention_backend", "attention", "fusion")
@@ -430,27 +430,6 @@ Tolerances = create_model("Tolerances", __base__=Section,
 # ---------------------------------------------------------------- named baselines, CUDA graphs, TP splits
 
 
-class NamedBaseline(Section):
-    path: import_path()
-    contract: Optional[Contract] = None
-    # Called once per input set before timing: the timed call gets what it returns (weights dequantized or prepacked
-    # for a GEMM library), so that work stays outside the timed region.
-    prepare: Optional[import_path("an import path 'package.module:attribute': a function taking the kernel's "
-                                  "arguments by name and returning the baseline's, by name, outside the timed "
-                                  "region")] = None
-    # How a vLLM deployment runs this baseline (a checkpoint format, vLLM's own kernel choice, a flag): where the
-    # kernel loses to it, the decision names this baseline and this setting.
-    setting: Optional[str] = Field(None, description="how a vLLM deployment runs this baseline")
-
-
-Baseline = forms(one=Literal[BASELINES],
-                 mapping=Annotated[dict[Any, forms(one=import_path(), mapping=NamedBaseline)],
-                                   Field(min_length=1, max_length=1)],
-                 description=f"one of {', '.join(BASELINES)} or {{name: 'package.module:attribute'}} or "
-                             "{name: {path: 'package.module:attribute', contract: {...}, "
-                             "prepare: 'package.module:attribute', setting: '...'}}")
-
-
 class CudaGraph(Section):
     capture_sizes: one_or_list(PositiveInt) = []
 
@@ -471,7 +450,7 @@ class Gather(_Split):
 
 class VllmSwitch(Section):
     """How a deployment turns vLLM's kernel for the op on or off; set beside vLLM's default for that kind of switch
-    per platform and profile (harness.vllm.defaults)."""
+    per platform and profile (harness.vllm_facts.defaults)."""
 
     kind: Literal["ir", "custom_op", "fusion_pass"] = Field(description=(
         "ir (an IR op's provider priority), custom_op (a compilation_config.custom_ops entry) or fusion_pass (a "
@@ -483,30 +462,9 @@ class VllmSwitch(Section):
         "where the layer's forward_cpu is its forward_native (a CPU machine never runs vLLM's kernel): that symbol"))
 
 
-class VllmKernel(Section):
-    """vLLM's own compiled kernel for the op, torch.ops._C.<name>: the plan's `vllm` provider (run through its
-    numerics cells) and `vllm` benchmark baseline, called with the plan's arguments that `args` picks."""
-
-    name: str = Field(pattern=r"^\w+$", description="its torch.ops._C name")
-    args: list[str] = Field(description="the plan argument passed for each parameter of its schema, in order")
-    signature: Optional[str] = Field(None, description=(
-        "its schema as vLLM registers it, 'name(Tensor! out, Tensor x, float eps) -> ()', where harness.vllm.kernels"
-        "'s table lacks it (an installed vLLM's registered schema is read at run time)"))
-    dtypes: Optional[list[Literal[CELL_DTYPES]]] = Field(None, description="the cell dtypes it takes, where not all")
-    why: Optional[str] = Field(None, description="why those dtypes only (words)")
-    # As a provider: the fraction of a quantized output's elements allowed one fp8 step from the reference's, where
-    # vLLM's kernel rounds in another order than the op's native path (None: the plan's quantization's).
-    max_step_fraction: Optional[Annotated[float, Field(ge=0, le=1)]] = Field(None, description="a fraction in [0, 1]")
-    switch: Optional[VllmSwitch] = None
-
-    @property
-    def call(self) -> str:
-        return f"torch.ops._C.{self.name}"
-
-
 class VllmFusion(Section):
-    """vLLM's fusion pass that rewrites a sequence of its layers into the op's kernel (vllm.kernel, whose switch is
-    the pass's flag); the fusion items run it under each profile (harness.vllm.fusion_cases)."""
+    """vLLM's fusion pass that rewrites a sequence of its layers into the op's kernel (implementations.vllm, whose
+    switch is the pass's flag); the fusion items run it under each profile (harness.vllm_facts.fusion_cases)."""
 
     layers: str = Field(description="vLLM's layer sequence the pass rewrites, in words")
     pass_path: import_path() = Field(description="module:Class of vLLM's pass")
@@ -516,7 +474,7 @@ class VllmFusion(Section):
 
 
 class Vllm(Section):
-    """The route the kernel takes into vLLM, the names vLLM knows the op by (harness.vllm.names), and vLLM's own
+    """The route the kernel takes into vLLM, the names vLLM knows the op by (harness.vllm_facts.names), and vLLM's own
     kernel for the op with the fusion that produces it: every fact of vLLM about this op, beside the op."""
 
     target: Literal["v1"] = "v1"
@@ -528,12 +486,11 @@ class Vllm(Section):
     provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
         "a provider name of lowercase letters, digits and _ other than native and unfused"))
     # the module holding the op's vLLM side (how vLLM's calls map onto the kernel's arguments): the kernel's own
-    # module unless the plan names another (harness.vllm.names.adapter_module)
+    # module unless the plan names another (harness.vllm_facts.names.adapter_module)
     adapter: Optional[str] = Field(None, pattern=r"^[\w.]+$", description=(
         "a module 'package.module' holding the op's vLLM side (vllm_layer, vllm_forward_inputs, vllm_ir_inputs)"))
     in_tree_provider: Optional[str] = Field(None, pattern=r"^[a-z_][a-z_0-9]*$", description=(
         "vLLM's own IR provider for the op (vllm_c)"))
     # a route the harness cannot drive yet: why, in the plan's words
     why_not_proven: Optional[str] = Field(None, description="why the route is not proven by this harness (words)")
-    kernel: Optional[VllmKernel] = None
     fusion: Optional[VllmFusion] = None

@@ -1,16 +1,17 @@
 """Which tolerance a comparison uses: the plan's, else vLLM IR's for the op, else vLLM's kernel-test defaults.
 
 The one place a tolerance is looked up, for numerics cells, benchmark re-checks and vLLM items alike, and the
-one place vLLM's default tolerances are written down.
+one place vLLM's kernel-test default tolerances are written down (vLLM IR's: harness.vllm_facts.ir_tolerances).
 """
 
 from __future__ import annotations
 
 from harness.plan.model import Plan, Tolerance
+from harness.vllm_facts.ir_tolerances import IR_DEFAULT_TOLERANCES
 
-# vLLM IR's default tolerances per dtype (vllm/ir/op.py); where vLLM IR overrides one for an op (rms_norm's fp16),
-# the op's plan states it, as it states anything else about the op.
-IR_DEFAULT_TOLERANCE = {"fp32": Tolerance(1e-5, 1.3e-6), "fp16": Tolerance(1e-3, 1e-3), "bf16": Tolerance(1e-3, 1.6e-2)}
+# vLLM IR's default tolerances per dtype (pinned in harness.vllm_facts.ir_tolerances); where vLLM IR overrides one for
+# an op (rms_norm's fp16), the op's plan states it, as it states anything else about the op.
+IR_DEFAULT_TOLERANCE = {dtype: Tolerance(atol, rtol) for dtype, (atol, rtol) in IR_DEFAULT_TOLERANCES.items()}
 # vLLM's kernel-test defaults (tests/kernels/allclose_default.py, as vLLM IR's), with fp8 and int8 added.
 DEFAULT_TOLERANCE = {**IR_DEFAULT_TOLERANCE, "fp8_e4m3fn": Tolerance(0.1, 0.1), "fp8_e4m3fnuz": Tolerance(0.1, 0.1),
                      "int8": Tolerance(1.0, 0.0)}

@@ -1,5 +1,5 @@
 """The plan language's words: the values of the matrix's axes, the numerics profiles, an argument's layouts, value
-scales, inits and roles, the built-in size symbols, the baselines and quantization granularities.
+scales, inits and roles, the built-in size symbols, and the quantization granularities.
 
 Plain Python with no pydantic, so that the pytest plugin's entry point (harness.plugin) can name the axes and
 profiles without loading the plan model.
@@ -24,7 +24,6 @@ STRUCTURED_INITS = ("positions", "seq_lens", "query_start_loc", "block_tables", 
 PARAM_INITS = ("uniform", "integers", "cos_sin_cache")
 GRANULARITIES = ("per_tensor", "per_token", "per_channel", "per_group")
 ROLES = ("input", "output")
-BASELINES = ("native", "compiled", "vllm")
 # NVIDIA compute capability (sm90) or an AMD CDNA target (gfx90a, gfx942, gfx950).
 SM_PATTERN = re.compile(r"^(cpu|sm\d{2,3}|gfx9[0-9][0-9a-f])$")
 SM_EXPECTED = "'cpu', 'smXY' (e.g. sm90) or an AMD target (gfx90a, gfx942, gfx950)"

@@ -33,12 +33,12 @@ from harness.runtime.shrinking import shrink_fault
 from harness.runtime.tasks import BenchTask, CellTask, IntegrationTask
 from harness.runtime.timing import Timing
 from harness.runtime.tp import run_cell_on_rank, tp_multiples
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.runtime.workers import Fault
 from harness.plan.matrix import Cell, Decision, decide, every_cell, provider_view
 from harness.plan.model import Plan
-from harness.vllm.fusion_cases import FUSION_DTYPE, FusionProfile, fusion_case
-from harness.vllm.names import integration_routes, unsupported
+from harness.vllm_facts.fusion_cases import FUSION_DTYPE, FusionProfile, fusion_case
+from harness.vllm_facts.names import integration_routes, unsupported
 
 
 class PlanFile(pytest.File):

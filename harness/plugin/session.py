@@ -35,7 +35,7 @@ from harness.interpreter import make_faithful, switch_on
 from harness.runtime.device import detect, left_for_memory, provenance
 from harness.runtime.inputs import with_sequences
 from harness.runtime.runner import NIGHTLY_FACTOR
-from harness.vllm.compiled import LIBRARY_ENV
+from harness.runtime.vllm_compiled import LIBRARY_ENV
 from harness.plan.load import load_plan
 from harness.plan.matrix import Cell, every_cell, pairwise_sample
 from harness.plan.model import PlanError

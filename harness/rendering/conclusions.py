@@ -18,7 +18,7 @@ from harness.rendering.support import mark_status
 from harness.results.merge import Merged
 from harness.plan.model import Plan
 from harness.plan.status import Status
-from harness.vllm.names import ROUTE_KINDS, provider_name
+from harness.vllm_facts.names import ROUTE_KINDS, provider_name
 
 
 def tradeoffs_section(plan: Plan, tradeoffs: list[TradeOff]) -> str:

@@ -10,8 +10,8 @@ from harness.decisions.reasons import n_cells
 from harness.decisions.verdicts import SmVerdict, Verdict, grouped_verdicts
 from harness.rendering.hazards import HAZARDS, hazard_lines
 from harness.rendering.markdown import code, fmt, md, table
-from harness.rendering.plan_words import INTENTS, capture_sizes, contract_text, quantization_text, rule_text, \
-    provider_words, tp_answer, vllm_answer
+from harness.rendering.plan_words import INTENTS, capture_sizes, contract_text, implementation_title, \
+    quantization_text, provider_words, rule_text, tp_answer, vllm_answer
 from harness.results.merge import Merged
 from harness.plan.model import Plan
 from harness.plan.status import RAN
@@ -108,8 +108,8 @@ def constraints(res: Merged) -> str:
           if plan.benchmark.models else []),
         # what is drawn, timed and dispatched to the kernel (and timed for each named baseline)
         *([["Kernel contract", contract_text(plan.contract)]] if not plan.contract.empty else []),
-        *[[f"Contract of the baseline {md(name)}", contract_text(c)] for name, c in plan.benchmark.contracts
-          if not c.empty],
+        *[[f"Contract of {implementation_title(name, e.kind)}", contract_text(e.contract)]
+          for name, e in plan.implementations.items() if e.contract is not None and not e.contract.empty],
         ["Tolerances", (md(tol) + " (plan); " if tol else "") + "other dtypes: vLLM's defaults"],
         ["Exclusions and expected failures", "; ".join(rules) or "none"],
     ]

@@ -1,6 +1,6 @@
 """The cross-op page's table "vLLM's defaults, as measured here": per op whose plan times vLLM's own kernel (its
 `vllm` baseline), per SM and vLLM profile, what vLLM does with its kernel by default on that platform
-(harness.vllm.defaults, with the file and symbol it comes from) beside what the benchmarks decide for it
+(harness.vllm_facts.defaults, with the file and symbol it comes from) beside what the benchmarks decide for it
 (harness.decisions.recommendations.vllm_kernel_recommendations), and where the two disagree. Seed 002's question:
 should vLLM's own custom op be on by default, per platform and profile.
 
@@ -12,7 +12,8 @@ from harness.decisions.recommendations import ENABLE, VLLM_PROFILES, Recommendat
 from harness.decisions.speedups import REGIMES
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.results.merge import Merged
-from harness.vllm.defaults import default_value, switch_setting, vllm_default
+from harness.vllm_facts.defaults import default_value, switch_setting, vllm_default
+from harness.plan.implementations import VLLM
 from harness.plan.model import Plan
 
 ON, OFF = "on", "off"  # vLLM's kernel turned on or off, the words of this table
@@ -49,15 +50,15 @@ def _on_off(r: Recommendation) -> str:
 
 def has_switch(plan: Plan) -> bool:
     """Whether the plan times vLLM's own kernel for the op, and names the switch that turns it on."""
-    kernel = plan.vllm.kernel
-    return "vllm" in plan.benchmark.baselines and kernel is not None and kernel.switch is not None
+    kernel = plan.vllm_kernel
+    return VLLM in plan.baselines and kernel is not None and kernel.switch is not None
 
 
 def defaults_rows(res: Merged, recs: list[Recommendation]) -> list[list[str]]:
     """One row per SM with results × profile of a plan timing vLLM's own kernel; `recs`: the decisions for that
     kernel."""
     plan = res.plan
-    kernel = plan.vllm.kernel
+    kernel = plan.vllm_kernel
     rows = []
     for sm in res.sources:
         for profile, _ in VLLM_PROFILES:
@@ -84,7 +85,7 @@ def switch_rows(res: Merged) -> list[list[str]]:
     """The kernel's switch, stated once per plan: what vLLM runs it for, the settings that turn it on and off,
     and what else turns it on."""
     plan = res.plan
-    kernel = plan.vllm.kernel
+    kernel = plan.vllm_kernel
     switch = kernel.switch
     on, off = (code(switch_setting(switch, state, inductor=True)) for state in (True, False))
     without_inductor = switch_setting(switch, True, inductor=False)

@@ -7,13 +7,13 @@ from __future__ import annotations
 from harness.rendering.markdown import code, md, mm
 from harness.rendering.plan_words import capture_sizes, custom_op_name, layer_class, layer_path, route_proof, \
     route_words
-from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE, cache_words
+from harness.vllm_facts.attention_layout import ROUTE as ATTENTION_ROUTE, cache_words
 from harness.vllm.plugin_source import ADAPTER_FUNCTIONS, render_plugin
-from harness.rendering.python_source import custom_op_source
+from harness.plan.op_source import custom_op_source
 from harness.results.store import IntegrationRecord
 from harness.plan.model import Plan
 from harness.plan.status import Status
-from harness.vllm.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
+from harness.vllm_facts.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, route_lacking, unsupported
 
 

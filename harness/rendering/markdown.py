@@ -1,11 +1,10 @@
 """Text for the pages, escaped for the place it lands in: a table cell or a line of prose (`md`), inline code
-(`code`), a Mermaid label (`mm`), a Python literal (`py_str`, `py_tuple`); GitHub tables (`table`); numbers
-(`fmt`, `fmt_us`); and the marks of the statuses. Every piece of text from a user or an exception goes through
-one of these."""
+(`code`), a Mermaid label (`mm`); GitHub tables (`table`); numbers (`fmt`, `fmt_us`); and the marks of the
+statuses. Every piece of text from a user or an exception goes through one of these (a Python literal in generated
+source through harness.plan.op_source's)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from tabulate import tabulate
@@ -45,15 +44,6 @@ def mm(value) -> str:
 def table(rows, headers) -> str:
     """A GitHub table; cells as given (already escaped), numbers never reformatted."""
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
-
-
-def py_str(value: str) -> str:
-    return json.dumps(value)  # a Python string literal (JSON's escapes are valid Python)
-
-
-def py_tuple(items) -> str:
-    items = list(items)
-    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
 def fmt(v, digits: int = 3) -> str:

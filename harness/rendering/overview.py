@@ -24,6 +24,7 @@ from harness.rendering.defaults import defaults_rows, defaults_section, has_swit
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.rendering.performance import setting_text
 from harness.results.merge import collect
+from harness.plan.implementations import VLLM
 from harness.plan.model import Plan
 from harness.plan.status import Status
 
@@ -76,7 +77,7 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
         shown_plans.append(res.plan_display())
         problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
         recs = recommendations(res)
-        if "vllm" in plan.providers:  # vLLM's own kernel through the op's cells: what it accepts
+        if VLLM in plan.providers:  # vLLM's own kernel through the op's cells: what it accepts
             vllm_rows += _accepts_rows(plan, res)
         if has_switch(plan):  # vLLM's own kernel timed as the op's vllm baseline: its measured default
             default_rows += defaults_rows(res, vllm_kernel_recommendations(res))
@@ -122,9 +123,9 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
     lines += defaults_section(default_rows, switches)
     if vllm_rows:
         lines += ["", "## vLLM's kernels: what they accept", "",
-                  "vLLM's own kernel for an op, run through the op's cells (`providers: [vllm]`): the contract a "
-                  "replacement must match or beat. Each op's page, \"What vLLM's kernel accepts\", has the inputs "
-                  "that passed and every failure with its minimal input.", "",
+                  "vLLM's own kernel for an op, run through the op's cells (`implementations.vllm`, role audited): "
+                  "the contract a replacement must match or beat. Each op's page, \"What vLLM's kernel accepts\", has "
+                  "the inputs that passed and every failure with its minimal input.", "",
                   table(vllm_rows, ["op", "vLLM's kernel", "SM", "cells passed", "failed", "not run",
                                     "most common failure", "page"])]
     return "\n".join(lines) + "\n", problems
@@ -133,10 +134,10 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
 def _accepts_rows(plan: Plan, res) -> list[list[str]]:
     """One row per SM with results (one row saying so where none has any) for vLLM's own kernel through the op's
     cells."""
-    kernel, link = plan.vllm.kernel, f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
+    kernel, link = plan.vllm_kernel, f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
     rows = []
-    for sm in res.provider_sms("vllm"):
-        cells = [c for c in res.provider_cells("vllm") if c.sm == sm]
+    for sm in res.provider_sms(VLLM):
+        cells = [c for c in res.provider_cells(VLLM) if c.sm == sm]
         count = {s: sum(1 for c in cells if res.status(c) in s) for s in
                  ((Status.PASSED, Status.XPASS), (Status.FAILED, Status.XFAIL), (Status.NOT_RUN,))}
         failed = [c for c in cells if res.status(c) in (Status.FAILED, Status.XFAIL)]

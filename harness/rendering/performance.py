@@ -15,11 +15,12 @@ from harness.decisions.recommendations import Recommendation
 from harness.decisions.speedups import REGIMES, Unused, baselines, impl_order, median, not_used, regime, \
     shape_speedup, why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
+from harness.rendering.plan_words import timed_words
 from harness.results.merge import Merged
 from harness.results.store import BenchRecord, finite_number
 from harness.plan.model import Plan
 from harness.plan.vocabulary import PHASES
-from harness.vllm.names import VLLM_DEFAULT
+from harness.vllm_facts.names import VLLM_DEFAULT
 
 # Eager figures are back-to-back device time; where an isolated, launch-inclusive call differs by more than
 # this fraction, both are shown.
@@ -65,20 +66,7 @@ def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
 
 def baselines_text(plan: Plan) -> str:
     """Which function each of the plan's baselines times."""
-    native = f"{code(plan.native)} (op.native: what vLLM runs without the custom op)" if plan.native else \
-        f"the reference {code(plan.reference)}"
-    parts = []
-    if "native" in plan.benchmark.baselines:
-        parts.append(f"native: {native}, eager")
-    if "compiled" in plan.benchmark.baselines:
-        parts.append(f"compiled: {'the same' if 'native' in plan.benchmark.baselines else native} under "
-                     "torch.compile (Inductor)")
-    if "vllm" in plan.benchmark.baselines:
-        parts.append("vllm: vLLM's own compiled kernel for the op")
-    for name, path in plan.benchmark.named:
-        prepare = plan.benchmark.prepare(name)
-        parts.append(f"{md(name)}: {code(path)}" + (f", on inputs prepared once per input set by {code(prepare)}, "
-                                                   "outside the timed region" if prepare else ""))
+    parts = [f"{md(name)}: {timed_words(plan, name)}" for name in plan.baselines]
     accuracy = "" if plan.native else " (the numerics oracle is also the speed baseline: the plan names no op.native)"
     return (f"Baselines: {'; '.join(parts) or 'none'}. Every figure is checked against the reference after "
             f"timing{accuracy}.")

@@ -8,12 +8,13 @@ import itertools
 import json
 
 from harness.rendering.markdown import code, md
+from harness.plan.implementations import NATIVE, title
 from harness.plan.matrix import Cell
 from harness.plan.model import Plan
 from harness.plan.vocabulary import AXES
 from harness.plan.status import Status
-from harness.vllm.kernels import PINNED_VLLM, SCHEMAS
-from harness.vllm.names import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
+from harness.vllm_facts.kernels import PINNED_VLLM, SCHEMAS
+from harness.vllm_facts.names import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 
 INTENTS = {
     "drop-in": "drop-in replacement: the numerics of the op it replaces, faster",
@@ -36,18 +37,63 @@ def layer_class(plan: Plan) -> str:
     return path.split(":")[-1].split(".")[-1] if path else "the model layer"
 
 
+def implementation_title(name: str, kind: str) -> str:
+    """How a page names one of the plan's implementations: by its kind's words (vLLM's kernel), else its name."""
+    return md(title(name, kind))
+
+
+def _vllm_words(name: str, kernel) -> str:
+    if kernel.signature:
+        return f"vLLM's own kernel {code(kernel.call)}, {code(kernel.signature)} (as the plan states it)"
+    if kernel.name in SCHEMAS:
+        return f"vLLM's own kernel {code(kernel.call)}, {code(SCHEMAS[kernel.name])} (as vLLM {PINNED_VLLM} " \
+               "registers it)"
+    return f"vLLM's own kernel {code(kernel.call)} (called as the vLLM that ran it registers it)"
+
+
+# What a page says each kind of implementation is (harness.plan.implementations.KINDS), given its name and entry.
+KIND_WORDS = {
+    "native": lambda name, e: f"{md(name)}, the native code (op.native, else the reference), eager",
+    "compiled": lambda name, e: f"{md(name)}, the native code under torch.compile",
+    "vllm": _vllm_words,
+    "import": lambda name, e: f"the named baseline {md(name)}, {code(e.path)}",
+    "torch_ops": lambda name, e: f"{md(name)}, {code(e.call)}" + (f" (registered by {code(e.library)})"
+                                                                  if e.library else ""),
+}
+
+
+def _native_words(plan: Plan) -> str:
+    return f"{code(plan.native)} (op.native: what vLLM runs without the custom op)" if plan.native else \
+        f"the reference {code(plan.reference)}"
+
+
+def _imported_timed(plan: Plan, e) -> str:
+    return code(e.path) + (f", on inputs prepared once per input set by {code(e.prepare)}, outside the timed region"
+                           if e.prepare else "")
+
+
+# What each kind of implementation times, for the page's line of baselines.
+TIMED_WORDS = {
+    "native": lambda plan, e: f"{_native_words(plan)}, eager",
+    "compiled": lambda plan, e: f"{'the same' if NATIVE in plan.baselines else _native_words(plan)} under "
+                                "torch.compile (Inductor)",
+    "vllm": lambda plan, e: "vLLM's own compiled kernel for the op",
+    "import": _imported_timed,
+    "torch_ops": lambda plan, e: code(e.call) + (f" (registered by {code(e.library)})" if e.library else ""),
+}
+
+
+def timed_words(plan: Plan, name: str) -> str:
+    """What one of the plan's baselines times, in words."""
+    e = plan.implementation(name)
+    return TIMED_WORDS[e.kind](plan, e)
+
+
 def provider_words(plan: Plan, provider: str) -> str:
-    """A provider of the plan (`providers`) as a page names it: vLLM's kernel with its schema, or a named baseline
-    with its import path."""
-    if provider == "vllm":
-        kernel = plan.vllm.kernel
-        if kernel.signature:
-            return f"vLLM's own kernel {code(kernel.call)}, {code(kernel.signature)} (as the plan states it)"
-        if kernel.name in SCHEMAS:
-            return f"vLLM's own kernel {code(kernel.call)}, {code(SCHEMAS[kernel.name])} (as vLLM {PINNED_VLLM} " \
-                   "registers it)"
-        return f"vLLM's own kernel {code(kernel.call)} (called as the vLLM that ran it registers it)"
-    return f"the named baseline {md(provider)}, {code(dict(plan.benchmark.named)[provider])}"
+    """One of the plan's implementations as a page names it, with what it runs: vLLM's kernel with its schema, a
+    named baseline with its import path, a library's torch.ops kernel."""
+    e = plan.implementation(provider)
+    return KIND_WORDS[e.kind](provider, e)
 
 
 def capture_sizes(plan: Plan) -> list[int]:

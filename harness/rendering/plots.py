@@ -17,10 +17,11 @@ from harness.decisions.bounds import throughput
 from harness.decisions.speedups import impl_order
 from harness.rendering.performance import plot_name
 from harness.results.merge import collect
+from harness.plan.implementations import BUILTIN
 from harness.plan.model import Plan
 
 # The same colour for an implementation on every page; a plan's named baselines take the others in name order.
-COLORS = {"kernel": "tab:red", "native": "tab:gray", "compiled": "tab:blue", "vllm": "tab:green"}
+COLORS = dict(zip(("kernel", *BUILTIN), ("tab:red", "tab:gray", "tab:blue", "tab:green")))
 NAMED_COLORS = ("tab:orange", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 LEGEND_COLUMNS = 4
 STYLES = [(ls, m) for m in ("o", "s", "^", "D", "v") for ls in ("-", "--", ":", "-.")]

@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from harness.decisions.reasons import by_reason, excluded_by_reason, first_line, n_cells
 from harness.rendering.markdown import LEGEND, MARKS, NO_RESULT, code, fmt, md, table
-from harness.rendering.plan_words import axis_value, describe, provider_words
+from harness.rendering.plan_words import axis_value, describe, implementation_title, provider_words
 from harness.results.merge import Merged
 from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen, lead_reason
 from harness.plan.matrix import Cell
@@ -214,7 +214,7 @@ def accepted_inputs(res: Merged, provider: str = "") -> str:
     lines = ["## Inputs seen passing", ""]
     if provider:
         words = provider_words(plan, provider)
-        title = "vLLM's kernel" if provider == "vllm" else md(provider)
+        title = implementation_title(provider, plan.implementation(provider).kind)
         lines = [f"## What {title} accepts", "",
                  f"Run through the plan's cells as the kernel is: {words}. Its failures are findings about it, not "
                  "the kernel's: the inputs it computed right are what a replacement must accept too; where it fails, "

@@ -75,6 +75,10 @@ def _routes(s: Subject) -> bool:
     return s.section == "integration" and s.route not in ("fusion", "engine", "attention_backend")
 
 
+def _sanitizer_lanes(s: Subject) -> bool:
+    return _cells(s) and s.graph_mode == "memcheck" and s.sm.startswith("sm")
+
+
 # Every check a record can be made by, in the order a cell runs them.
 CHECKS = (
     Check("cell runner", "runtime/runner.py", _cells, "one cell's examples run and judged (hypothesis, shrinking)"),
@@ -115,6 +119,14 @@ CHECKS = (
           "capture at vLLM's sizes on static buffers, replay with fresh data and padded token counts"),
     Check("memcheck", "runtime/memcheck.py", lambda s: _cells(s) and s.graph_mode == "memcheck",
           "compute-sanitizer memcheck with PyTorch's caching allocator off"),
+    # After a clean memcheck, the same examples under compute-sanitizer's other tools, on NVIDIA GPUs (the tools'
+    # own): each a check of its own, so a lane added or changed stales no memcheck record.
+    Check("racecheck", "runtime/memcheck.py", _sanitizer_lanes,
+          "compute-sanitizer racecheck: shared-memory data races in the kernel's own code"),
+    Check("initcheck", "runtime/memcheck.py", _sanitizer_lanes,
+          "compute-sanitizer initcheck: the kernel's reads of device memory never written"),
+    Check("synccheck", "runtime/memcheck.py", _sanitizer_lanes,
+          "compute-sanitizer synccheck: invalid barrier use in the kernel's own code"),
     Check("tp recombination", "runtime/tp.py", lambda s: _cells(s) and s.tp > 1,
           "the op on N ranks over its shards, outputs recombined and compared with the unsharded reference"),
     Check("interpreter", "interpreter/faithful.py", lambda s: s.section in ("cells", "integration") and s.sm == "cpu",

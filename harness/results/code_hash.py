@@ -1,13 +1,14 @@
 """What keeps the checks' versions honest: per check, a hash of the code that can change its results, and the
 committed manifest of those hashes beside the versions (checks_manifest.json, tests/test_checks_manifest.py).
 
-A check's code is the import closure of the module that declares it (harness.results.checks) inside harness/:
-every harness module it imports, at any depth, lazy imports inside functions included, with the `__init__.py` of
-each package on the way (Python runs them). Each module counts by its AST with docstrings and the
-`CHECK_VERSIONS` literal left out, so comments, blank lines, formatting and docstrings change no hash, and neither
-does raising a version (which would otherwise change the hash of every check whose closure holds that module);
-a rename or a logic change does. Data a module reads from a folder beside it (vllm/plugin_templates/, named in
-plugin_source.py as a string) counts by its raw text.
+A check's code is the import closure of the module that declares it (harness.results.checks) inside harness/: every
+harness module it imports, at any depth, lazy imports inside functions included, with the `__init__.py` of each
+package on the way (Python runs them); Triton's interpreter made faithful (harness/interpreter/) counts in the
+interpreter check's alone, as it computes only on a CPU machine, where that check applies (INTERPRETER). Each module
+counts by its AST with docstrings and the `CHECK_VERSIONS` literal left out, so comments, blank lines, formatting
+and docstrings change no hash, and neither does raising a version (which would otherwise change the hash of every
+check whose closure holds that module); a rename or a logic change does. Data a module reads from a folder beside it
+(vllm/plugin_templates/, named in plugin_source.py as a string) counts by its raw text.
 
 When a hash changes and the version did not, the manifest no longer matches: either the version rises (results may
 differ) or `python -m harness manifest` rewrites the manifest (a refactor; results stand).
@@ -31,7 +32,7 @@ PACKAGE = "harness"
 # Modules under VERDICT_DIRS that change no verdict, each with why: they export, document, warn or warm caches.
 # Every other module there must lie in some check's closure (uncovered_modules), so that new code that can change a
 # result cannot escape the manifest.
-VERDICT_DIRS = ("runtime", "interpreter", "vllm", "plan")
+VERDICT_DIRS = ("runtime", "interpreter", "vllm", "vllm_facts", "plan")
 NO_VERDICT = {
     "plan/schema.py": "the plan file's JSON Schema export (python -m harness schema)",
     "plan/field_docs.py": "the plan fields in words (python -m harness fields, the README, the schema's hover text)",
@@ -44,6 +45,19 @@ NO_VERDICT = {
                                  "closure) run ahead of the fork; each child runs start_up again",
     "runtime/bench/precompile.py": "warms Inductor's and Triton's caches before benchmarks; each item compiles and "
                                    "is checked on its own, and the autotuning done here is deleted again",
+}
+
+
+# Triton's interpreter made faithful (harness/interpreter/) is the interpreter check's code alone: it computes only
+# where kernels run in Triton's interpreter, on a CPU machine, and that check applies to every record made there (CPU
+# cells and integration items). Other checks' closures leave the package out where their modules reach it (the
+# workers' and the engine probe's make_faithful(), the runner's and the modes' unfaithful(): on a GPU one patches
+# nothing and the other finds nothing), so that a change to a patch stales CPU records and nothing else
+# (tests/test_checks_manifest.py). The modules named here are the exception, each with why: code of theirs runs on a
+# GPU too, so they count wherever they are imported.
+INTERPRETER = "interpreter/"
+INTERPRETER_ON_EVERY_MACHINE = {
+    "interpreter/sites.py": "shown_path names the file of whatever a kernel raised, on a GPU too (runtime/runner.py)",
 }
 
 
@@ -157,12 +171,14 @@ def _data_files(rel: str, root: Path) -> list[str]:
 
 def import_closure(module_rel: str, root: Path = HARNESS_DIR) -> list[str]:
     """The module's transitive import closure inside harness/ (itself included), relative to harness/, sorted; with
-    the data files its modules read (see _data_files)."""
+    the data files its modules read (see _data_files). Outside harness/interpreter/, the closure leaves that package
+    out but INTERPRETER_ON_EVERY_MACHINE (see INTERPRETER)."""
     seen: set[str] = set()
     todo = [module_rel, *_with_packages(".".join([PACKAGE, *Path(module_rel).with_suffix("").parts]), root)]
+    elsewhere = not module_rel.startswith(INTERPRETER)  # a check outside the interpreter: its modules left out
     while todo:
         rel = todo.pop()
-        if rel in seen:
+        if rel in seen or (elsewhere and rel.startswith(INTERPRETER) and rel not in INTERPRETER_ON_EVERY_MACHINE):
             continue
         seen.add(rel)
         if rel.endswith(".py"):

@@ -7,14 +7,14 @@ the parsed plan's sub-models a record depends on, per section:
 
 - "cells" (a numerics cell of `provider`; "" is the kernel under test), the plan as that provider's cells run it
   (harness.plan.matrix.provider_view): op.args, outputs, mutates, sizes, paths, native, reference, fake, generate,
-  accumulation, reduction, the provider's contract (op.contract for the kernel; vllm.kernel.dtypes or the named
-  baseline's own otherwise), the tolerance actually used for the cell's dtype and for each output
+  accumulation, reduction, the provider's contract (op.contract for the kernel; an implementation's own
+  otherwise), the tolerance actually used for the cell's dtype and for each output
   (harness.plan.tolerances: the plan's, else vLLM IR's, else the table's), numerics, quantization (with vLLM's
   max_step_fraction where it applies), tp, the token range of the cell's phase (it reads the benchmark's largest
-  token count) and the CUDA-graph capture sizes; then the provider's own entry only: op.kernel for the kernel,
-  vllm.kernel (name, args, signature, dtypes, max_step_fraction) for `vllm`, the named baseline's path, prepare and
-  contract for a named baseline. Not: op.kernel for another provider, op.name, intent, description, replaces, the
-  matrix, exclude and expect rules (applied at render), benchmark models and sizes, other providers' entries, words
+  token count) and the CUDA-graph capture sizes; then the provider's own entry only: op.kernel for the kernel, a
+  torch.ops kernel's name, args, signature, dtypes and max_step_fraction (`vllm`: implementations.vllm), a Python
+  function's path, prepare and contract. Not: op.kernel for another provider, op.name, intent, description, replaces,
+  the matrix, exclude and expect rules (applied at render), benchmark models and sizes, other providers' entries, words
   (a contract's or vLLM kernel's `why`, a baseline's `setting`, the switch's sentences), comments and formatting.
 - "integration" (a vLLM item): op.name (the plugin's names), kernel, reference, replaces, native, fake, generate,
   args, outputs, mutates, sizes, contract, accumulation, the tolerances (as for cells), quantization, numerics, the
@@ -23,10 +23,10 @@ the parsed plan's sub-models a record depends on, per section:
   name, fusion), less its words (why_not_proven, the switch's runs_for, note, cpu_runs_native); and the route.
 - "benchmarks" (one shape): the record's phase and sizes, the dtype's tolerance (each timing is re-checked against
   the reference), op.args, outputs, mutates, kernel, reference, native, generate and the kernel's contract (inputs,
-  the re-check, what native and compiled time, shapes outside the contract), numerics.max_model_len (the batch's
-  longest context), the built-in baselines listed, each named baseline's path, prepare and contract, vllm.kernel
-  (the vllm baseline's call), and benchmark.bytes and benchmark.flops: a BenchRecord stores the bytes and flops its
-  run computed from those models, and the report reads them from the record (harness.decisions.bounds), so a
+  the re-check, what native and compiled time, shapes outside the contract), numerics.max_model_len (the batch's longest
+  context), the built-in baselines listed, each named baseline's path, prepare and contract, implementations.vllm (the
+  vllm baseline's call), and benchmark.bytes and benchmark.flops: a BenchRecord stores the bytes and flops its run
+  computed from those models, and the report reads them from the record (harness.decisions.bounds), so a
   changed model stales the record. Not: benchmark.models (names), benchmark.sizes and the phases' token lists
   (whether a shape is still timed is decided at render: Benchmark.times), the named baselines' `setting`.
 
@@ -37,7 +37,7 @@ then the import system's finders, which find a package's location without runnin
 (the AST without docstrings, so comments, docstrings and formatting do not count) and, transitively, the modules it
 imports from its own top-level package or from the plan's repository (relative imports included; a third-party
 package a local adapter imports is not followed: which version of it ran is the toolchain's, in the provenance);
-for "vllm", vLLM's kernel's name and its schema as the harness pins it (harness.vllm.kernels; the plan's
+for "vllm", vLLM's kernel's name and its schema as the harness pins it (harness.vllm_facts.kernels; the plan's
 `signature` where the table lacks it, else the name alone), never the installed vLLM's version (a record's
 provenance carries that). A module not found here (a third-party package not installed) gives
 "unknown": the caller cannot tell, so the record is not stale for it. `benchmark_fingerprint(plan, implementations)`
@@ -65,12 +65,13 @@ from typing import Any
 from harness.results.code_hash import normalized_source
 from harness.results.store import UNKNOWN
 from harness.plan.dtypes import CELL_OF_TORCH, DTYPE
+from harness.plan.implementations import BUILTIN, VLLM
 from harness.plan.matrix import contract_of, provider_view
 from harness.plan.model import Plan
 from harness.plan.sections import Contract
 from harness.plan.tolerances import DEFAULT_TOLERANCE, output_tolerance, tolerance_for
 from harness.plan.vocabulary import PHASES
-from harness.vllm.kernels import kernel_schema
+from harness.vllm_facts.kernels import kernel_schema
 
 SECTIONS = ("cells", "integration", "benchmarks")
 REPO_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")  # where the search for a plan's code stops
@@ -160,19 +161,29 @@ def _cell_dtype(arg_dtype: str) -> str | None:
     return CELL_OF_TORCH.get(row.torch) if row else None
 
 
-def _named_entry(plan: Plan, name: str) -> dict | None:
-    """A named baseline's entry as it runs: path, prepare, contract (not its `setting`, words for the decision)."""
-    paths = dict(plan.benchmark.named)
-    if name not in paths:
+def _own(plan: Plan, name: str) -> dict | None:
+    """An implementation's entry as it runs (not its words: a contract's or its own `why`, its `setting`, its
+    switch): a Python function's path, prepare and contract; a torch.ops kernel's name, args, signature, dtypes and
+    step allowance."""
+    e = plan.implementation(name)
+    if e is None:
         return None
-    return {"path": paths[name], "prepare": plan.benchmark.prepare(name),
-            "contract": _contract(plan.benchmark.contract(name))}
+    if e.path is not None:
+        return {"path": e.path, "prepare": e.prepare, "contract": _contract(e.contract)}
+    if e.name is not None:
+        return {"name": e.name, "args": e.args, "signature": e.signature, "max_step_fraction": e.max_step_fraction,
+                "dtypes": list(e.contract.dtypes) if e.contract and e.contract.dtypes is not None else None,
+                **({"library": e.library} if e.library else {})}
+    return {}
 
 
-def _vllm_kernel(plan: Plan) -> dict | None:
-    """vllm.kernel as its call runs: not its words (why) nor its switch (how a deployment turns it on)."""
-    kernel = plan.vllm.kernel
-    return _dump(kernel, exclude={"why", "switch"}) if kernel else None
+def _vllm_switched(plan: Plan) -> dict | None:
+    """vLLM's kernel as its integration items read it: as it runs, and its switch's kind and name."""
+    kernel = plan.vllm_kernel
+    if kernel is None:
+        return None
+    switch = kernel.switch.model_dump(mode="json", include={"kind", "name"}) if kernel.switch else None
+    return {**_own(plan, VLLM), "switch": switch}
 
 
 def _phases(plan: Plan, phase: str | None) -> dict:
@@ -183,10 +194,8 @@ def _cells(plan: Plan, provider: str, dtype: str | None, phase: str | None) -> d
     view = provider_view(plan, provider)
     if provider == "":
         own: Any = {"kernel": plan.kernel}
-    elif provider == "vllm":
-        own = {"vllm": _vllm_kernel(plan)}
-    else:
-        own = {"named": _named_entry(plan, provider)}
+    else:  # keyed as when vLLM's kernel and the plan's own were declared apart
+        own = {"vllm" if provider == VLLM else "named": _own(plan, provider)}
     return {
         "op": _op(view, _CELL_OP), "contract": _contract(contract_of(plan, provider)), "own": own,
         "tolerance": _tolerances(view, dtype), "numerics": _numerics(view.numerics),
@@ -196,13 +205,12 @@ def _cells(plan: Plan, provider: str, dtype: str | None, phase: str | None) -> d
 
 
 def _integration(plan: Plan, dtype: str | None, route: str | None, phase: str | None) -> dict:
-    words = {"why_not_proven": True, "kernel": {"why": True, "switch": {"runs_for", "note", "cpu_runs_native"}}}
     return {
         "route": route, "op": _op(plan, _INTEGRATION_OP), "contract": _contract(plan.contract),
         "tolerance": _tolerances(plan, dtype), "quantization": _dump(plan.quantization),
         "numerics": _numerics(plan.numerics, hazards=False), "tokens": _phases(plan, phase),
         "matrix": {"dtype": sorted(plan.matrix["dtype"]), "sm": sorted(plan.matrix["sm"])},
-        "vllm": _dump(plan.vllm, exclude=words),
+        "vllm": {**_dump(plan.vllm, exclude={"why_not_proven"}), "kernel": _vllm_switched(plan)},
     }
 
 
@@ -211,9 +219,9 @@ def _benchmarks(plan: Plan, dtype: str | None, sizes: dict | None, phase: str | 
     return {
         "phase": phase, "sizes": dict(sizes) if sizes is not None else {s: list(v) for s, v in plan.sizes.items()},
         "tolerance": _tolerances(plan, dtype), "op": _op(plan, _BENCH_OP), "contract": _contract(plan.contract),
-        "max_model_len": plan.numerics.max_model_len, "baselines": list(bench.baselines),
-        "named": {name: _named_entry(plan, name) for name, _ in bench.named},
-        "vllm": _vllm_kernel(plan) if "vllm" in bench.baselines else None,
+        "max_model_len": plan.numerics.max_model_len, "baselines": [b for b in plan.baselines if b in BUILTIN],
+        "named": {name: _own(plan, name) for name in plan.baselines if name not in BUILTIN},
+        "vllm": _own(plan, VLLM) if VLLM in plan.baselines else None,
         "bytes": bench.bytes, "flops": bench.flops,
     }
 
@@ -412,33 +420,29 @@ def _modules_digest(paths: list[str | None], roots: tuple[str, ...]) -> str:
 
 
 def implementation_fingerprint(plan: Plan, provider: str = "") -> str:
-    """12 hex digits over the source of what a record of `provider` ran: the kernel (""; "kernel" too), a named
-    baseline (its path and prepare), "native" or "compiled" (op.native, else the reference), or "vllm" (vLLM's
-    kernel's name and pinned schema). "unknown" where its code is not found here, or the plan has no such provider."""
+    """12 hex digits over the source of what a record of `provider` ran: the kernel (""; "kernel" too), a Python
+    function (its path and prepare), "native" or "compiled" (op.native, else the reference), or a torch.ops kernel
+    (its name and pinned schema). "unknown" where its code is not found here, or the plan has no such provider."""
     roots = _roots(plan)
     if provider in ("", "kernel"):
         return _modules_digest([plan.kernel], roots)
-    if provider in ("native", "compiled"):
-        return _modules_digest([plan.native_path], roots)
-    if provider == "vllm":
-        kernel = plan.vllm.kernel
-        return _digest({"vllm": kernel.name, "schema": kernel_schema(kernel)}) if kernel else UNKNOWN
-    named = dict(plan.benchmark.named)
-    if provider in named:
-        return _modules_digest([named[provider], plan.benchmark.prepare(provider)], roots)
-    return UNKNOWN
+    e = plan.implementation(provider)
+    if e is None:
+        return UNKNOWN
+    if e.path is not None:
+        return _modules_digest([e.path, e.prepare], roots)
+    if e.name is not None:  # a compiled kernel: its version is the toolchain's, in the provenance
+        return _digest({e.kind: e.name, "schema": kernel_schema(e)})
+    return _modules_digest([plan.native_path], roots)
 
 
 def benchmark_fingerprint(plan: Plan, implementations) -> str:
     """What a benchmark timed, as `name=fingerprint` pairs: the kernel and every baseline of `implementations` (a
-    record's: "kernel", the built-in ones, the named ones) the plan times (a record lists vllm even where the plan
-    has no vllm baseline; a vllm baseline without vllm.kernel times nothing, "none"). Compared pair by pair
+    record's: "kernel", the built-in ones, the plan's own) the plan times. Compared pair by pair
     (harness.results.stamps): a baseline not installed where a page is made ("unknown" there) leaves the others'
     comparison standing."""
-    timed = {*plan.benchmark.baselines, *dict(plan.benchmark.named)}
     parts = {"kernel": implementation_fingerprint(plan, "")}
     for name in implementations:
-        if name != "kernel" and name in timed:
-            none = name == "vllm" and plan.vllm.kernel is None
-            parts[name] = "none" if none else implementation_fingerprint(plan, name)
+        if name != "kernel" and name in plan.baselines:
+            parts[name] = implementation_fingerprint(plan, name)
     return " ".join(f"{name}={fp}" for name, fp in sorted(parts.items()))

@@ -14,7 +14,7 @@ from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Pr
 from harness.plan.matrix import Cell, every_cell, excluded_by, expand, step_allowance
 from harness.plan.model import Plan
 from harness.plan.status import Status
-from harness.vllm.names import ROUTE_KINDS, integration_routes
+from harness.vllm_facts.names import ROUTE_KINDS, integration_routes
 
 # The routes of the integration items a plan's plugin gets: the routes the harness drives, and the plugin loaded.
 PLUGIN_ITEM_ROUTES = {name for name, kind in ROUTE_KINDS.items() if kind.driven} | {"plugin"}

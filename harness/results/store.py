@@ -319,7 +319,7 @@ class BenchRecord:
 class FusionOutcome:
     """A fusion item: vLLM's fusion pass over vLLM's layer sequence under one profile (harness.vllm.fusion)."""
 
-    profile: str  # harness.vllm.fusion_cases.FusionProfile.id
+    profile: str  # harness.vllm_facts.fusion_cases.FusionProfile.id
     custom_ops: list[str] = field(default_factory=list)
     ir_priority: dict[str, list[str]] = field(default_factory=dict)
     pass_name: str = ""

@@ -38,7 +38,7 @@ from typing import Any, Callable
 from harness.plan.load import load_plan
 from harness.plan.model import Plan, PlanError
 from harness.plan.sections import Arg
-from harness.vllm.names import adapter_module, plugin_routes
+from harness.vllm_facts.names import adapter_module, plugin_routes
 
 # What says the machine lacks what the code needs (a CUDA build of torch, a driver, CUDA's runtime), not that the
 # plan is wrong: a plan's code failing to import with one of these makes its cells "not run here", not an invalid plan.
@@ -303,11 +303,12 @@ def _check_returns(resolved: Resolved, field_name: str) -> None:
 def _check_named_baselines(plan: Plan) -> None:
     """A named baseline whose package is installed here must resolve: a typo in its module or function is the
     plan's error, not a baseline silently "not run". Where its package is not installed, it is timed where it is."""
-    for name, path in plan.benchmark.named:
-        field_name = next((k for k in plan.lines if k.startswith("benchmark.baselines[") and
-                           k.endswith(f"].{name}")), "benchmark.baselines")
-        for what, at, where in (("baseline", path, field_name), ("prepare", plan.benchmark.prepare(name),
-                                                                  f"{field_name}.prepare")):
+    for name, entry in plan.implementations.items():
+        if entry.path is None:
+            continue
+        field_name = f"implementations.{name}"
+        for what, at, where in (("baseline", entry.path, f"{field_name}.path"), ("prepare", entry.prepare,
+                                                                             f"{field_name}.prepare")):
             top = at.split(":")[0].split(".")[0] if at else ""
             try:
                 installed = bool(top) and importlib.util.find_spec(top) is not None
@@ -324,7 +325,7 @@ def _check_named_baselines(plan: Plan) -> None:
                 raise plan.error(where, TRITON_KERNEL_ELSE, f"{at}, a Triton {type(found).__name__}")
             # a prepare, and a baseline without one, are called with the kernel's arguments by name; a baseline with a
             # prepare takes what its prepare returns, known only when it runs
-            if what == "prepare" or plan.benchmark.prepare(name) is None:
+            if what == "prepare" or entry.prepare is None:
                 names = [a.name for a in plan.args]
                 problem = _binds(found, names)
                 if problem:

@@ -40,7 +40,7 @@ from harness.results.store import CellRecord, Failure, InputsSeen, Status, more_
 from harness.plan.tolerances import output_tolerance, tolerance_for
 from harness.runtime.tasks import CellTask, RunSettings
 from harness.runtime.tf32 import fp32_dot_precision
-from harness.runtime.providers import KernelUnavailable, load_kernel
+from harness.runtime.implementations import KernelUnavailable, load_implementation
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
@@ -189,7 +189,7 @@ class CellCheck:
     def __init__(self, plan: Plan, cell: Cell, device: str):
         self.plan, self.cell, self.device = plan, cell, device
         # KernelUnavailable: not run here
-        self.kernel, self.reference = load_kernel(plan, cell.provider), resolve(plan).reference
+        self.kernel, self.reference = load_implementation(plan, cell.provider), resolve(plan).reference
         self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
         self.tol = tolerance_for(plan, cell.dtype)
         self.stats = Stats()

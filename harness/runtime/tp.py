@@ -34,7 +34,7 @@ from harness.runtime.numerics import Mismatch
 from harness.plan.model import Plan
 from harness.runtime.runner import CellCheck, KernelRaised, Outcome, exception_text, not_run, raised, run_examples
 from harness.runtime.tasks import CellTask
-from harness.runtime.providers import KernelUnavailable, load_kernel
+from harness.runtime.implementations import KernelUnavailable, load_implementation
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
@@ -185,7 +185,7 @@ class RankRun:
 
     def __init__(self, plan: Plan, cell: Cell, device: str, rank: int, size: int, runner=None):
         self.plan, self.cell, self.device, self.rank, self.size = plan, cell, device, rank, size
-        self.runner = runner or make_runner(cell.graph_mode, plan, load_kernel(plan, cell.provider), device)
+        self.runner = runner or make_runner(cell.graph_mode, plan, load_implementation(plan, cell.provider), device)
 
     def __call__(self, ex: Example, full: dict | None = None) -> tuple[dict, dict]:
         """(meta, outputs); meta["error"] says what went wrong on this rank instead of raising, so every

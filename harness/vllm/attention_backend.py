@@ -7,12 +7,14 @@ and builds two of vLLM's `Attention` layers for each drawn example: one whose ba
 `attention_config.backend = CUSTOM` (the plugin's, registered as CUSTOM and, on a CPU machine, over CPU_ATTN: vLLM's CPU
 platform returns CPU_ATTN's class path whatever is selected, vllm/platforms/cpu.py get_attn_backend_cls), and one on
 vLLM's own backend for the platform (CPU_ATTN on a CPU, TRITON_ATTN on a GPU). Each gets a KV cache allocated as vLLM's
-model runner allocates it (vllm/v1/kv_cache_interface.py: create_kv_cache_views, in the physical layout vLLM resolves
-for that backend; slots no write reaches hold random values), its sequences' earlier keys and values written by its
-own do_kv_cache_update, metadata built by its own builder from one CommonAttentionMetadata, and then one forward
-through vLLM's layer inside vLLM's forward context (which writes the step's new keys and values first). The example's
-sequences, lengths and block tables are the plan's (its phase's batches); its keys and values are the plan's caches
-read through its block tables.
+model runner allocates it, in the physical layout vLLM gives that backend (slots no write reaches hold random values):
+on vLLM 0.32 the layout it resolves for the backend and vllm/v1/kv_cache_interface.py's create_kv_cache_views, on vLLM
+0.26 the backend's own get_kv_cache_shape and get_kv_cache_stride_order viewed as its GPU model runner views them
+(vllm/v1/worker/gpu/attn_utils.py, `_reshape_attention_kv_cache`). Its sequences' earlier keys and values are written
+by its own do_kv_cache_update, its metadata is built by its own builder from one CommonAttentionMetadata, and then one
+forward runs through vLLM's layer inside vLLM's forward context (which writes the step's new keys and values first).
+The example's sequences, lengths and block tables are the plan's (its phase's batches); its keys and values are the
+plan's caches read through its block tables.
 
 The backend's output must match vLLM's backend's within the plan's tolerance, and the plan's reference on the plan's
 own inputs; a mismatch names the sequences whose rows differ. The kernel's calls are counted: a backend that ran
@@ -24,6 +26,7 @@ vLLM is optional: imported only when an item runs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import tempfile
 import time
@@ -44,15 +47,17 @@ from harness.plan.dtypes import DTYPE
 from harness.plan.matrix import Cell
 from harness.plan.model import Plan, Tolerance
 from harness.plan.tolerances import output_tolerance, tolerance_for
-from harness.vllm.attention_layout import ROUTE, AttentionArgs, attention_args, cache_words
-from harness.vllm.compiled import vllm_missing
-from harness.vllm.names import unsupported
+from harness.vllm_facts.attention_layout import ROUTE, AttentionArgs, attention_args, cache_words
+from harness.runtime.vllm_compiled import vllm_missing
+from harness.vllm_facts.names import unsupported
 from harness.vllm.routes import MAX_EXAMPLES, Failure, IntegrationOutcome, Watched, _origin, _unregister, run_drawn, \
     load_with_vllm_loader, plugin_on_path, vllm_version
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
-CHECK_VERSIONS = {"attention backend": 1}
+CHECK_VERSIONS = {"attention backend": 2}
+# v2: a backend that matches the plan's reference where vLLM's own is off it passes (it failed): failed records only
+FAILURES_ONLY = {"attention backend": [2]}
 
 PLUGIN_CLASS = "PluginAttentionBackend"  # the backend class the route's template writes
 
@@ -63,21 +68,49 @@ def vllm_backend_name(device: str) -> str:
     return "CPU_ATTN" if device == "cpu" else "TRITON_ATTN"
 
 
+CACHE_VIEWS, CACHE_SHAPES = "views", "shapes"  # cache_layout_api: vLLM 0.32's way, vLLM 0.26's
+
+
+def cache_layout_api() -> str:
+    """How the installed vLLM's model runner lays out a layer's KV cache, which `attend` repeats: CACHE_VIEWS (vLLM
+    0.32: the layouts its backends support, resolved by get_supported_kv_cache_layouts, and create_kv_cache_views),
+    CACHE_SHAPES (vLLM 0.26: each backend's get_kv_cache_shape and get_kv_cache_stride_order, viewed by the GPU model
+    runner's _reshape_attention_kv_cache), or "" (neither)."""
+    from vllm.v1 import kv_cache_interface
+    from vllm.v1.attention.backend import AttentionBackend
+    from vllm.v1.attention.backends import utils
+
+    if hasattr(kv_cache_interface, "create_kv_cache_views") and hasattr(utils, "get_supported_kv_cache_layouts"):
+        return CACHE_VIEWS
+    if hasattr(AttentionBackend, "get_kv_cache_shape"):
+        try:
+            runner = importlib.import_module("vllm.v1.worker.gpu.attn_utils")
+        except ImportError:
+            return ""
+        return CACHE_SHAPES if hasattr(runner, "_reshape_attention_kv_cache") else ""
+    return ""
+
+
 def missing_in_vllm(plan: Plan) -> str:
     """What the route needs that the installed vLLM lacks ("" when it has it all): the backend registry with its
-    CUSTOM slot, the backend base classes, the layer."""
+    CUSTOM slot, the backend base classes, a KV cache layout the route can repeat, the layer."""
     here = f"vLLM {vllm_version()}"
     try:
         from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadataBuilder  # noqa: F401
         from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: F401
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: F401
-        # what `attend` lays the KV cache out with, as vLLM's model runner does (vLLM 0.26 has neither)
-        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts  # noqa: F401
-        from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views  # noqa: F401
     except ImportError as exc:
-        return f"{here} has no vllm.v1.attention attention-backend API the route needs: {first_line(exc)}"
+        return f"{here} lacks the vllm.v1.attention attention-backend API the route needs: {first_line(exc)}"
     if "CUSTOM" not in AttentionBackendEnum.__members__:
-        return f"{here} has no AttentionBackendEnum.CUSTOM: no slot for an out-of-tree attention backend"
+        return f"{here} lacks AttentionBackendEnum.CUSTOM: no slot for an out-of-tree attention backend"
+    try:
+        api = cache_layout_api()
+    except Exception as exc:  # vLLM's model-runner module raising on import here: the machine's, not the kernel's
+        return f"{here}'s KV cache layout code could not be imported: {first_line(exc)}"
+    if not api:
+        return (f"{here} lacks a KV cache layout API the route knows: neither create_kv_cache_views with "
+                "get_supported_kv_cache_layouts (vLLM 0.32) nor AttentionBackend.get_kv_cache_shape with the model "
+                "runner's _reshape_attention_kv_cache (vLLM 0.26)")
     try:
         import_object(plan.vllm.layer)
     except Exception as exc:
@@ -203,11 +236,48 @@ def layer_for(configs: Configs, config, batch: Step, backend=None):
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     num_heads, head_size = batch.query.shape[1:]
-    with set_current_vllm_config(config), set_default_torch_dtype(configs.dtype):
+    # on the batch's device, as vLLM's loader builds a model (the layer's k/v scale buffers are read by the cache
+    # writer's kernel there)
+    with set_current_vllm_config(config), set_default_torch_dtype(configs.dtype), torch.device(batch.query.device):
         layer = Attention(num_heads, head_size, batch.scale, batch.key.shape[1], cache_config=config.cache_config,
                           prefix=configs.name(), attn_backend=backend)
-    layer.process_weights_after_loading(configs.dtype)  # the default k/v scales vLLM's cache writers read
+        layer.process_weights_after_loading(configs.dtype)  # the default k/v scales vLLM's cache writers read
     return layer
+
+
+def kv_cache(layer, spec, blocks: int, device) -> torch.Tensor:
+    """The layer's KV cache of `blocks` pages as vLLM's model runner makes it: one int8 allocation viewed
+    [num_blocks, num_kv_heads, block_size, 2 * head_size] in the physical layout vLLM gives the layer's backend."""
+    page = spec.page_size_bytes
+    raw = torch.empty(page * blocks, dtype=torch.int8, device=device)
+    if cache_layout_api() == CACHE_VIEWS:
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
+        from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views
+
+        layout = get_supported_kv_cache_layouts([layer.attn_backend])[0]  # what vLLM resolves for this backend alone
+        placement = KVCacheTensor(size=page * blocks, layers=[layer.layer_name], layer_stride=page * blocks,
+                                  block_stride=page)
+        return create_kv_cache_views(raw, spec, blocks, layout, placement)[0]
+    from vllm.v1.worker.gpu.attn_utils import _reshape_attention_kv_cache
+
+    backend = layer.attn_backend
+    # The cache dtype string vLLM's runner passes for an unquantized cache (the only kind either backend is given here).
+    shape = backend.get_kv_cache_shape(blocks, spec.block_size, spec.num_kv_heads, spec.head_size,
+                                       cache_dtype_str="auto")
+    try:
+        order = backend.get_kv_cache_stride_order()
+    except (AttributeError, NotImplementedError):  # the runner's fallback: the logical shape is the physical one
+        order = tuple(range(len(shape)))
+    return _reshape_attention_kv_cache(raw, spec, shape, order, blocks, None)
+
+
+def bind(layer, cache: torch.Tensor) -> None:
+    """The cache bound to the layer as vLLM's model runner binds it: the layer's bind_kv_cache (vLLM 0.32), or its
+    kv_cache attribute set (vLLM 0.26's vllm/v1/worker/utils.py bind_kv_cache)."""
+    if hasattr(layer, "bind_kv_cache"):
+        layer.bind_kv_cache(cache)
+    else:
+        layer.kv_cache = cache
 
 
 def attend(layer, config, batch: Step, seed: int) -> torch.Tensor:
@@ -217,34 +287,28 @@ def attend(layer, config, batch: Step, seed: int) -> torch.Tensor:
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
     from vllm.v1.attention.backend import CommonAttentionMetadata
-    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts
-    from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views
 
     device = batch.query.device
-    spec = layer.get_kv_cache_spec(config)
-    layout = get_supported_kv_cache_layouts([layer.attn_backend])[0]  # what vLLM resolves for this backend alone
-    page, blocks = spec.page_size_bytes, batch.num_blocks
-    raw = torch.empty(page * blocks, dtype=torch.int8, device=device)
-    placement = KVCacheTensor(size=page * blocks, layers=[layer.layer_name], layer_stride=page * blocks,
-                              block_stride=page)
-    cache = create_kv_cache_views(raw, spec, blocks, layout, placement)[0]
-    gen = torch.Generator(device=device).manual_seed(seed)  # slots no write reaches: values of a model's scale
-    cache.copy_(torch.randn(cache.shape, generator=gen, device=device, dtype=torch.float32))
-    layer.bind_kv_cache(cache)
-    common = CommonAttentionMetadata(
-        query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc.cpu(),
-        seq_lens=batch.seq_lens, num_reqs=len(batch.lens), num_actual_tokens=batch.query.shape[0],
-        max_query_len=max(batch.q_lens), max_seq_len=max(batch.lens), block_table_tensor=batch.block_table,
-        slot_mapping=batch.slots, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
+    # The config current throughout, as in vLLM's model runner: on CUDA, vLLM 0.26 reads it while building the
+    # cache's spec and the metadata, and while writing the cache.
     with set_current_vllm_config(config):
+        spec = layer.get_kv_cache_spec(config)
+        cache = kv_cache(layer, spec, batch.num_blocks, device)
+        gen = torch.Generator(device=device).manual_seed(seed)  # slots no write reaches: values of a model's scale
+        cache.copy_(torch.randn(cache.shape, generator=gen, device=device, dtype=torch.float32))
+        bind(layer, cache)
+        common = CommonAttentionMetadata(
+            query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc.cpu(),
+            seq_lens=batch.seq_lens, num_reqs=len(batch.lens), num_actual_tokens=batch.query.shape[0],
+            max_query_len=max(batch.q_lens), max_seq_len=max(batch.lens), block_table_tensor=batch.block_table,
+            slot_mapping=batch.slots, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
         builder = layer.attn_backend.get_builder_cls()(spec, [layer.layer_name], config, device)
         metadata = builder.build(0, common)
-    if batch.context_slots.numel():  # the earlier steps' writes, by the backend's own writer
-        layer.impl.do_kv_cache_update(layer, batch.context_key, batch.context_value, cache, batch.context_slots)
-    n = batch.query.shape[0]
-    with set_current_vllm_config(config), \
-            set_forward_context({layer.layer_name: metadata}, config, slot_mapping={layer.layer_name: batch.slots}):
-        out = layer(batch.query.reshape(n, -1), batch.key.reshape(n, -1), batch.value.reshape(n, -1))
+        if batch.context_slots.numel():  # the earlier steps' writes, by the backend's own writer
+            layer.impl.do_kv_cache_update(layer, batch.context_key, batch.context_value, cache, batch.context_slots)
+        n = batch.query.shape[0]
+        with set_forward_context({layer.layer_name: metadata}, config, slot_mapping={layer.layer_name: batch.slots}):
+            out = layer(batch.query.reshape(n, -1), batch.key.reshape(n, -1), batch.value.reshape(n, -1))
     return out.view(batch.query.shape)
 
 
@@ -277,7 +341,9 @@ def sequences_off(batch: Step, bad_rows: torch.Tensor) -> str:
 def judge(plan: Plan, dtype: str, stats: Stats, name: str, mine: torch.Tensor, theirs: torch.Tensor,
           expected: torch.Tensor, values: dict, batch: Step, vllm_backend: str, reference) -> None:
     """The plugin's output against vLLM's backend's (both on vLLM's cache and metadata), then against the plan's
-    reference; a Failure says which differs and where."""
+    reference; a Failure says which differs and where. Where vLLM's backend alone is off the plan's reference (its
+    Triton attention computes fp32 dot products in TF32) and the plugin's is not, the reference decides: the words
+    saying so are returned, for the record."""
     tol = output_tolerance(plan, dtype, name, None)
     try:
         compare(name, mine, theirs, tol, None)
@@ -287,7 +353,13 @@ def judge(plan: Plan, dtype: str, stats: Stats, name: str, mine: torch.Tensor, t
             compare(name, theirs, expected, tol, None)
             vs_reference = f"vLLM's {vllm_backend} matches the plan's reference on the same batch"
         except Mismatch as theirs_off:
-            vs_reference = f"vLLM's {vllm_backend} differs from the plan's reference as well ({theirs_off})"
+            try:
+                compare_judged(plan, reference, dtype, stats, name, mine, expected, values, False)
+            except Mismatch:
+                vs_reference = f"vLLM's {vllm_backend} differs from the plan's reference as well ({theirs_off})"
+            else:
+                return (f"vLLM's {vllm_backend} differs from the plan's reference where the plugin's backend matches "
+                        f"it ({str(theirs_off).split(';')[0]})")
         raise Failure(f"the plugin's attention backend differs from vLLM's {vllm_backend} on the same KV cache and "
                       f"metadata: {exc}; {where}; {vs_reference}") from None
     try:
@@ -362,14 +434,19 @@ def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES
                 if counter.calls == before:
                     raise Failure("the plugin's attention backend ran vLLM's forward without calling the kernel")
                 want = attend(theirs, config, batch, ex.seed)
-                judge(plan, cell.dtype, stats, plan.outputs[0], got, want, expected, values, batch, theirs_name,
-                      reference)
+                note = judge(plan, cell.dtype, stats, plan.outputs[0], got, want, expected, values, batch, theirs_name,
+                             reference)
+                if note:
+                    notes.append(note)
 
+            notes: list[str] = []
             run = RunSettings(examples=examples, profile=profile, database=database)
             # vLLM's code, the plugin's or the harness's around them: said with where it raised
             run_drawn(test, plan, cell, device, run, ROUTE, rec,
                       lambda exc: f"the attention backend item raised {first_line(exc)[:500]} ({_origin(exc)})")
             rec.kernel_calls = counter.calls
+            if notes:
+                rec.registered_as["compared_with"] += f"; {notes[0]}, in {len(notes)} of {count} examples"
     rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)
     tol = tolerance_for(plan, cell.dtype)
     rec.tolerance, rec.error, rec.vllm = Tolerance(tol.atol, tol.rtol), stats.record(), vllm_version()

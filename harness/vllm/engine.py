@@ -36,11 +36,11 @@ from harness.vllm.engine_probe import PROBE_ENV
 from harness.vllm.plugin_source import render_plugin
 from harness.results.store import EngineOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, package_version
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.model import Plan
-from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE
-from harness.vllm.defaults import INDUCTOR_OFF, INDUCTOR_ON
-from harness.vllm.names import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
+from harness.vllm_facts.attention_layout import ROUTE as ATTENTION_ROUTE
+from harness.vllm_facts.defaults import INDUCTOR_OFF, INDUCTOR_ON
+from harness.vllm_facts.names import layer_class, oot_flag, plugin_module_name, plugin_route, provider_name, unsupported
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).

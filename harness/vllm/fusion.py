@@ -24,10 +24,10 @@ import torch
 from harness.vllm.routes import vllm_version
 from harness.results.store import FusionOutcome, IntegrationRecord, Status
 from harness.runtime.device import detect, memory_held_elsewhere
-from harness.vllm.compiled import vllm_missing
+from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.dtypes import DTYPE
 from harness.plan.model import Plan
-from harness.vllm.fusion_cases import FUSION_DTYPE, FusionCase, FusionProfile, fusion_case, fusion_profiles
+from harness.vllm_facts.fusion_cases import FUSION_DTYPE, FusionCase, FusionProfile, fusion_case, fusion_profiles
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).

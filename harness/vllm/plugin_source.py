@@ -17,12 +17,11 @@ import textwrap
 from pathlib import Path
 from string import Template
 
-from harness.rendering.markdown import py_tuple
-from harness.rendering.python_source import custom_op_source
+from harness.plan.op_source import custom_op_source, py_tuple
 from harness.plan.dtypes import DTYPE
 from harness.plan.model import Plan
-from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE, attention_source, cache_words
-from harness.vllm.names import adapter_module, enable_setting, layer_class, plugin_entry_point, plugin_route, \
+from harness.vllm_facts.attention_layout import ROUTE as ATTENTION_ROUTE, attention_source, cache_words
+from harness.vllm_facts.names import adapter_module, enable_setting, layer_class, plugin_entry_point, plugin_route, \
     plugin_routes, provider_name, unsupported
 
 TEMPLATES = Path(__file__).parent / "plugin_templates"

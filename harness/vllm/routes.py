@@ -15,7 +15,7 @@ A failure says whose code raised: the kernel's, the op's adapter's, the generate
 vLLM's.
 
 vLLM is optional: it is imported here only when an item runs (`vllm_missing()` says whether it can
-be). Every name a deployment types comes from harness.vllm.names.
+be). Every name a deployment types comes from harness.vllm_facts.names.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from harness.results.store import IntegrationRecord, Status
 from harness.runtime.runner import RunSettings, compare_judged, hypothesis_settings
 from harness.runtime.tasks import IntegrationTask
 from harness.plan.tolerances import tolerance_for
-from harness.vllm.compiled import vllm_missing
-from harness.vllm.names import adapter_module, layer_class, plugin_module_name, plugin_route, provider_name, \
+from harness.runtime.vllm_compiled import vllm_missing
+from harness.vllm_facts.names import adapter_module, layer_class, plugin_module_name, plugin_route, provider_name, \
     unsupported
 from harness.vllm.plugin_source import render_plugin
 

@@ -42,8 +42,9 @@ class Entry:
     graph_modes: tuple[str, ...] = ("eager",)
     dtypes: tuple[str, ...] = ("bf16", "fp16")
     gpu_only: bool = False  # a broken kernel only a GPU's sizes show (the cells on a CPU machine record why)
-    # A provider of the plan checked instead of its kernel (`vllm`: vLLM's compiled kernel for the op), as vLLM
-    # calls it: contiguous rows of aligned widths (the op's own plan, `providers: [vllm]`, finds what else it takes).
+    # An implementation of the plan audited instead of its kernel (`vllm`: vLLM's compiled kernel for the op), as
+    # vLLM calls it: contiguous rows of aligned widths (the op's own plan, where `implementations.vllm` has role
+    # audited, finds what else it takes).
     provider: str = ""
     # a broken kernel the check cannot tell from correct ones of its kind (its cells say "inconclusive for this op")
     inseparable: bool = False
@@ -119,18 +120,17 @@ def entry_plan(entry: Entry) -> dict:
     m = plan["matrix"]
     m.update(tp=[1], graph_mode=list(entry.graph_modes), sm=[s for s in m["sm"] if s in ("cpu", "sm90")],
              dtype=[d for d in entry.dtypes if d in m["dtype"]] or m["dtype"])
-    plan.pop("providers", None)
+    # native and compiled (timed by no item here), and the implementation audited, as the base plan names it
+    implementations = plan.pop("implementations", None) or {}
+    plan["implementations"] = {"native": {}, "compiled": {}}
     if entry.provider:
-        plan["providers"] = [entry.provider]
-        if entry.provider == "vllm":  # vLLM's kernel as the base plan names it, and no route into vLLM
-            plan["vllm"] = {"kernel": plan["vllm"]["kernel"]}
+        plan["implementations"][entry.provider] = {**implementations[entry.provider], "role": ["audited"]}
         for arg in plan["op"]["args"].values():
             if isinstance(arg, dict) and "layout" in arg:
                 arg["layout"] = ["contiguous"]
         plan.setdefault("numerics", {})["awkward_sizes"] = False
         plan["numerics"]["int32_overflow"] = False
-    for section in ("benchmark",) + (() if entry.provider else ("vllm",)) + (("exclude", "expect") if entry.kernel
-                                                                           else ()):
+    for section in ("benchmark", "vllm") + (("exclude", "expect") if entry.kernel else ()):  # no route into vLLM
         plan.pop(section, None)
     for section in ("exclude", "expect"):  # the rules narrowed with the matrix; a rule left matching nothing goes
         rules = []

@@ -51,14 +51,10 @@ MAX_OFF_BY_ONE = 0.01
 
 
 @pytest.fixture(scope="module", autouse=True)
-def faithful_interpreter():
-    """On a CPU machine: patch the interpreter (for this process) to round as a GPU does; fail if the
-    casts these kernels use are still wrong, since no verdict below would then mean anything."""
-    if torch.cuda.is_available():
-        return
-    from harness.interpreter import make_faithful
-
-    still_wrong = make_faithful()
+def faithful_interpreter(faithful_interpreter):
+    """On a CPU machine: the interpreter patched (the conftest's fixture, for this process) to round as a GPU does;
+    fail if the casts these kernels use are still wrong, since no verdict below would then mean anything."""
+    still_wrong = faithful_interpreter
     used = {k: v for k, v in still_wrong.items() if k in ("fp32->bf16", "fp32->fp16", "fp32->float8_e4m3fn")}
     assert not used, f"the interpreter still computes these casts unlike a GPU: {used}"
 

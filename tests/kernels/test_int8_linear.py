@@ -12,6 +12,9 @@ import torch
 from kernels.int8_linear import int8_weight_only_linear, int8_weight_only_linear_ref
 from tests.broken.int8_linear_bugs import scale_per_row
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (atol, rtol). The kernel is exact up to fp32 summation order and the final rounding (which a CPU
 # machine truncates for bf16: 1 ulp). Measured worst cases here: fp32 1.2e-6, fp16 4.9e-4, bf16 1.6e-2

@@ -12,6 +12,9 @@ import torch
 from kernels.paged_attention import paged_attention, paged_attention_native, paged_attention_ref
 from tests.broken.paged_attention_bugs import attends_whole_blocks
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (atol, rtol). bf16/fp16: P is rounded to the cache dtype for the P @ V dot, and a CPU machine truncates
 # the final fp32 -> bf16 cast (1 ulp); measured worst cases here: fp32 5e-7, fp16 1e-3, bf16 1.6e-2.

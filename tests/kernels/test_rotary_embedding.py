@@ -20,6 +20,9 @@ if not torch.cuda.is_available():
 from kernels.rotary_embedding import build_cos_sin_cache, rotary_embedding, rotary_embedding_ref
 from tests.broken.rotary_bugs import always_gptj, key_unrotated
 
+# These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
+pytestmark = pytest.mark.usefixtures("faithful_interpreter")
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MAX_POSITION = 4096
 BASE = 10000.0

@@ -1,7 +1,7 @@
 """Benchmarks: per regime and GPU, is the kernel faster than what vLLM runs without it: its native code eager
 ("native": op.native, what vLLM runs without the custom op in the activation dtype, else the reference), the same
 under torch.compile ("compiled", Inductor), vLLM's in-tree kernel ("vllm") and any other kernel the plan names
-as a baseline (`benchmark.baselines: [{liger: liger_wrapper:rms_norm}]`, called like the kernel; with `prepare`,
+as a baseline (`implementations: {liger: {path: liger_wrapper:rms_norm}}`, called like the kernel; with `prepare`,
 its inputs mapped once per input set outside the timed region, e.g. weights dequantized for cuBLAS)?
 
 One item per benchmark shape (the plan's benchmark token counts x its sizes) x dtype x graph mode on

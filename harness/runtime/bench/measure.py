@@ -82,10 +82,10 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: Che
                                                                                                   float | None]:
     """The mismatch message (None: none) of one call on the item's fresh inputs, in the spec's graph mode,
     judged as a numerics cell judges it (the same tolerance and fp64 tie-break), and the largest fraction of a
-    quantized output's elements one step from the reference (None: no quantized output). That fraction is not
-    judged here: each implementation has its own allowance (vLLM's kernel its vllm.kernel.max_step_fraction), which
-    the record's readers apply (harness.results.merge). The call already ran outside a capture (its timing loop
-    compiled, autotuned and initialised it)."""
+    quantized output's elements one step from the reference (None: no quantized output). That fraction is not judged
+    here: each implementation has its own allowance (its max_step_fraction), which the record's readers apply
+    (harness.results.merge). The call already ran outside a capture (its timing loop compiled, autotuned and initialised
+    it)."""
     values = inputs.fresh()
     run, arg = call.timed([values]) if isinstance(call, Prepared) else (call, [values])  # prepared outside a capture
     actual = _captured(run, arg[0]) if spec.graph_mode == "cuda_graph" else run(arg[0])

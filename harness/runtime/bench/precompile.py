@@ -18,8 +18,9 @@ from harness.runtime.calls import first_line
 from harness.runtime.device import detect, inductor_settings, package_version
 from harness.runtime.resolve import resolve
 from harness.plan.model import Plan
-from harness.runtime.providers import load_kernel
-from harness.runtime.bench.implementations import compiled_reference, input_sets, kernel_call, reference_call
+from harness.plan.implementations import COMPILED
+from harness.runtime.implementations import compiled_reference, load_implementation
+from harness.runtime.bench.implementations import input_sets, kernel_call, reference_call
 from harness.runtime.bench.specs import BenchSpec, outside_contract
 
 
@@ -34,10 +35,10 @@ def _precompile_shape(plan: Plan, spec: BenchSpec, device: str) -> str | None:
     H200, Dynamo's error for a raising reference held a module, and the pool reported only that)."""
     values = input_sets(plan, spec, device)[0]
     try:
-        if "compiled" in plan.benchmark.baselines:
+        if COMPILED in plan.baselines:
             reference_call(plan, compiled_reference(resolve(plan).native, spec.shape))(values)
         if device == "cuda" and not outside_contract(plan, "kernel", spec):  # the kernel is timed on GPUs only
-            kernel_call(plan, load_kernel(plan))(values)
+            kernel_call(plan, load_implementation(plan))(values)
             torch.cuda.synchronize()
         return None
     except Exception as error:

@@ -11,11 +11,12 @@ import itertools
 from dataclasses import dataclass
 
 from harness.plan.hardware import Hardware
+from harness.plan.implementations import BUILTIN
 from harness.runtime.inputs import sizes_fit
 from harness.plan.matrix import Cell, bench_graph_modes, decide
 from harness.plan.model import Plan
 
-IMPLS = ("kernel", "native", "compiled", "vllm")  # every record has these; named baselines follow them
+IMPLS = ("kernel", *BUILTIN)  # every record has these; the plan's own baselines follow them
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,11 @@ class BenchSpec:
     sm: str
     num_tokens: int
     sizes: tuple[tuple[str, int], ...] = ()
-    named: tuple[str, ...] = ()  # the plan's named baselines (not part of the id)
+    named: tuple[str, ...] = ()  # the plan's own baselines, beside the built-in ones (not part of the id)
 
     @property
     def impls(self) -> tuple[str, ...]:
-        """Every implementation a record of this shape holds: the kernel, the built-in baselines, the named ones."""
+        """Every implementation a record of this shape holds: the kernel, the built-in baselines, the plan's own."""
         return IMPLS + self.named
 
     @property
@@ -57,7 +58,7 @@ def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
     head_size)."""
     modes = bench_graph_modes(plan)
     names = list(plan.sizes)
-    named = tuple(name for name, _ in plan.benchmark.named)
+    named = tuple(name for name in plan.baselines if name not in BUILTIN)
     specs = []
     combos = [tuple(v for _, v in combo) for combo in plan.benchmark.sizes] or [
         values for values in itertools.product(*(plan.sizes[s] for s in names))
@@ -72,9 +73,9 @@ def bench_specs(plan: Plan, sm: str) -> list[BenchSpec]:
 
 
 def outside_contract(plan: Plan, name: str, spec: BenchSpec) -> str:
-    """Why a benchmark shape is outside the contract of the kernel or of a named baseline ("" when it is not):
-    that one is not timed on it."""
-    contract = plan.contract if name == "kernel" else plan.benchmark.contract(name)
+    """Why a benchmark shape is outside the contract of the kernel or of one of the plan's implementations ("" when
+    it is not): that one is not timed on it."""
+    contract = plan.contract if name == "kernel" else plan.implementation(name).contract
     why = contract.outside(plan.args, spec.sizes_dict, spec.dtype) if contract else ""
     return f"outside {'the kernel' if name == 'kernel' else name}'s contract: {why}" if why else ""
 

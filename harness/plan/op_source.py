@@ -1,10 +1,22 @@
 """Python source generated from a plan: the kernel as an opaque torch.library custom op (shown in Key interfaces, and
-the first part of the plan's vLLM plugin, harness.vllm.plugin_source)."""
+the first part of the plan's vLLM plugin, harness.vllm.plugin_source), with the Python literals it writes (`py_str`,
+`py_tuple`). Plain Python: text from the plan, the kernel's code never imported."""
 
 from __future__ import annotations
 
-from harness.rendering.markdown import py_str, py_tuple
+import json
+
 from harness.plan.model import Plan
+
+
+def py_str(value: str) -> str:
+    return json.dumps(value)  # a Python string literal (JSON's escapes are valid Python)
+
+
+def py_tuple(items) -> str:
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
 
 # ---------------------------------------------------------------- the custom op
 

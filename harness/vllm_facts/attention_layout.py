@@ -6,9 +6,11 @@ vLLM 0.32 gives an attention backend one KV cache tensor per layer, seen as [num
 whatever physical KVCacheLayout vLLM chose, each token's key in the first head_size of C and its value in the second
 (the split vllm/v1/attention/backends/triton_attn.py makes, and vLLM's Triton cache writer fills). 0.32 has no
 `get_kv_cache_shape`: the shape is vLLM's (its AttentionSpec), a backend only narrows the physical layout
-(`supported_kv_cache_layouts`). The kernel's key and value caches are views of that tensor in the order the plan's
-cache shape names its dims, a permute, never a copy; the batch's tensors are vLLM's own (block table, seq_lens,
-query_start_loc, all int32) and the softmax scale the layer's.
+(`supported_kv_cache_layouts`). vLLM 0.26 gives the same logical view but asks the backend for it
+(`get_kv_cache_shape`) and for its physical dim order (`get_kv_cache_stride_order`, after the process-wide NHD or HND
+layout): the plugin answers there as TRITON_ATTN does. The kernel's key and value caches are views of that tensor in
+the order the plan's cache shape names its dims, a permute, never a copy; the batch's tensors are vLLM's own (block
+table, seq_lens, query_start_loc, all int32) and the softmax scale the layer's.
 
 Which plan argument is which: the inputs built from the batch by their `init` (block_tables, seq_lens,
 query_start_loc), the query and the output by their shape [num_tokens, num_heads, head_size], the caches as the two
@@ -21,10 +23,11 @@ Plain Python: nothing here imports torch or vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from harness.plan.fields import many
-from harness.plan.model import Plan
-from harness.plan.sections import Arg
+if TYPE_CHECKING:  # type hints only: the plan's checks import these facts, never the other way
+    from harness.plan.model import Plan
+    from harness.plan.sections import Arg
 
 ROUTE = "attention_backend"
 # The dims of vLLM's per-layer KV cache view, in its order (the last is 2 * head_size: keys, then values).
@@ -147,7 +150,7 @@ def _sizes_drawn(plan: Plan, symbol: str) -> list[int]:
     if awkward:
         return []
     cpu = dict(plan.numerics.cpu_sizes).get(symbol)
-    return sorted({*spec.values, *(cpu if isinstance(cpu, (list, tuple)) else many(cpu))})
+    return sorted({*spec.values, *(cpu if isinstance(cpu, (list, tuple)) else () if cpu is None else (cpu,))})
 
 
 def kernel_block_sizes(plan: Plan) -> list[int]:

@@ -1,4 +1,4 @@
-"""vLLM's own defaults for its own kernels, as data: per kind of switch (a plan's vllm.kernel.switch says which
+"""vLLM's own defaults for its own kernels, as data: per kind of switch (a plan's implementations.vllm.switch says which
 its kernel has), per platform and vLLM profile, whether vLLM turns it on by itself, with the file and symbol of the
 installed vLLM each default comes from.
 
@@ -6,9 +6,9 @@ Seed 002 asks whether vLLM's own custom ops should be on by default per platform
 vLLM's kernel (its `vllm` baseline) against native eager and Inductor; the decision for it
 (harness.decisions.recommendations.vllm_kernel_recommendations) is set beside the default here on reports/README.md
 (harness.rendering.defaults), with the switch that turns it on or off. The knowledge lives in one table rather
-than in the code that renders it, so a new vLLM release is one edit here; it sits just above the plan's layer
-(it writes settings with harness.vllm.names), because decisions and pages both read it and neither may import the
-other's layer upward.
+than in the code that renders it, so a new vLLM release is one edit here; it sits with vLLM's other facts below the
+plan's layer (it writes settings with harness.vllm_facts.names), because decisions and pages both read it and
+neither may import the other's layer upward.
 
 Read from vLLM 0.32 (the installed vllm package):
 - `custom_ops` gets its base mode in vllm/config/vllm.py `VllmConfig.__post_init__`: "none" where Inductor
@@ -37,9 +37,12 @@ Plain Python: nothing here imports vLLM. Where vLLM is installed, tests/test_vll
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from harness.plan.sections import VllmSwitch
-from harness.vllm.names import custom_ops, ir_priority
+from harness.vllm_facts.names import custom_ops, ir_priority
+
+if TYPE_CHECKING:  # type hints only: the plan's checks import these facts, never the other way
+    from harness.plan.sections import VllmSwitch
 
 # The switches vLLM has for one of its kernels: an IR op's provider priority, a CustomOp's `custom_ops` entry, a
 # fusion pass's `pass_config` flag.
@@ -85,8 +88,8 @@ def platform_of(sm: str) -> str:
 
 
 def vllm_default(switch: VllmSwitch, sm: str, profile: str) -> VllmDefault | None:
-    """vLLM's default for a switch of one of its kernels (a plan's vllm.kernel.switch) on the platform of `sm` in a
-    profile; None where this table has none."""
+    """vLLM's default for a switch of one of its kernels (a plan's implementations.vllm.switch) on the platform of
+    `sm` in a profile; None where this table has none."""
     if switch.cpu_runs_native and platform_of(sm) == CPU:
         return VllmDefault(switch.kind, CPU, profile, False, switch.cpu_runs_native,
                            "forward_cpu runs forward_native, whatever custom_ops says")

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from harness.plan.model import Plan
-from harness.vllm.attention_layout import ROUTE as ATTENTION_ROUTE
-from harness.vllm.kernels import args_problem, kernel_schema, parse_schema
+from harness.vllm_facts.attention_layout import ROUTE as ATTENTION_ROUTE
+from harness.vllm_facts.kernels import args_problem, kernel_schema, parse_schema
+
+if TYPE_CHECKING:  # type hints only: the plan's checks import these facts, never the other way
+    from harness.plan.model import Plan
 
 
 @dataclass(frozen=True)
@@ -100,20 +103,23 @@ def unsupported(plan: Plan) -> str:
     return ""
 
 
-def baseline_unsupported(plan: Plan) -> str:
-    """Why vLLM's kernel cannot be the plan's `vllm` provider or baseline ("" when it can): the plan names none, or
-    its arguments do not map onto the kernel's schema through `vllm.kernel.args` (where the schema is known before
-    the run: harness.vllm.kernels)."""
-    kernel = plan.vllm.kernel
+def implementation_unsupported(plan: Plan, name: str = "vllm") -> str:
+    """Why an implementation called through a torch.ops schema (vLLM's kernel, a library's torch.ops kernel) cannot
+    take the plan's arguments ("" when it can, or where it is called otherwise): the plan names none, or its
+    arguments do not map onto the schema through the entry's `args` (where the schema is known before the run:
+    harness.vllm_facts.kernels, or the entry's `signature`)."""
+    kernel = plan.implementation(name)
     if kernel is None:
-        return ("the plan names no vLLM kernel for the op (vllm.kernel: its torch.ops._C name and the plan argument "
-                "passed for each of its parameters)")
+        return ("the plan names no vLLM kernel for the op (implementations.vllm: its torch.ops._C name and the plan "
+                "argument passed for each of its parameters)")
+    if kernel.args is None:
+        return ""
     missing = [n for n in kernel.args if not plan.has_arg(n)]
     if missing:
         return (f"{kernel.call} takes ({', '.join(kernel.args)}) from the plan's arguments; the plan has no "
                 f"{', '.join(missing)}")
     schema = kernel_schema(kernel)
-    if not schema:  # checked against the installed vLLM's registered schema when it runs (harness.vllm.compiled)
+    if not schema:  # checked against the registered schema when it runs (harness.runtime)
         return ""
     return args_problem(kernel, parse_schema(schema)[1], [plan.arg(n) for n in kernel.args], plan.written_args)
 

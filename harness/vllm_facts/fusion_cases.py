@@ -14,8 +14,10 @@ Profiles are vLLM 0.32's (vllm/compilation/passes/fusion/). Plain Python: nothin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from harness.plan.model import Plan
+if TYPE_CHECKING:  # type hints only: the plan's checks import these facts, never the other way
+    from harness.plan.model import Plan
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class FusionCase:
 
 QUANT_CUSTOM_OP = "quant_fp8"
 
-# vLLM IR's provider names (as in harness.vllm.names): vLLM's own kernel, and torch code.
+# vLLM IR's provider names (as in harness.vllm_facts.names): vLLM's own kernel, and torch code.
 _VLLM_C, _NATIVE = "vllm_c", "native"
 
 
@@ -78,8 +80,8 @@ def fusion_profiles(case: FusionCase) -> list[FusionProfile]:
 
 def fusion_case(plan: Plan) -> FusionCase | None:
     """The fusion the plan's kernel is the fused kernel of, if any: the plan's `vllm.fusion`, rewriting into its
-    `vllm.kernel` when the pass its switch names is on."""
-    fusion, kernel = plan.vllm.fusion, plan.vllm.kernel
+    `implementations.vllm` when the pass its switch names is on."""
+    fusion, kernel = plan.vllm.fusion, plan.vllm_kernel
     if fusion is None:
         return None
     return FusionCase(plan.name, fusion.layers, fusion.pass_path, kernel.switch.name, fusion.layer_custom_op,

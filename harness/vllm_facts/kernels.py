@@ -2,12 +2,13 @@
 arguments fit one.
 
 Which of vLLM's kernels does an op, and which plan argument goes to each of its parameters, is the plan's own
-`vllm.kernel` (harness.plan.model.VllmKernel): it serves as the plan's `vllm` provider, run through its numerics
+`implementations.vllm`: it serves as the plan's `vllm` provider, run through its numerics
 cells, and its `vllm` benchmark baseline, the same call timed (harness.runtime.providers). Here is vLLM's side only:
 the schemas of the vLLM release the bundled plans were written against (csrc/torch_bindings.cpp; the light ops in
 csrc/libtorch_stable/torch_bindings.cpp, built as `_C_stable_libtorch.abi3.so`), so that a plan's arguments are
 checked when it is loaded; a kernel this table lacks takes the plan's `signature`, else the installed vLLM's
-registered schema at run time (harness.vllm.compiled). Plain Python, at the plan's layer.
+registered schema at run time (harness.runtime.vllm_compiled, which also checks this table against the schema the
+installed vLLM registers). Plain Python, below the plan's layer: the plan's checks read it.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ SCHEMAS = {name: f"{name}({params}) -> ()" for name, params in (
 
 
 def kernel_schema(kernel) -> str:
-    """The schema of a plan's `vllm.kernel`: its own `signature`, else vLLM 0.26.0's, else "" (read at run time)."""
+    """The schema of a plan's torch.ops kernel (`implementations.vllm`): its own `signature`, else vLLM 0.26.0's,
+    else "" (read at run time)."""
     return kernel.signature or SCHEMAS.get(kernel.name, "")
 
 
