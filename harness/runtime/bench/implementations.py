@@ -87,7 +87,8 @@ class Prepared:
 def timed_functions(plan: Plan) -> dict[str, str]:
     """What each baseline of the plan times, by import path (recorded with every benchmark, so a page tells which
     function a figure came from after the plan changed)."""
-    return {name: function_of(plan, name) for name in plan.baselines if function_of(plan, name)}
+    functions = {name: function_of(plan, name) for name in plan.baselines}
+    return {name: path for name, path in functions.items() if path}
 
 
 def implementations(plan: Plan, device: str, spec: BenchSpec | None = None) -> dict[str, Callable | str]:
