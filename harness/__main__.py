@@ -1,7 +1,7 @@
-"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `overview PLAN...`,
+"""Command line: `python -m harness validate PLAN...`, `report PLAN`, `plot PLAN`, `diff PLAN`, `overview PLAN...`,
 `merge SOURCE...`, `schema` and `manifest`.
 
-Plain Python: report, plot, overview and merge read plans and results only; validate imports the plans' code in a
+Plain Python: report, plot, diff, overview and merge read plans and results only; validate imports the plans' code in a
 child process (harness.runtime.resolve), so none of them imports torch here.
 """
 
@@ -14,12 +14,13 @@ from pathlib import Path
 from harness.rendering.overview import write_overview
 from harness.rendering.plots import draw_plots
 from harness.rendering.report import write_report
+from harness.rendering.toolchains import diff_text
 from harness.results.code_hash import MANIFEST, write_manifest
 from harness.results.merge import collect
 from harness.results.store import fold_files
 from harness.runtime.resolve import resolve_in_child
 from harness.plan.load import load_plan
-from harness.plan.matrix import expand
+from harness.cells.matrix import expand
 from harness.plan.model import PlanError
 from harness.plan.field_docs import fields_table
 from harness.plan.schema import json_schema_text
@@ -40,6 +41,11 @@ def main(argv=None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("plan")
         p.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
+    d = sub.add_parser("diff", help="what changed with the toolchain: per cell and benchmark, the stored results of "
+                                    "the latest two toolchains (torch, Triton, vLLM) on each GPU, old -> new")
+    d.add_argument("plan")
+    d.add_argument("--sm", help="one SM's results only (sm90)")
+    d.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
     o = sub.add_parser("overview", help="rebuild reports/README.md, the decisions across ops, from stored results")
     o.add_argument("plan", nargs="+")
     o.add_argument("--reports-dir", default="reports", help="folder holding <op>/results (default: reports)")
@@ -78,9 +84,10 @@ def main(argv=None) -> int:
             status = 2
     owners: dict[str, str] = {}
     for plan in loaded:  # one op.name per plan: each op's page and results are its own (reports/<op.name>/)
-        first = owners.setdefault(plan.name, str(plan.path))
+        first = owners.setdefault(plan.op.name, str(plan.path))
         if first != str(plan.path):
-            print(f"error: {plan.path}:{plan.where('op.name')}: op.name: {plan.name!r} is already the op of {first}: "
+            print(f"error: {plan.path}:{plan.where('op.name')}: op.name: {plan.op.name!r} is already the op of "
+                  f"{first}: "
                   "the two would write one page and one results folder", file=sys.stderr)
             status = 2
     if status or args.command == "validate":
@@ -99,7 +106,7 @@ def main(argv=None) -> int:
                 continue
             code = "; its code resolves" if str(plan.path) in resolved else ""
             also = "".join(f", and {len(expand(plan, p))} of {p}" for p in plan.providers)
-            print(f"{plan.path}: ok ({plan.name}, {len(expand(plan))} cells{also}){code}")
+            print(f"{plan.path}: ok ({plan.op.name}, {len(expand(plan))} cells{also}){code}")
         return status
     if args.command == "overview":
         path, problems = write_overview(loaded, Path(args.reports_dir))
@@ -107,7 +114,13 @@ def main(argv=None) -> int:
             print(f"warning: {problem}", file=sys.stderr)
         print(f"wrote {path}")
         return 0
-    plan, op_dir = loaded[0], Path(args.reports_dir) / loaded[0].name
+    plan, op_dir = loaded[0], Path(args.reports_dir) / loaded[0].op.name
+    if args.command == "diff":
+        res = collect(plan, op_dir)
+        for problem in res.problems:
+            print(f"warning: {problem}", file=sys.stderr)
+        print(diff_text(res, args.sm))
+        return 0
     if args.command == "plot":
         for path in draw_plots(plan, op_dir):
             print(f"wrote {path}")

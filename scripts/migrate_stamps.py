@@ -29,7 +29,7 @@ from pathlib import Path
 from harness.results.stamps import stamp
 from harness.results.store import load, write_atomic
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 
 ROOT = Path(__file__).resolve().parents[1]
 KIND = {"cells": "numerics", "integration": "integration", "benchmarks": "bench"}
@@ -57,7 +57,7 @@ def commit_of(prov: dict) -> str | None:
 
 def kernel_source_changed(plan, commit: str | None) -> bool:
     """Whether the kernel module's file differs between `commit` and the working tree (unknown commit: assume so)."""
-    module = plan.kernel.partition(":")[0].replace(".", "/") + ".py"
+    module = plan.op.kernel.partition(":")[0].replace(".", "/") + ".py"
     if commit is None:
         return True
     diff = subprocess.run(["git", "diff", "--quiet", commit, "--", module], cwd=ROOT)
@@ -67,13 +67,13 @@ def kernel_source_changed(plan, commit: str | None) -> bool:
 def migrate(plan_path: Path, reports: Path, checks_version) -> str:
     plan = load_plan(plan_path)
     legacy = checks_version(plan_path)
-    results_dir = reports / plan.name / "results"
+    results_dir = reports / plan.op.name / "results"
     lines = []
     for path in sorted(results_dir.glob("*.json")):
         if "." in path.stem:
             continue
         raw = json.loads(path.read_text())
-        results = load(path, plan.name)
+        results = load(path, plan.op.name)
         stamped = left = steps = 0
         for section in ("cells", "integration", "benchmarks"):
             for key, rec in results.section(section).items():

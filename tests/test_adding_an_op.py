@@ -15,7 +15,7 @@ from harness.vllm import routes as integration
 from harness.results.store import Status
 from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 
 # These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.
 pytestmark = pytest.mark.usefixtures("faithful_interpreter")

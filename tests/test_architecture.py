@@ -241,7 +241,7 @@ def test_harness_modules_stay_small():
 def test_the_tree_is_the_flow_plan_cells_results_decisions_pages():
     """Each kind of work in its own sub-package, and nothing of the harness's own beside them but its entry points."""
     packages = {p.name for p in HARNESS.iterdir() if (p / "__init__.py").exists()}
-    assert packages == {"plan", "results", "decisions", "rendering", "runtime", "vllm", "vllm_facts", "plugin",
-                        "interpreter"}, packages
+    assert packages == {"plan", "cells", "results", "decisions", "rendering", "runtime", "vllm", "vllm_facts",
+                        "plugin", "interpreter"}, packages
     loose = {p.name for p in HARNESS.glob("*.py")} - {"__init__.py", "__main__.py"}
     assert not loose, f"modules outside the sub-packages: {loose}"

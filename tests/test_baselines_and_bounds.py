@@ -59,7 +59,7 @@ def test_an_fp32_variance_is_what_vllm_does_and_is_not_warned(tmp_path):
 
 def test_native_is_resolved_and_checked_like_the_reference(tmp_path):
     plan = load_plan(INT8)
-    assert plan.native == "kernels.int8_linear:int8_weight_only_linear_native"
+    assert plan.op.native == "kernels.int8_linear:int8_weight_only_linear_native"
     assert resolve(plan).native.__name__ == "int8_weight_only_linear_native"
     assert load_plan(rms_norm_plan(tmp_path)).native_path == "kernels.rms_norm:rms_norm_ref"  # none: the reference
     for new, field, words in (("kernels.int8_linear:int8_weight_only_linear_natve", "op.native",
@@ -108,7 +108,7 @@ def test_the_int8_plans_time_native_and_cublas_in_the_activation_dtype_and_say_w
     rec = run_benchmark(BenchTask(plan, spec)).record
     for name in ("native", "cublas"):
         assert rec.impls[name].timed and rec.impls[name].differs is None, (name, rec.impls[name])
-    assert rec.timed_functions["native"] == plan.native
+    assert rec.timed_functions["native"] == plan.op.native
     if torch.cuda.is_available():  # machete packs weights of 128-multiples only: these 64s are refused, and why
         assert rec.impls["machete"].not_run.startswith("raised RuntimeError: "), rec.impls["machete"]
     else:

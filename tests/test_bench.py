@@ -23,7 +23,7 @@ from harness.runtime.bench.specs import IMPLS, BenchSpec, bench_specs, skip_reas
 from harness.runtime import timing as timers
 
 from harness.rendering import performance
-from harness.plan.hardware import Hardware
+from harness.cells.hardware import Hardware
 from harness.plan.load import load_plan
 from harness.plan.expressions import evaluate
 from harness.plan.model import PlanError

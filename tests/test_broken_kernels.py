@@ -25,7 +25,9 @@ CI = RunSettings(examples=25, profile="ci", database=None)
 
 # (kernel, cell, functional plan?, words the failure reason must contain)
 WRONG_RESULTS = [
-    ("no_load_mask", "decode-fp32-tp1-eager-cpu", False, "output 'out'"),
+    # Past the end of x and weight: the interpreter reports the load; a GPU reads whatever lies there.
+    ("no_load_mask", "decode-fp32-tp1-eager-cpu", False,
+     "output 'out'" if torch.cuda.is_available() else "OutOfBounds: load at tests/broken/rms_norm_bugs.py:"),
     ("eps_dropped", "decode-fp32-tp1-eager-cpu", False, "output 'out'"),
     ("mean_over_block", "decode-fp32-tp1-eager-cpu", False, "max abs error"),
     ("fp16_square_sum", "decode-fp16-tp1-eager-cpu", False, "output 'out'"),

@@ -16,10 +16,10 @@ from harness.runtime.bench.measure import run_benchmark
 from harness.runtime.bench.specs import BenchSpec, bench_specs, outside_contract, skip_reason
 
 from harness.rendering import report
-from harness.plan.hardware import Hardware
+from harness.cells.hardware import Hardware
 from harness.runtime.inputs import build_args, examples, within_contract
-from harness.plan.matrix import Cell, decide
-from harness.plan.status import Status
+from harness.cells.matrix import Cell, decide
+from harness.cells.status import Status
 from harness.plan.load import load_plan
 from harness.plan.model import PlanError
 from harness.results.store import to_json
@@ -126,10 +126,11 @@ def test_a_contract_loads_as_written(tmp_path):
                                     "at_most": {"hidden": 16384}, "dtypes": ["bf16", "fp16"],
                                     "why": "vectorised 16-byte loads"},
                          matrix={"dtype": ["fp32", "bf16", "fp16"]})
-    c = load_plan(path).contract
+    plan = load_plan(path)
+    c = plan.contract
     assert (c.contiguous, c.row_stride_multiple_of, c.multiple_of) == (("weight",), (("x", 8),), (("hidden", 8),))
-    assert (c.at_least, c.at_most, c.dtypes, c.line) == ((("hidden", 16),), (("hidden", 16384),), ("bf16", "fp16"),
-                                                        contract_line(path))
+    assert (c.at_least, c.at_most, c.dtypes, plan.where("op.contract")) == (
+        (("hidden", 16),), (("hidden", 16384),), ("bf16", "fp16"), contract_line(path))
     assert c.describe() == ("weight contiguous; x's row stride a multiple of 8 elements; hidden a multiple of 8; "
                             "hidden at least 16; hidden at most 16384; dtypes bf16, fp16")
     assert load_plan(ROOT / "plan.yaml").contract.empty

@@ -112,7 +112,8 @@ def vllms_silu(tmp_path: Path):
     Inductor's code and native eager, prefill slower than Inductor's code and faster than native eager."""
     plan = load_plan(ROOT / "kernels" / "plans" / "silu_and_mul.yaml")
     reports = tmp_path / "reports"
-    write_results(reports / plan.name, "sm90-nvidia-h200.json", plan.name, "run-h200", machine("sm90", "h200"), {},
+    write_results(reports / plan.op.name, "sm90-nvidia-h200.json", plan.op.name, "run-h200", machine("sm90", "h200"),
+                  {},
                   {"decode-64": silu_bench("decode", 64, 5.0, 9.0, 8.0),
                    "prefill-2048": silu_bench("prefill", 2048, 60.0, 90.0, 30.0)})
     return plan, reports

@@ -247,13 +247,13 @@ def _page(tmp_path, plan_path: Path, records: dict) -> str:
     from harness.results.store import Provenance, Results, write_atomic
 
     plan = load_plan(plan_path)
-    results = Results(plan.name, {"r": Provenance(sm="sm90", device="cuda", gpu="NVIDIA H200", device_count=1,
+    results = Results(plan.op.name, {"r": Provenance(sm="sm90", device="cuda", gpu="NVIDIA H200", device_count=1,
                                                    cpu_count=16, date="2026-12-01T00:00:00Z")})
     for key, rec in records.items():
         rec.run = "r"
         results.integration[key] = rec
-    write_atomic(tmp_path / plan.name / "results" / "sm90-nvidia-h200.json", results)
-    return render(plan, tmp_path / plan.name)[0]
+    write_atomic(tmp_path / plan.op.name / "results" / "sm90-nvidia-h200.json", results)
+    return render(plan, tmp_path / plan.op.name)[0]
 
 
 def test_the_fusion_section_says_per_profile_whether_the_pattern_matched_and_the_fused_kernel(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from harness.results.fingerprints import UNKNOWN, benchmark_fingerprint, implementation_fingerprint, \
     plan_fingerprint
 from harness.plan.load import load_plan
-from harness.plan.matrix import every_cell
+from harness.cells.matrix import every_cell
 from harness.plan.vocabulary import PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,12 +162,15 @@ def test_the_same_tolerance_as_vllm_irs_default_changes_nothing(tmp_path):
 
 def test_a_providers_entry_changes_its_own_records_only(tmp_path):
     """A named baseline's contract changes that baseline's cells and the benchmarks (which time it), not the kernel's
-    cells or another baseline's; its `setting` (words for the decision) changes nothing. vLLM's kernel's dtypes change
+    cells or another baseline's; its `setting` and `title` (words for the decision) and which is the `default`
+    (decided at render) change nothing. vLLM's kernel's dtypes change
     the vllm provider's cells and the vLLM items, not the kernel's cells."""
     root = copy_tree(tmp_path)
     path = root / "kernels" / "plans" / "int8_linear_row.yaml"
     before = every_fingerprint(load_plan(path))
     edit(path, 'setting: "a W8A16 checkpoint', 'setting: "a W8A16 (int8 weight-only) checkpoint')
+    edit(path, "  machete:\n", "  machete:\n    title: \"vLLM's machete\"\n")  # words too
+    edit(path, "  cublas:\n", "  cublas:\n    role: [baseline, default]\n")  # what the decisions weigh against
     assert every_fingerprint(load_plan(path)) == before
     edit(path, "    prepare: kernels.int8_linear_vllm:machete_prepack\n",
          "    prepare: kernels.int8_linear_vllm:machete_prepack\n    contract: {dtypes: [fp16, bf16]}\n")

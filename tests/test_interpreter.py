@@ -57,6 +57,9 @@ def test_probe_finds_known_problems_of_an_unpatched_interpreter():
     assert "Did you forget to add @triton.jit" in found["math.rsqrt imported by name"]
     assert "0 active drivers" in found["autotune"]
     assert found["inline asm"].startswith("raised NotImplementedError"), found["inline asm"]
+    # A lane past a tensor's end is performed, unreported (the probe's tensors are slices of a buffer it owns).
+    assert found["out-of-bounds load"] == "a load one element past a tensor's end ran unreported"
+    assert found["out-of-bounds store"] == "a store one element past a tensor's end ran unreported"
 
 
 USER_SCRIPT = """

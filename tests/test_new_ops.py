@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from harness.runtime.batches import draw_batch
 from harness.runtime.inputs import build_args, examples
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.load import load_plan
 from harness.plan.model import PlanError
 from harness.results.store import Status

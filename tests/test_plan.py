@@ -58,7 +58,7 @@ def test_bundled_plans_load():
         plan = load_plan(path)
         code = resolve(plan)
         assert code.kernel is not None and code.reference is not None
-        assert plan.outputs
+        assert plan.op.outputs
 
 
 PLAN_FILES = [ROOT / "plan.yaml", *sorted((ROOT / "kernels" / "plans").glob("*.yaml")),
@@ -83,13 +83,13 @@ def test_a_validated_plan_is_complete_however_it_was_made(path):
 
 def test_base_plan_fields(tmp_path):
     plan = load_plan(write(tmp_path, BASE))
-    assert plan.name == "rms_norm" and plan.intent == "drop-in"
+    assert plan.op.name == "rms_norm" and plan.op.intent == "drop-in"
     assert [a.name for a in plan.args] == ["out", "x", "weight", "eps"]
     assert plan.arg("eps").value == 1e-6 and not plan.arg("eps").is_tensor
     assert plan.arg("x").layouts == ("contiguous", "strided")
     assert [str(d) for d in plan.arg("out").shape] == ["num_tokens", "hidden"]
     assert plan.matrix["tp"] == (1, 2)
-    assert plan.excludes[0].why == "not on this machine" and plan.excludes[0].line == 20
+    assert plan.exclude[0].why == "not on this machine" and plan.where("exclude[0]") == 20
     assert plan.tolerance["bf16"].atol == 1e-2
     assert plan.numerics.examples == 5
 
@@ -252,7 +252,7 @@ def test_loading_imports_none_of_the_plans_code(tmp_path):
     path = write(tmp_path, BASE.replace("kernel: kernels.rms_norm:rms_norm", "kernel: tests.nowhere:kernel")
                  .replace("reference: kernels.rms_norm:rms_norm_ref", "reference: tests.nowhere_either:ref"))
     plan = load_plan(path)
-    assert "tests.nowhere" not in sys.modules and plan.kernel == "tests.nowhere:kernel"
+    assert "tests.nowhere" not in sys.modules and plan.op.kernel == "tests.nowhere:kernel"
     assert (plan.where("op.kernel"), plan.where("op.reference"), plan.where("op.args.x.layout[1]")) == (4, 5, 8)
     assert plan.where("op.args.x.init") == 8  # not written: the line of the nearest field above it
     with pytest.raises(PlanError, match=rf"^{path}:4: op.kernel: expected an importable object \(ModuleNotFound"):

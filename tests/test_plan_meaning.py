@@ -77,7 +77,7 @@ def test_an_optional_bound_drawn_above_every_value_is_named_at_its_init(tmp_path
 def test_a_scalar_computed_as_a_float_reaches_the_call_as_that_float(tmp_path):
     """`{value: head_size ** -0.5}` was cast to an int: a softmax scale of 0."""
     from harness.runtime.inputs import Example, build_args
-    from harness.plan.matrix import Cell
+    from harness.cells.matrix import Cell
 
     scale = {"value": "head_size ** -0.5"}
     path = write_plan(tmp_path / "pa.yaml", PAGED, op={"args": {**_args(PAGED), "scale": scale}})

@@ -42,6 +42,7 @@ from harness.runtime.check_code import plan_code_warnings
 from harness.runtime.resolve import OPTIONAL_PACKAGE
 from harness.plan.load import load_plan
 from harness.plan.model import PlanError
+from harness.plan.sections import Op
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ("plan.yaml", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "kernels" / "plans").glob("*.yaml")))
@@ -348,11 +349,10 @@ class Outcome:
 
 IGNORED_FIELDS = {"line"}  # an argument's line: where the plan states it
 # Models held in the file's forms, by what the runtime reads of them (a dim of -1 is the last: the same split).
-RUNTIME_VIEW = {"Plan": ("name", "intent", "kernel", "reference", "fake", "description", "replaces", "args", "outputs",
-                         "mutates", "sizes", "size_specs", "matrix", "excludes", "expects", "tolerance",
-                         "output_tolerance", "numerics", "benchmark", "tp", "quantization", "generate", "vllm",
-                         "capture_sizes", "accumulation", "reduction", "contract", "native", "paths", "implementations",
-                         "baselines", "providers"),
+RUNTIME_VIEW = {"Plan": ("op", "args", "sizes", "matrix", "exclude", "expect", "tolerance", "output_tolerance",
+                         "numerics", "benchmark", "tp", "quantization", "vllm", "cuda_graph", "contract",
+                         "implementations", "baselines", "providers"),
+                "Op": tuple(n for n in Op.model_fields if n != "args"),  # the runtime reads the plan's args parsed
                 "TensorParallel": ("kind", "shard", "combine", "sequence_parallel", "units", "replicate",
                                    "merged_outputs"),
                 "Benchmark": ("decode", "prefill", "chunked_prefill", "sizes", "bytes", "flops", "models")}

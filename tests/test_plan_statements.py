@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 
-from harness.plan.op_source import custom_op_source
+from harness.vllm.op_source import custom_op_source
 from harness.results.store import Provenance, Status, load
 from harness.runtime import device
 from harness.runtime.check_code import plan_code_warnings
@@ -27,7 +27,7 @@ from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.runtime.upcast import upcast_warnings
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.vocabulary import VALUE_SCALES
 from tests.plans import cpu_machine_only, rms_norm_plan, write_plan
 from tests.test_report import cell as cell_record, machine, render, write_results

@@ -21,7 +21,7 @@ from harness.runtime.shrink_clock import ShrinkClock
 from harness.runtime.tasks import CellTask, RunSettings
 from harness.results.store import Status
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from tests.plans import cpu_machine_only, hide_vllm, read_results, rms_norm_plan, write_plan
 from tests.test_vllm_kernels import provider_plan
 

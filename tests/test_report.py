@@ -16,7 +16,7 @@ import pytest
 
 from harness.rendering import markdown, performance, report
 from harness.__main__ import main
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.rendering.overview import render_overview, write_overview
 from harness.plan.load import load_plan
 from harness.rendering.plots import draw_plots
@@ -257,7 +257,7 @@ def test_generated_custom_op_registers_and_runs(tmp_path):
                                 "outputs": ["y"]}, implementations={"vllm": None})  # vLLM's writes `out`
     blocks = []
     for plan in (RMS, load_plan(functional)):
-        text, _ = report.render(plan, tmp_path / "reports" / plan.name)
+        text, _ = report.render(plan, tmp_path / "reports" / plan.op.name)
         blocks.append(re.findall(r"```python\n(.*?)```", section(text, "Key interfaces"), re.S)[0])
     assert "-> Tensor" in blocks[1] and "register_fake" in blocks[1]
     script = "\n".join(blocks) + """
@@ -310,8 +310,8 @@ def test_support_matrix_marks_legend_and_details(tmp_path):
     matrix = section(text, "Support matrix")
     assert "✅ passed" in matrix and "⏭ not run here" in matrix and "❗ unexpected pass" in matrix  # legend
     assert "sm75" not in text and "Not shown: 2 stored records for cells" in matrix
-    rule = next(r for r in RMS.excludes if r.matches({"graph_mode": "memcheck", "dtype": "fp16"}))
-    assert "(line 9)" not in text and f"excluded by the plan (line {rule.line}): {rule.why}" in text
+    i, rule = next((i, r) for i, r in enumerate(RMS.exclude) if r.matches({"graph_mode": "memcheck", "dtype": "fp16"}))
+    assert "(line 9)" not in text and f"excluded by the plan (line {RMS.where(f'exclude[{i}]')}): {rule.why}" in text
     overview = tables(matrix)[0]
     assert [c.strip() for c in overview[0].split("|")[2:-1]] == list(RMS.matrix["sm"])
     assert overview[2].count("no results from this SM yet") == 4
@@ -838,7 +838,7 @@ def mermaid_checker():
 def test_every_generated_diagram_parses(tmp_path, mermaid_checker):
     files = []
     for i, plan in enumerate((RMS, FUSED, small_plan(tmp_path, tp={"kind": "trivial"}))):
-        text, _ = report.render(plan, tmp_path / str(i) / "reports" / plan.name)
+        text, _ = report.render(plan, tmp_path / str(i) / "reports" / plan.op.name)
         files.append(tmp_path / f"{i}.md")
         files[-1].write_text(text)
     sharded = write_plan(tmp_path / "sharded.yaml", ROOT / "plan.yaml",
@@ -906,7 +906,7 @@ def test_every_kind_of_open_item_and_trade_off_has_words():
     from harness.decisions.open_items import OpenItem, OpenItemKind
     from harness.decisions.tradeoffs import TradeOff, TradeOffKind
     from harness.rendering.conclusions import open_item_text, tradeoff_text
-    from harness.plan.matrix import expand
+    from harness.cells.matrix import expand
 
     plan = RMS
     cells = tuple(expand(plan)[:2])

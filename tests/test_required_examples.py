@@ -10,7 +10,7 @@ from harness.runtime.required_examples import INT32_ELEMENTS, int32_example, pat
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import PlanError
 from tests.broken.rms_norm_bugs import SHORT_LOOP_TWO_PASS_BYTES
 from tests.plans import rms_norm_plan

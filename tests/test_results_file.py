@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.results.store import CellRecord, ResultsError, from_json, load, results_text, to_json
-from harness.plan.status import Status
+from harness.cells.status import Status
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = {"phase": "decode", "dtype": "bf16", "tp": 1, "graph_mode": "eager", "sm": "sm90", "status": "failed",

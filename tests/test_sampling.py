@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.plan.hardware import Hardware
-from harness.plan.matrix import Cell, decide, expand, pairwise_sample
+from harness.cells.hardware import Hardware
+from harness.cells.matrix import Cell, decide, expand, pairwise_sample
 from harness.plan.load import load_plan
 from harness.plan.vocabulary import AXES
 from harness.rendering.report import write_report
@@ -44,7 +44,7 @@ def test_the_default_plans_sample_meets_every_pair_in_nine_of_54_cells():
     plan = load_plan(ROOT / "plan.yaml")
     cells = runnable(plan)
     assert len(cells) == 54  # 3 phases x 3 dtypes x tp1/2/4 x eager/torch_compile on a CPU machine
-    sample = pairwise_sample(cells, plan.name)
+    sample = pairwise_sample(cells, plan.op.name)
     assert value_pairs(sample) == value_pairs(cells)
     for axis in AXES:
         assert {getattr(c, axis) for c in sample} == {getattr(c, axis) for c in cells}, axis
@@ -103,7 +103,7 @@ def test_a_later_torch_compile_cell_reuses_the_graphs_earlier_cells_compiled(tmp
 
 def test_records_of_cells_not_run_here_wait_for_the_next_write(tmp_path):
     plan = load_plan(ROOT / "plan.yaml")
-    recorder = Recorder(tmp_path, plan.name, Provenance("cpu", "cpu", "x86_64", 0, 2), "run")
+    recorder = Recorder(tmp_path, plan.op.name, Provenance("cpu", "cpu", "x86_64", 0, 2), "run")
     skipped = CellRecord("decode", "fp32", 1, "eager", "sm90", Status.NOT_RUN, "needs sm90; this machine is cpu")
     recorder.record("cells", "decode-fp32-tp1-eager-sm90", skipped, defer=True)
     assert not recorder.path.exists()  # not rewritten for a record that costs nothing to make again

@@ -18,8 +18,8 @@ import pytest
 import kernels.rms_norm
 import tests.broken.sanitizer_bugs as sanitizer_bugs
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
-from harness.plan.status import Status
+from harness.cells.matrix import Cell
+from harness.cells.status import Status
 from harness.results.checks import BY_NAME, Subject, applicable, not_checked, version_changes
 from harness.results.store import CellRecord, to_json
 from harness.runtime import memcheck

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.runtime.tasks import CellTask, RunSettings, read_task, write_task
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.load import load_plan
 
 from tests.plans import rms_norm_plan

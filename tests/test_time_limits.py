@@ -219,7 +219,7 @@ def test_the_default_plan_passes_beside_a_cpu_hog(tmp_path):
 
 def test_shrink_example_bisects_each_field_to_the_smallest_reproducing_value(tmp_path):
     from harness.runtime.inputs import Example
-    from harness.plan.matrix import Cell
+    from harness.cells.matrix import Cell
     from harness.plan.load import load_plan
     from harness.runtime.runner import shrink_example
 

@@ -18,7 +18,7 @@ import kernels.silu_and_mul  # noqa: F401  triton first imported here, not insid
 # pytester unloads the modules a run imported, and importing triton a second time aborts the process
 from harness.runtime import tp
 from harness.runtime.inputs import Example, build_args
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.runtime.numerics import Mismatch
 from harness.plan.load import load_plan
 from harness.plan.model import PlanError
@@ -224,7 +224,7 @@ def _run(pytester, plan: Path, *args) -> tuple:
     reports = pytester.path / "reports"
     result = pytester.runpytest("-p", "harness.plugin", "--plan", str(plan), "--plan-profile", "ci",
                                 "--reports-dir", str(reports), "--no-report", "-p", "no:cacheprovider", *args)
-    name = load_plan(plan).name
+    name = load_plan(plan).op.name
     cells = json.loads((reports / name / "results" / "cpu.json").read_text())["cells"]
     assert multiprocessing.active_children() == []
     assert _spawned_descendants() == []

@@ -27,7 +27,7 @@ from harness.runtime.implementations import KernelUnavailable, load_implementati
 from harness.runtime.vllm_compiled import vllm_missing
 from harness.vllm.plugin_source import render_plugin
 from harness.vllm_facts.names import integration_routes, plugin_entry_point, plugin_module_name, provider_name
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.load import load_plan
 from harness.plan.model import PlanError
 from tests.plans import VLLM_RMS_NORM, cpu_machine_only, hide_vllm, rms_norm_plan
@@ -322,7 +322,7 @@ def test_vllm_baseline_has_the_kernels_calling_convention(plan_path):
     values = build_args(plan, cell("fp32"), Example(num_tokens=4, sizes=sizes, seed=3), "cpu")
     expected = reference_outputs(plan, resolve(plan).reference, values)
     baseline(**values)  # writes outputs in place, as the kernel does
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         torch.testing.assert_close(values[name], expected[name], atol=1e-5, rtol=1e-5)
 
 

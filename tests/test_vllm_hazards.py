@@ -23,7 +23,7 @@ from harness.runtime.rows import Probes, difference
 from harness.runtime.runner import RunSettings, run_cell
 from harness.runtime.tasks import CellTask
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.token_rows import rows_dependent, token_inputs
 from kernels.rms_norm import rms_norm_ref
 from tests.plans import cpu_machine_only, read_plan, rms_norm_plan, write_plan

@@ -18,7 +18,7 @@ from harness.runtime.device import package_version
 from harness.runtime.inputs import Example
 from harness.rendering.overview import render_overview
 from harness.plan.load import load_plan
-from harness.plan.matrix import every_cell, provider_view
+from harness.cells.matrix import every_cell, provider_view
 from harness.plan.model import PlanError
 from harness.rendering.report import render
 from harness.results.store import CellRecord, Failure, InputsSeen, Provenance, Results, Status, from_json, \
@@ -66,7 +66,7 @@ def test_ops_without_a_like_for_like_vllm_kernel_say_why(plan):
     assert implementation_unsupported(loaded).startswith(
         "the plan names no vLLM kernel for the op (implementations.vllm: ")
     assert "vllm" not in loaded.baselines
-    assert "No vllm baseline: vLLM 0.26's _C has no like-for-like kernel" in loaded.raw_text
+    assert "No vllm baseline: vLLM 0.26's _C has no like-for-like kernel" in loaded.source.text
 
 
 def reordered(path: Path, args: dict | None = None, **op) -> Path:
@@ -201,7 +201,7 @@ def test_the_vllm_providers_view_has_its_kernels_contract_and_step_allowance(tmp
     assert plan.contract.dtypes is None and plan.quantization.max_step_fraction == 0.01
     assert view.contract.dtypes == ("bf16", "fp16") and view.contract.why == "its dtypes"
     assert view.quantization.max_step_fraction == 0.05
-    assert (view.args, view.sizes, view.lines, view.tolerance) == (plan.args, plan.sizes, plan.lines, plan.tolerance)
+    assert (view.args, view.sizes, view.source, view.tolerance) == (plan.args, plan.sizes, plan.source, plan.tolerance)
     assert provider_view(plan, "") is plan and load_plan(path) == plan
 
 
@@ -238,7 +238,7 @@ def test_a_named_baseline_is_a_provider_with_its_own_contract(tmp_path):
     path.write_text(path.read_text().replace("dtype: [fp32]", "dtype: [fp32, bf16]"))
     plan = load_plan(path)
     assert [c.id for c in every_cell(plan)][-1] == "decode-bf16-tp1-eager-cpu-eager"
-    from harness.plan.matrix import Cell, excluded_by
+    from harness.cells.matrix import Cell, excluded_by
     assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu", "eager")) == \
         "outside eager's contract (line 23): dtypes bf16 (bf16 only)"
     assert excluded_by(plan, Cell("decode", "fp32", 1, "eager", "cpu")) is None  # the kernel's contract is its own

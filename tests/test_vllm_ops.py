@@ -43,14 +43,14 @@ def test_every_driven_route_has_one_template_and_it_names_no_op(route):
     text = plugin_template(route).read_text()
     for plan_path in BUNDLED_PLANS:
         plan = load_plan(plan_path)
-        for name in (plan.name, plan.vllm.layer, plan.vllm.ir_op, plan.vllm.custom_op):
+        for name in (plan.op.name, plan.vllm.layer, plan.vllm.ir_op, plan.vllm.custom_op):
             assert not name or name not in text, f"{route}.py.tmpl names {name}"
     assert sorted(p.name for p in TEMPLATES.iterdir()) == sorted(f"{r}.py.tmpl" for r, k in ROUTE_KINDS.items()
                                                                  if k.driven)
 
 
 def test_the_bundled_plans_drive_the_routes_vllm_has_for_their_kind():
-    routes = {load_plan(p).name: load_plan(p).vllm.route for p in BUNDLED_PLANS}
+    routes = {load_plan(p).op.name: load_plan(p).vllm.route for p in BUNDLED_PLANS}
     assert routes["rms_norm"] == routes["fused_add_rms_norm"] == "ir"
     assert routes["silu_and_mul"] == routes["rotary_embedding"] == routes["dynamic_per_token_fp8_quant"] == "custom_op"
     assert routes["paged_attention"] == "attention_backend"

@@ -20,7 +20,7 @@ from harness.results.merge import collect
 from harness.results.store import IntegrationRecord, Status
 from harness.runtime.vllm_compiled import vllm_missing
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from tests.plans import read_plan, rms_norm_plan, write_plan
 
 # These tests run kernels in this process: in Triton's interpreter made faithful, as the workers run them.

@@ -14,8 +14,8 @@ from harness.decisions.reasons import by_reason, excluded_by_reason, first_line
 from harness.decisions.recommendations import Recommendation, pairs_text, undecided, wanted
 from harness.decisions.speedups import stale
 from harness.results.merge import Merged
-from harness.plan.matrix import Cell
-from harness.plan.status import Status
+from harness.cells.matrix import Cell
+from harness.cells.status import Status
 
 
 # In the page's order.

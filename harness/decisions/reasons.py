@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 
 from harness.results.merge import Merged
 from harness.results.store import BenchRecord, IntegrationRecord
-from harness.plan.matrix import Cell
-from harness.plan.status import Status
+from harness.cells.matrix import Cell
+from harness.cells.status import Status
 
 
 def first_line(text, limit: int = 240) -> str:

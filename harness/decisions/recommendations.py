@@ -1,6 +1,7 @@
 """The decision per SM × dtype × regime × vLLM profile (Inductor on / off): enable the custom op, leave the layer to
 Inductor or to its native code, keep vLLM's kernel, or leave it to a named baseline a deployment can run, by the rules
-of docs/report.md. Plain Python, no Markdown."""
+of docs/report.md; for a plan naming what vLLM runs in the kernel's place in every profile (its `default`
+implementation, vLLM's own attention backend), enable the kernel or keep that. Plain Python, no Markdown."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ from harness.decisions.speedups import REGIMES, Interval, baselines, impl_order,
     usable, valid, why_untimed
 from harness.results.merge import Merged
 from harness.plan.implementations import COMPILED, KINDS, NATIVE as NATIVE_IMPL, VLLM, keep, title
-from harness.plan.hardware import Hardware
-from harness.plan.matrix import Cell, bench_graph_modes, decide
-from harness.vllm_facts.names import is_vllm_default, profile_setting
+from harness.cells.hardware import Hardware
+from harness.cells.matrix import Cell, bench_graph_modes, decide
+from harness.vllm_facts.names import ROUTE_KINDS, VLLM_DEFAULT, is_vllm_default, profile_setting
 
 # The choices: the kernel, or what each built-in implementation's kind says where it stays (harness.plan.
 # implementations.KINDS: "leave it to Inductor", "keep native", "keep vLLM's kernel").
 ENABLE = "enable the custom op"
-INDUCTOR, NATIVE, KEEP_VLLM = (keep(name, name) for name in (COMPILED, NATIVE_IMPL, VLLM))
-# vLLM's two profiles and the baseline each compares with: Inductor compiles forward_native, or nothing does.
+INDUCTOR, NATIVE, KEEP_VLLM = (keep(name) for name in (COMPILED, NATIVE_IMPL, VLLM))
+# vLLM's two profiles and the baseline each compares with: Inductor compiles forward_native, or nothing does
+# (`profiles`: a plan's `default` implementation in both instead).
 VLLM_PROFILES = (("Inductor on", "compiled"), ("Inductor off", "native"))
 FALLBACK = {"compiled": INDUCTOR, "native": NATIVE}  # the choice where neither kernel qualifies
 
@@ -34,10 +36,11 @@ class Recommendation:
     dtype: str
     regime: str
     profile: str  # VLLM_PROFILES: "Inductor on" (against compiled) or "Inductor off" (against native)
-    # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM / "leave it to <named baseline>", or "" when the runs cannot say
+    # ENABLE / INDUCTOR / NATIVE / KEEP_VLLM / "leave it to <named baseline>" / "keep <the plan's default>", or ""
+    # when the runs cannot say
     choice: str
     why: str
-    baseline: str = ""
+    baseline: str = ""  # the profile's: compiled, native, or the plan's default implementation (`profiles`)
     speedup: Interval | None = None  # the kernel against the profile's baseline
     others: tuple = ()  # (name, Interval or None, why not timed) for vLLM's kernel and every named baseline
     setting: str = ""  # the vLLM setting that applies the choice
@@ -58,6 +61,31 @@ def _use(choice: str) -> str:
     return {ENABLE: "kernel", KEEP_VLLM: VLLM}.get(choice, NATIVE_IMPL)
 
 
+def profiles(plan) -> tuple[tuple[str, str], ...]:
+    """vLLM's profiles, each with the baseline its decisions weigh the kernel against: VLLM_PROFILES's, or, where the
+    plan names what vLLM runs in the kernel's place whatever the profile (its default implementation), that in
+    both."""
+    name = plan.default_implementation
+    return VLLM_PROFILES if name is None else tuple((profile, name) for profile, _ in VLLM_PROFILES)
+
+
+def fallback(plan, baseline: str) -> tuple[str, str | None]:
+    """The choice where neither the kernel nor another implementation qualifies: the profile's baseline kept; and its
+    setting (None: the profile's own, harness.vllm_facts.names.profile_setting). The plan's default implementation
+    is kept with its `setting`, else as vLLM's default (vLLM runs it in the kernel's place)."""
+    if baseline in FALLBACK:
+        return FALLBACK[baseline], None
+    e = plan.implementation(baseline)
+    return keep(baseline, e), e.setting or VLLM_DEFAULT
+
+
+def choice_words(plan, choice: str) -> str:
+    """A choice as a page says it: ENABLE in the words of the plan's route ("enable the custom backend" for an
+    attention backend, which is selected, not a custom op); the choice compared stays ENABLE."""
+    route = ROUTE_KINDS.get(plan.vllm.route) if plan.vllm.route else None
+    return route.enable if choice == ENABLE and route is not None and route.enable else choice
+
+
 def _groups(res: Merged) -> list[tuple[str, str, str, list]]:
     """The plan's usable benchmark records by (SM, dtype, regime), in plan order."""
     plan = res.plan
@@ -73,7 +101,7 @@ def _groups(res: Merged) -> list[tuple[str, str, str, list]]:
 def recommendations(res: Merged) -> list[Recommendation]:
     """One decision per SM × dtype × regime × profile with benchmarks, in plan order."""
     return [_decide(res, sm, dtype, reg, profile, baseline, recs)
-            for sm, dtype, reg, recs in _groups(res) for profile, baseline in VLLM_PROFILES]
+            for sm, dtype, reg, recs in _groups(res) for profile, baseline in profiles(res.plan)]
 
 
 def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
@@ -86,14 +114,14 @@ def vllm_kernel_recommendations(res: Merged) -> list[Recommendation]:
         if sm == "cpu":  # a CPU machine's timings are not a measure of speed
             continue
         gpus = tuple(sorted({str(res.source(r).gpu) for r in recs if res.source(r)}))
-        for profile, baseline in VLLM_PROFILES:
+        for profile, baseline in profiles(res.plan):
             speed = _against(recs, baseline, VLLM)
             if speed is None:
                 why = f"vllm and {baseline} not both timed: {first_line(why_untimed(recs[0].impls.get(VLLM)), 120)}"
                 out.append(Recommendation(sm, dtype, reg, profile, "", why, baseline, gpus=gpus))
                 continue
             at = f"at all {speed.shapes} shapes" if speed.shapes > 1 else "at the one shape"
-            choice = ENABLE if speed.wholly_faster else FALLBACK[baseline]
+            choice = ENABLE if speed.wholly_faster else fallback(res.plan, baseline)[0]
             why = f"faster than {baseline} {at}" if speed.wholly_faster else \
                 f"not faster than {baseline} at {speed.shapes - speed.faster} of {speed.shapes} shapes"
             out.append(Recommendation(sm, dtype, reg, profile, choice, why, baseline, speed, gpus=gpus))
@@ -132,7 +160,7 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
     speed = interval(ratio(r, baseline) for r in timed)
     if speed is None:
         return made("", f"{baseline} was not timed: {first_line(why_untimed(timed[0].impls.get(baseline)), 160)}")
-    names = sorted({n for r in timed for n in baselines(r)} - {"native", "compiled"}, key=impl_order)
+    names = sorted({n for r in timed for n in baselines(r)} - {NATIVE_IMPL, COMPILED, baseline}, key=impl_order)
     others = []
     for name in names:
         iv = interval(ratio(r, name) for r in timed)
@@ -163,16 +191,17 @@ def _decide(res: Merged, sm: str, dtype: str, reg: str, profile: str, baseline: 
             better.append((vs.median, name, vs))
     if better:
         _, name, vs = max(better)
-        kind = plan.implementation(name).kind
-        return made(keep(name, kind), "; ".join(reasons) + f"; {title(name, kind)} is faster than {baseline} {at} "
-                    f"({vs.text()})", speed, others, timed, setting=plan.implementation(name).setting)
-    return made(FALLBACK[baseline], "; ".join(reasons), speed, others, timed)
+        e = plan.implementation(name)
+        return made(keep(name, e), "; ".join(reasons) + f"; {title(name, e)} is faster than {baseline} {at} "
+                    f"({vs.text()})", speed, others, timed, setting=e.setting)
+    choice, setting = fallback(plan, baseline)
+    return made(choice, "; ".join(reasons), speed, others, timed, setting=setting)
 
 
 def deployable(plan) -> list[str]:
-    """The implementations a deployment can run in the kernel's place: one vLLM switches on itself, or one whose
-    setting the plan states."""
-    return [name for name in plan.baselines if name not in FALLBACK
+    """The implementations a deployment can run in the kernel's place, other than the profiles' baselines: one vLLM
+    switches on itself, or one whose setting the plan states."""
+    return [name for name in plan.baselines if name not in (*FALLBACK, plan.default_implementation)
             and (KINDS[plan.implementation(name).kind].switched_by_vllm or plan.implementation(name).setting)]
 
 

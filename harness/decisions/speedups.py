@@ -43,7 +43,7 @@ def timed_function(plan: Plan, rec: BenchRecord, name: str) -> str | None:
     reference for native and compiled; None for other baselines of such results."""
     recorded = (rec.timed_functions or {}).get(name)
     if recorded is None and name in (NATIVE, COMPILED):
-        return plan.reference
+        return plan.op.reference
     return recorded
 
 
@@ -58,12 +58,12 @@ def stale(plan: Plan, rec: BenchRecord, name: str) -> str:
     timed, wanted = timed_function(plan, rec, name), plan_function(plan, name)
     if timed is None or wanted is None or timed == wanted:
         return ""
-    now = f"op.native ({wanted})" if plan.native and wanted == plan.native else wanted
+    now = f"op.native ({wanted})" if plan.op.native and wanted == plan.op.native else wanted
     return f"{_timed_on(plan, timed)}, not on {now}"
 
 
 def _timed_on(plan: Plan, timed: str) -> str:
-    return f"timed on {'the reference (the accuracy oracle)' if timed == plan.reference else timed}"
+    return f"timed on {'the reference (the accuracy oracle)' if timed == plan.op.reference else timed}"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class TradeOff:
 def tradeoffs(res: Merged) -> list[TradeOff]:
     plan = res.plan
     out = [TradeOff("opaque")]
-    if plan.intent == "fusion":
+    if plan.op.intent == "fusion":
         out.append(TradeOff("fusion"))
     if "cuda_graph" in plan.matrix["graph_mode"]:
         sizes = plan.cuda_graph_sizes()

@@ -9,11 +9,11 @@ import itertools
 from dataclasses import dataclass
 
 from harness.decisions.reasons import by_reason, n_cells, n_records
-from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, pairs_text, recommendations, \
-    undecided
+from harness.decisions.recommendations import ENABLE, VLLM_PROFILES, Recommendation, choice_words, pairs_text, \
+    recommendations, undecided
 from harness.decisions.speedups import REGIMES
 from harness.results.merge import Merged
-from harness.plan.status import Status
+from harness.cells.status import Status
 
 BLOCKED, EXCLUDED, NO_RESULTS, NUMERICS_ONLY, INCOMPLETE, NOT_RUN_HERE, STALE = (
     "blocked", "excluded", "no results", "numerics only", "incomplete", "not run here", "stale: re-run")
@@ -185,8 +185,8 @@ def _tp_verdict(res: Merged, sm: str, cells: list, mine: list[Recommendation]) -
                not plan.benchmark.shapes() else "the plan's benchmarks do not run on this SM (excluded or "
                                                 "expected to fail)")
         return INCOMPLETE, f"{why}: nothing decides go or no-go"
-    return go_phrase(decided), ("go where a decision is to enable the custom op (in either vLLM profile), no-go "
-                                "elsewhere")
+    return go_phrase(decided), (f"go where a decision is to {choice_words(plan, ENABLE)} (in either vLLM profile), "
+                                "no-go elsewhere")
 
 
 def _unless_stale(res: Merged, sm: str, cells: list, word_rule: tuple[str, str]) -> tuple[str, str]:

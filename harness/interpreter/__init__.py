@@ -11,6 +11,10 @@ arguments, loop indices as tensors, autotuning): faithful.py's docstring lists i
     still_wrong = make_faithful()  # {} when every probed operation computes what an H200 computes
     import my_kernels            # then run the kernel on CPU tensors and compare against your reference
 
+A load, store or atomic of a kernel with an active lane (mask true) outside every tensor the launch was given
+raises OutOfBounds (harness.interpreter.bounds) at the kernel's line, and is not performed: the interpreter's
+counterpart of compute-sanitizer's memcheck on a GPU.
+
 A kernel that uses what the interpreter cannot compute as a GPU does (inline PTX other than a 32-bit move,
 libdevice's jn, yn, rcp64h) raises InterpreterUnfaithful at its launch; `unfaithful(exc)` finds it behind a
 wrapper's exception. A result from such a run says nothing of the kernel: the harness calls the cell
@@ -25,10 +29,11 @@ from __future__ import annotations
 
 import os
 
+from harness.interpreter.bounds import OutOfBounds
 from harness.interpreter.faithful import make_faithful, probe
 from harness.interpreter.unfaithful import InterpreterUnfaithful, unfaithful
 
-__all__ = ["InterpreterUnfaithful", "make_faithful", "probe", "switch_on", "unfaithful"]
+__all__ = ["InterpreterUnfaithful", "OutOfBounds", "make_faithful", "probe", "switch_on", "unfaithful"]
 
 
 def switch_on() -> bool:

@@ -21,7 +21,9 @@ Liger-Kernel's and flash-linear-attention's kernels, tests/thirdparty/survey.py)
   libdevice and computes its 197 functions;
 - ``@triton.autotune`` with several configs times them with a GPU benchmarker, which a CPU machine lacks;
 - grid dependency control (``tl.extra.cuda.gdc_wait``, PTX ``griddepcontrol``) is missing.
-harness.interpreter.lang holds these patches. What cannot be computed as a GPU does (inline PTX,
+harness.interpreter.lang holds these patches. A load, store or atomic with an active lane outside every tensor
+the launch was given raises OutOfBounds at the kernel's line, unperformed (harness.interpreter.bounds): as shipped,
+the interpreter reads or writes the memory beside the tensor. What cannot be computed as a GPU does (inline PTX,
 ``tl.inline_asm_elementwise``, other than a 32-bit move; libdevice's jn, yn, rcp64h) raises
 InterpreterUnfaithful: a result on a CPU machine would say nothing of the kernel.
 
@@ -38,12 +40,15 @@ import os
 import numpy as np
 import torch
 
-from harness.interpreter import lang
+from harness.interpreter import bounds, lang
 from harness.interpreter.libdevice import patch_extern_elementwise
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
-CHECK_VERSIONS = {"interpreter": 1}
+CHECK_VERSIONS = {"interpreter": 2}
+# interpreter v2: loads, stores and atomics with a lane outside every tensor of the launch raise OutOfBounds
+# (harness.interpreter.bounds) instead of reading or writing beside it: a kernel whose stray lanes were never stored
+# passed and now fails, so records that did not fail may change too (no FAILURES_ONLY)
 
 # Bound lazily (see _triton): TRITON_INTERPRET must be set before triton's first import, so this
 # module must not import triton at import time.
@@ -348,6 +353,13 @@ def _patch_points(interp):
         (builder, "create_grid_dependency_launch_dependents", lang.patch_no_op),
         (getattr(autotuner, "Autotuner", None), "_bench", lang.patch_autotune_bench),
         (getattr(interp, "InterpretedFunction", None), "run", lang.patch_interpreted_run),
+        # Memory accesses checked against the launch's tensors (harness.interpreter.bounds).
+        (getattr(interp, "GridExecutor", None), "_init_args_hst", bounds.patch_launch_args),
+        (builder, "create_masked_load", bounds.patch_masked_load),
+        (builder, "create_masked_store", bounds.patch_masked_store),
+        (builder, "create_atomic_rmw", bounds.patch_atomic_rmw),
+        (builder, "create_atomic_cas", bounds.patch_atomic_cas),
+        (builder, "create_int_to_ptr", bounds.patch_int_to_ptr),
     ]
 
 
@@ -563,7 +575,7 @@ def probe() -> dict[str, str]:
         f8 = bits.view(dtype)
         got = run(7, f8, f8, torch.empty(n, dtype=torch.float32))
         result[name] = _verdict(name, got, f8.float(), lambda j: f"0x{int(bits[j]):02x}")
-    return {**result, **lang.probe()}
+    return {**result, **lang.probe(), **bounds.probe()}
 
 
 def make_faithful() -> dict[str, str]:

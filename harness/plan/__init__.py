@@ -1,2 +1,2 @@
-"""The plan language: the model, its YAML with lines, schema, checks and loading, the matrix of cells, dtypes and
+"""The plan language: the model, its YAML with lines, schema, checks and loading, dtypes and
 tolerances. Plain Python (pydantic for the schema): nothing here imports a plan's code."""

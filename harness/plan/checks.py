@@ -1,27 +1,26 @@
-"""A Plan that fits its schema, checked across fields as pydantic cannot express, and completed (`build`).
+"""A Plan that fits its schema, checked across fields as pydantic cannot express (`check`).
 
 Run as the last step of the Plan's validation (Plan._complete), once pydantic has checked every key, type, range and
 vocabulary; what is left needs more than one field at a time: a shape's symbols defined in op.sizes, outputs that
 the op writes, rule values of the matrix, a contract something of the plan meets, a TP split that divides its
-dimension. Each failure is a PlanError at the line of the field it names (harness.plan.model.Where); what the checks
-derive (the arguments parsed, the TP split's dims, ...) the Plan holds as private attributes, set during its
-validation, so a validated Plan is complete however it was made (a file loaded, `Plan.model_validate(data)`) and a
-copy or a pickle keeps them. Nothing here imports the user's code.
+dimension. Each failure is a PlanError at the line of the field it names (harness.plan.model.Source). What needs the
+same reading the checks do (the arguments parsed, the warnings) the Plan computes with the functions here, once, as it
+is validated, so a validated Plan is complete however it was made (a file loaded, `Plan.model_validate(data)`) and a
+copy or a pickle keeps it. Nothing here imports the user's code.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from harness.plan.dtypes import DTYPE, QUANTIZED_DTYPES
 from harness.plan.expressions import condition, evaluate, formula_text, is_condition, names_in
 from harness.plan.fields import many, number_as_text
 from harness.plan.implementations import BUILTIN, COMMON, COMPILED, KINDS, NATIVE, title
-from harness.plan.model import Benchmark, Plan, TensorParallel, Where
+from harness.plan.model import Benchmark, Plan, TensorParallel, Source
 from harness.plan.sections import Arg, Contract, Dim, Gather, Numerics, ParamInit, Quantization, Rule, \
-    Shard, SizeArg, SizeSpec, TensorArg, Tolerance, Tolerances
+    Shard, SizeArg, SizeSpec, TensorArg
 from harness.plan.vocabulary import BUILTIN_SYMBOLS, PARAM_INITS, VALUE_SCALES
 from harness.vllm_facts.attention_layout import attention_problem
 from harness.vllm_facts.names import implementation_unsupported
@@ -37,31 +36,30 @@ ROUTE_NEEDS = {"ir": ("ir_op", "layer"), "custom_op": ("layer",), "quantization"
 ROUTE_NEEDS_WHY = {"ir_op": "vLLM IR op the provider registers for", "layer": "vLLM layer whose calls reach the kernel"}
 
 
-def keys_of(w: Where, loc: Loc, mapping: dict, allowed: tuple[str, ...] | dict) -> None:
+def keys_of(w: Source, loc: Loc, mapping: dict, allowed: tuple[str, ...] | dict) -> None:
     """Keys that must be names of the plan's (arguments, outputs, size symbols)."""
     for key in mapping:
         if key not in allowed:
             raise w.fail(loc + (key,), f"one of the keys {', '.join(allowed)}", key)
 
 
-def no_repeats(w: Where, loc: Loc, values: tuple) -> None:
+def no_repeats(w: Source, loc: Loc, values: tuple) -> None:
     """A list whose repeats would mean nothing, or something else than they read (a returned output named twice)."""
     for i, v in enumerate(values):
         if v in values[:i]:
             raise w.fail(loc + (i,), f"values without repeats ({v} is listed before)", v)
 
 
-def build(plan: Plan, w: Where, text: str, path: Path, raw: dict, deprecated: list[tuple[Loc, str]] = ()) -> Plan:
+def check(plan: Plan) -> Plan:
     """A validated Plan checked across its fields, in the file's order of concern (of two errors, the first a reader
-    meets is said), with what the checks derive set (`raw`: the file's data, for the order of its tolerance keys;
-    `deprecated`: old keys read into the new form, warned at their lines)."""
-    op, matrix = plan.op, plan.matrix
+    meets is said), and what it derives computed (its arguments parsed, its warnings; TP dims from the front)."""
+    w, op, matrix = plan.source, plan.op, plan.matrix
     if op.kernel.startswith("vllm:"):  # vLLM's own kernel is not a kernel under test but a provider of the op
         raise w.fail(("op", "kernel"), "the import path of the kernel under test; vLLM's own kernel for the op runs "
                      "through the same cells as `implementations.vllm` with `role: [baseline, audited]`", op.kernel)
-    sizes, size_specs = plan.sizes, plan.size_specs
-    _sizes(w, size_specs, sizes)
-    args = _args(w, op.args, set(sizes) | set(BUILTIN_SYMBOLS))
+    sizes = plan.sizes
+    _sizes(w, op.sizes, sizes)
+    args = plan.args
     tensor_names = tuple(a.name for a in args if a.is_tensor)
     no_repeats(w, ("op", "outputs"), op.outputs)
     no_repeats(w, ("op", "mutates"), op.mutates)
@@ -84,7 +82,8 @@ def build(plan: Plan, w: Where, text: str, path: Path, raw: dict, deprecated: li
     def contract_of(loc: Loc, c: Contract) -> None:
         _contract(w, loc, c, args, sizes, matrix["dtype"], plan.numerics.cpu_sizes)
 
-    tolerance = _tolerances(w, plan.tolerances, op.outputs, list((raw.get("tolerance") or {})))
+    if plan.tolerances is not None:
+        keys_of(w, ("tolerance", "outputs"), plan.tolerances.outputs, op.outputs)
     vllm = plan.vllm
     if vllm.provider in ("native", "unfused"):
         raise w.fail(("vllm", "provider"), "a provider name of lowercase letters, digits and _ other than native "
@@ -94,27 +93,37 @@ def build(plan: Plan, w: Where, text: str, path: Path, raw: dict, deprecated: li
             raise w.fail(("vllm", "route"),
                          f"vllm.{field_name} beside route {vllm.route} (the {ROUTE_NEEDS_WHY[field_name]})",
                          f"route {vllm.route} without vllm.{field_name}")
-    _rules(w, "exclude", plan.excludes, matrix)
-    _rules(w, "expect", plan.expects, matrix)
-    _benchmark(w, plan.benchmark, sizes, size_specs, plan.numerics)
-    _tp(w, plan.tp, args, op.outputs, matrix["tp"], tuple(sizes))
+    _rules(w, "exclude", plan.exclude, matrix)
+    _rules(w, "expect", plan.expect, matrix)
+    _benchmark(w, plan.benchmark, sizes, op.sizes, plan.numerics)
+    plan = plan.model_copy(update={"tp": _tp(w, plan.tp, args, op.outputs, matrix["tp"], tuple(sizes))})
     _quantization(w, plan.quantization, args, op.outputs)
     if op.contract is not None:
         contract_of(("op", "contract"), op.contract)
     _paths(w, op.paths, sizes)
-    plan._path, plan._raw_text, plan._lines = path, text, {dotted(loc): line for loc, line in w.lines.items() if loc}
-    plan._args, plan._tolerance = args, tolerance
     _check_models(w, plan)
     _implementations(w, plan, contract_of)
     unfit = attention_problem(plan)  # the attention_backend route maps vLLM's tensors onto the plan's arguments
     if unfit:
         raise w.fail(("vllm", "route"), f"for route attention_backend, {unfit}", plan.vllm.route)
-    plan._warnings = tuple(str(w.fail(loc, expected, "the old keys", field=dotted(loc)))
-                           for loc, expected in deprecated) + _never_applies(w, plan) + _would_mislead(w, plan)
+    plan.warnings  # noqa: B018 -- computed now: an error among them is the plan's, raised as it is validated
     return plan
 
 
-def _implementations(w: Where, plan: Plan, contract_of) -> None:
+def parse_args(plan: Plan) -> tuple[Arg, ...]:
+    """The plan's arguments parsed: shapes over op.sizes' and the built-in symbols, inits and scalars checked."""
+    return _args(plan.source, plan.op.args, set(plan.sizes) | set(BUILTIN_SYMBOLS))
+
+
+def warnings_of(plan: Plan) -> tuple[str, ...]:
+    """Old keys read into the new form, settings that can never apply to a cell, and settings that would mislead
+    (of which some are errors, raised)."""
+    w = plan.source
+    return tuple(str(w.fail(loc, expected, "the old keys", field=dotted(loc))) for loc, expected in w.deprecated) \
+        + _never_applies(w, plan) + _would_mislead(w, plan)
+
+
+def _implementations(w: Source, plan: Plan, contract_of) -> None:
     """Each implementation beside the kernel: a name of its own, the fields of its kind and no others, its arguments
     the plan's and its schema's where the schema is known before a run; vLLM's kernel, where a fusion produces it,
     switched by the pass's flag."""
@@ -138,6 +147,12 @@ def _implementations(w: Where, plan: Plan, contract_of) -> None:
         no_repeats(w, loc + ("role",), e.role)
         if "audited" in e.role and e.kind in (NATIVE, COMPILED):
             raise w.fail(loc + ("role",), "baseline (the reference runs in every cell already)", list(e.role))
+        if "default" in e.role and e.kind in BUILTIN:
+            raise w.fail(loc + ("role",), "baseline or audited (default is for the plan's own implementations: "
+                         "native, compiled and vLLM's kernel are what vLLM runs per profile already)", list(e.role))
+        if "default" in e.role and "baseline" not in e.role:
+            raise w.fail(loc + ("role",), "baseline beside default (the decisions weigh the kernel against what vLLM "
+                         "runs in its place: it is timed)", list(e.role))
         if kind.name_form and not re.fullmatch(kind.name_form[0], e.name):
             raise w.fail(loc + ("name",), kind.name_form[1], e.name)
         if e.contract is not None:
@@ -154,7 +169,12 @@ def _implementations(w: Where, plan: Plan, contract_of) -> None:
                              arg)
         why = implementation_unsupported(plan, name)
         if why:
-            raise w.fail(loc + ("args",), f"the plan arguments {title(name, e.kind)} takes ({why})", e.args)
+            raise w.fail(loc + ("args",), f"the plan arguments {title(name, e)} takes ({why})", e.args)
+    defaults = [name for name, e in plan.implementations.items() if "default" in e.role]
+    if len(defaults) > 1:  # what vLLM runs in the kernel's place is one implementation
+        raise w.fail(("implementations", defaults[1], "role"), f"default on one implementation only ({defaults[0]} "
+                     "has it: what vLLM runs in the kernel's place, in every profile)",
+                     list(plan.implementation(defaults[1]).role))
     kernel, fusion = plan.vllm_kernel, plan.vllm.fusion
     if fusion is not None and (kernel is None or kernel.switch is None or kernel.switch.kind != "fusion_pass"):
         raise w.fail(("vllm", "fusion"), "implementations.vllm beside it, the kernel the pass rewrites into, with "
@@ -164,7 +184,7 @@ def _implementations(w: Where, plan: Plan, contract_of) -> None:
 # ---------------------------------------------------------------- op
 
 
-def _sizes(w: Where, specs: dict[str, SizeSpec], sizes: dict[str, tuple[int, ...]]) -> None:
+def _sizes(w: Source, specs: dict[str, SizeSpec], sizes: dict[str, tuple[int, ...]]) -> None:
     for sym, spec in specs.items():
         loc = ("op", "sizes", sym)
         if sym in BUILTIN_SYMBOLS:
@@ -182,7 +202,7 @@ def _sizes(w: Where, specs: dict[str, SizeSpec], sizes: dict[str, tuple[int, ...
     _relations_met(w, sizes, specs)
 
 
-def _relations_met(w: Where, sizes: dict[str, tuple[int, ...]], specs: dict[str, SizeSpec]) -> None:
+def _relations_met(w: Source, sizes: dict[str, tuple[int, ...]], specs: dict[str, SizeSpec]) -> None:
     """Each relation between two symbols (`a: {divides: b}`, `a: {at_most: b}`) holds for every size of either with
     some size of the other: a size that meets it with none is never drawn (another is drawn in its place), which is
     what a relation written the wrong way round does (`num_heads: {divides: num_kv_heads}`)."""
@@ -207,7 +227,7 @@ def _listed(values) -> str:
     return ", ".join(map(str, values))
 
 
-def _paths(w: Where, paths: tuple[tuple[str, str], ...], sizes: dict) -> None:
+def _paths(w: Source, paths: tuple[tuple[str, str], ...], sizes: dict) -> None:
     """op.paths: each a condition over the sizes, num_tokens and act_bytes (a plain number would always hold)."""
     known = set(sizes) | {"num_tokens", "act_bytes"}
     for name, expr in paths:
@@ -237,7 +257,7 @@ def _dim(entry: int | str) -> Dim | None:
     return Dim(text=entry.strip())
 
 
-def _expr(w: Where, loc: Loc, value: int | float | str, symbols: set[str]) -> str:
+def _expr(w: Source, loc: Loc, value: int | float | str, symbols: set[str]) -> str:
     """A size expression (a number, a symbol or arithmetic over symbols) naming only known symbols."""
     try:
         unknown = sorted(names_in(str(value)) - symbols)
@@ -253,7 +273,7 @@ INTEGER_RANGES = {"int8": (-2**7, 2**7 - 1), "uint8": (0, 2**8 - 1), "int32": (-
                   "int64": (-2**63, 2**63 - 1), "bool": (0, 1)}
 
 
-def _init(w: Where, loc: Loc, init: str | ParamInit, symbols: set[str], dtype: str = "act") -> tuple[str, Any]:
+def _init(w: Source, loc: Loc, init: str | ParamInit, symbols: set[str], dtype: str = "act") -> tuple[str, Any]:
     if isinstance(init, str):
         return init, None
     given = [k for k in PARAM_INITS if getattr(init, k) is not None]
@@ -285,7 +305,7 @@ def _init(w: Where, loc: Loc, init: str | ParamInit, symbols: set[str], dtype: s
     return kind, (low, high)
 
 
-def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
+def _args(w: Source, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
     args = []
     for name, spec in specs.items():
         loc = ("op", "args", name)
@@ -327,21 +347,13 @@ def _args(w: Where, specs: dict, symbols: set[str]) -> tuple[Arg, ...]:
 # ---------------------------------------------------------------- numerics and tolerances
 
 
-def _numerics(w: Where, n: Numerics, sizes: dict) -> None:
+def _numerics(w: Source, n: Numerics, sizes: dict) -> None:
     if n.prefill_tokens[0] > n.prefill_tokens[1]:
         raise w.fail(("numerics", "prefill_tokens"), "[min, max] token counts", list(n.prefill_tokens))
     keys_of(w, ("numerics", "cpu_sizes"), n.cpu_sizes, tuple(sizes))
 
 
-def _tolerances(w: Where, t: Tolerances | None, outputs: tuple[str, ...], order: list) -> dict[str, Tolerance]:
-    """The dtypes' tolerances in the file's order (`order`: its keys as written)."""
-    if t is None:
-        return {}
-    keys_of(w, ("tolerance", "outputs"), t.outputs, outputs)
-    return {dt: getattr(t, dt) for dt in order if dt != "outputs" and getattr(t, dt) is not None}
-
-
-def _quantization(w: Where, q: Quantization, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> None:
+def _quantization(w: Source, q: Quantization, args: tuple[Arg, ...], outputs: tuple[str, ...]) -> None:
     keys_of(w, ("quantization", "outputs"), q.outputs, outputs)
     names = {a.name for a in args} | set(outputs)
     for out, spec in q.outputs.items():
@@ -374,7 +386,7 @@ def _scale_shape_fits(shape: tuple[Dim, ...], granularity: str) -> str:
     return ""
 
 
-def _rules(w: Where, key: str, rules: tuple[Rule, ...], matrix: dict[str, tuple]) -> None:
+def _rules(w: Source, key: str, rules: tuple[Rule, ...], matrix: dict[str, tuple]) -> None:
     for i, rule in enumerate(rules):
         for axis, values in rule.match:
             for v in values:
@@ -382,13 +394,12 @@ def _rules(w: Where, key: str, rules: tuple[Rule, ...], matrix: dict[str, tuple]
                     raise w.fail((key, i, axis), f"values of matrix.{axis} ({', '.join(map(str, matrix[axis]))})", v)
         if not rule.match:
             raise w.fail((key, i), "at least one axis to match", rule.model_dump(exclude_none=True))
-        rule._line = w.line((key, i))
 
 
 # ---------------------------------------------------------------- contracts
 
 
-def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
+def _contract(w: Source, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dict[str, tuple[int, ...]],
               matrix_dtypes: tuple[str, ...], cpu_sizes: dict) -> None:
     """A kernel's contract (`op.contract`, or a named baseline's), located: known names, and something of the plan
     left to draw under it."""
@@ -440,13 +451,12 @@ def _contract(w: Where, loc: Loc, c: Contract, args: tuple[Arg, ...], sizes: dic
             raise w.fail(loc + ("row_stride_multiple_of", t), f"a multiple that {t}'s rows ({tensors[t].shape[-1]} "
                          f"wide, drawn contiguous only) meet for a size of {where} ({listed})",
                          dict(c.row_stride_multiple_of)[t])
-    c._line = w.line(loc)
 
 
 # ---------------------------------------------------------------- benchmark
 
 
-def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, numerics: Numerics) -> None:
+def _benchmark(w: Source, b: Benchmark, sizes: dict, size_specs: dict, numerics: Numerics) -> None:
     for i, tokens in enumerate(b.decode):
         if tokens > numerics.max_num_seqs:  # a decode step has one token per sequence: no such batch exists
             raise w.fail(("benchmark", "decode", i), f"a decode batch of at most numerics.max_num_seqs "
@@ -459,34 +469,31 @@ def _benchmark(w: Where, b: Benchmark, sizes: dict, size_specs: dict, numerics: 
                 raise w.fail(("benchmark", phase, i), f"a {phase.replace('_', ' ')} batch of no fewer tokens than "
                              f"the largest decode batch timed ({max(b.decode)}), as vLLM's phases are sized "
                              "(decode ≤ chunked prefill ≤ prefill)", tokens)
-    b._models, b._sizes = _models(w, b.listed_models, sizes), _timed_sizes(w, b.listed_sizes, sizes, size_specs)
+    _models(w, b.listed_models, sizes)
+    _timed_sizes(w, b.listed_sizes, sizes, size_specs)
 
 
-def _models(w: Where, models: dict[str, str], sizes: dict) -> tuple[tuple[str, str], ...]:
+def _models(w: Source, models: dict[str, str], sizes: dict) -> None:
     """`benchmark.models`: `{"hidden=4096": "Llama-3-8B"}`, keys of `symbol=value` pairs (comma-separated) over
     the plan's sizes, values the model's name."""
     choices = "; ".join(f"{sym}: {', '.join(map(str, values))}" for sym, values in sizes.items()) or "none"
-    out = []
     for key, model in models.items():
-        pairs = []
+        named = []
         for part in key.split(","):
             sym, eq, value = (t.strip() for t in part.partition("="))
             if not eq or sym not in sizes or not value.isdigit() or int(value) not in sizes[sym]:
                 raise w.fail(("benchmark", "models", key), f"'symbol=value' pairs with sizes of op.sizes ({choices})",
                              key)
-            if any(p.startswith(f"{sym}=") for p in pairs):  # no shape has two values of one size
+            if sym in named:  # no shape has two values of one size
                 raise w.fail(("benchmark", "models", key), "'symbol=value' pairs naming each symbol once", key)
-            pairs.append(f"{sym}={int(value)}")
+            named.append(sym)
         if not model.strip():
             raise w.fail(("benchmark", "models", key), "the name of the model these sizes come from", model)
-        out.append((",".join(pairs), " ".join(model.split())))
-    return tuple(out)
 
 
-def _timed_sizes(w: Where, combos: list[dict[str, int]], sizes: dict, size_specs: dict) -> tuple:
+def _timed_sizes(w: Source, combos: list[dict[str, int]], sizes: dict, size_specs: dict) -> None:
     """`benchmark.sizes`: the combinations a benchmark times (the sizes real models run), each naming every size
     symbol with one of its op.sizes values and meeting the constraints between them."""
-    out = []
     for i, combo in enumerate(combos):
         loc = ("benchmark", "sizes", i)
         if set(combo) != set(sizes):
@@ -497,13 +504,11 @@ def _timed_sizes(w: Where, combos: list[dict[str, int]], sizes: dict, size_specs
                 raise w.fail(loc + (sym,), f"one of op.sizes.{sym} ({', '.join(map(str, sizes[sym]))})", value)
             if not size_specs[sym].allows(value, combo):
                 raise w.fail(loc + (sym,), f"a size meeting op.sizes.{sym}'s constraints on the others", value)
-        if tuple((sym, combo[sym]) for sym in sizes) in out:
+        if combo in combos[:i]:
             raise w.fail(loc, "size combinations without repeats", dict(combo))
-        out.append(tuple((sym, combo[sym]) for sym in sizes))
-    return tuple(out)
 
 
-def _check_models(w: Where, plan: Plan) -> None:
+def _check_models(w: Source, plan: Plan) -> None:
     """The byte and flop models evaluate on the plan's sizes (else --bench would fail at collection)."""
     for key, expr in (("bytes", plan.benchmark.bytes), ("flops", plan.benchmark.flops)):
         if expr is None:
@@ -523,7 +528,7 @@ def _check_models(w: Where, plan: Plan) -> None:
 BYTE_MODEL_SLACK = 0.10
 
 
-def _byte_model_per_token(w: Where, plan: Plan) -> None:
+def _byte_model_per_token(w: Source, plan: Plan) -> None:
     """benchmark.bytes grows with num_tokens as the call's tensors with a num_tokens dimension do (read once,
     written once, a mutated one read and written), at one timed shape at least: bytes that do not grow with the
     batch (weights, caches) may be left out or counted, so only the per-token part is compared."""
@@ -541,7 +546,7 @@ def _byte_model_per_token(w: Where, plan: Plan) -> None:
             for d in a.shape:
                 per_token *= 1 if d.symbol == "num_tokens" else d.size(sizes)
             size = 2 if a.dtype == "act" else DTYPE[a.dtype].bytes
-            tensors += per_token * size * (2 if a.name in plan.mutates else 1)
+            tensors += per_token * size * (2 if a.name in plan.op.mutates else 1)
         if tensors and abs(model - tensors) <= BYTE_MODEL_SLACK * tensors:
             return
         off.append(f"{model:g} against {tensors} ({', '.join(f'{k}={v}' for k, v in sizes.items())})")
@@ -553,8 +558,9 @@ def _byte_model_per_token(w: Where, plan: Plan) -> None:
 # ---------------------------------------------------------------- tensor parallelism
 
 
-def _tp(w: Where, t: TensorParallel, args: tuple[Arg, ...], outputs: tuple[str, ...], tp_sizes: tuple[int, ...],
-        symbol_names: tuple[str, ...]) -> None:
+def _tp(w: Source, t: TensorParallel, args: tuple[Arg, ...], outputs: tuple[str, ...], tp_sizes: tuple[int, ...],
+        symbol_names: tuple[str, ...]) -> TensorParallel:
+    """The TP section checked, held with each split's dim counted from the front (-1: the last; the same split)."""
     sp, tensors = t.sequence_parallel, {a.name: a for a in args if a.is_tensor}
     keys_of(w, ("tp", "inputs"), t.inputs, tuple(tensors))
     keys_of(w, ("tp", "outputs"), t.outputs, outputs)
@@ -593,7 +599,7 @@ def _tp(w: Where, t: TensorParallel, args: tuple[Arg, ...], outputs: tuple[str, 
             raise w.fail(loc + (key,), f"a dimension divisible by tp x merged ({bad[0]} x {spec.merged})", str(d))
         return dim % len(shape)
 
-    shard, combine = [], []
+    inputs, outputs_held = dict(t.inputs), dict(t.outputs)  # each split's dim counted from the front
     for name, spec in t.inputs.items():
         loc = ("tp", "inputs", name)
         if spec == "replicated":
@@ -601,25 +607,24 @@ def _tp(w: Where, t: TensorParallel, args: tuple[Arg, ...], outputs: tuple[str, 
         if sp and has_tokens(name):
             raise w.fail(loc, "'replicated' (tp.sequence_parallel already splits it by tokens)",
                          spec.model_dump(exclude_defaults=True))
-        shard.append((name, check_dim(loc, spec, "shard", name), spec.merged))
+        inputs[name] = spec.model_copy(update={"shard": check_dim(loc, spec, "shard", name)})
     for name, spec in t.outputs.items():
         loc = ("tp", "outputs", name)
         if sp and has_tokens(name) and spec != "replicated":
             raise w.fail(loc, "'replicated' (tp.sequence_parallel puts it back together by tokens)",
                          spec if isinstance(spec, str) else spec.model_dump(exclude_defaults=True))
-        if isinstance(spec, str):
-            combine.append((name, spec, 0))
-            continue
-        combine.append((name, "gather", check_dim(loc, spec, "gather", name)))
-    if t.kind == "trivial" and (shard or any(c[1] != "replicated" for c in combine)):
+        if not isinstance(spec, str):
+            outputs_held[name] = spec.model_copy(update={"gather": check_dim(loc, spec, "gather", name)})
+    t = t.model_copy(update={"inputs": inputs, "outputs": outputs_held})
+    if t.kind == "trivial" and (t.shard or any(c[1] != "replicated" for c in t.combine)):
         raise w.fail(("tp", "kind"), "'sharded' when inputs are sharded or outputs combined", t.kind)
-    if t.kind == "sharded" and not shard and not sp:
+    if t.kind == "sharded" and not t.shard and not sp:
         raise w.fail(("tp", "kind"), "at least one sharded input for kind 'sharded'", "none", field="tp.inputs")
     if t.kind == "sharded":
-        declared = {c[0] for c in combine}
+        declared = {c[0] for c in t.combine}
         for name in outputs:
             if name not in declared and not (sp and has_tokens(name)):
                 raise w.fail(("tp", "outputs") if ("tp", "outputs") in w.lines else ("tp", "kind"),
                              "how ranks' outputs combine for kind 'sharded' (replicated, sum or "
                              "{gather: dim})", "nothing", field=f"tp.outputs.{name}")
-    t._shard, t._combine = tuple(shard), tuple(combine)
+    return t

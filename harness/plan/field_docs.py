@@ -252,13 +252,17 @@ FIELD_DOCS = (
             for name, kind in KINDS.items() if name not in BUILTIN) + " (default: import). "
         "Each may state a `contract` like `op.contract`'s (shapes and dtypes "
         'outside it are not drawn or timed for it), a `max_step_fraction` (its own allowance of quantized '
-        'elements one step from the reference) and a `setting`, how a vLLM deployment runs it (where it beats '
+        'elements one step from the reference), a `setting`, how a vLLM deployment runs it (where it beats '
         'the kernel and the profile\'s baseline the decision is "leave it to <name>" with that setting: '
-        "docs/report.md). `role`: `baseline` (the default: timed beside the kernel, weighed by the decision), "
-        "`audited` (run through the numerics cells too, each cell again with its id ending `-<name>`: its "
-        'failures are findings on the op\'s page, "What vLLM\'s kernel accepts", never the kernel\'s verdict), '
-        'or `[]`. Absent: `native` and `compiled`, timed. The keys plans wrote before (`benchmark.baselines`, '
-        '`vllm.kernel`, `providers`) still load, with a warning that shows this form',
+        "docs/report.md), and a `title`, how a page and a decision name it (words only, default its name: "
+        "`vLLM's TRITON_ATTN`). `role`: `baseline` (an entry's without a `role`: timed beside the kernel, "
+        "weighed by the decision), `audited` (run through the numerics cells too, each cell again with its id "
+        'ending `-<name>`: its failures are findings on the op\'s page, "What vLLM\'s kernel accepts", never the '
+        "kernel's verdict), `default` beside `baseline` (on one of the plan's own at most: what vLLM runs in the "
+        "kernel's place in every profile, as its own attention backend does; each profile's decision weighs the "
+        'kernel against it instead of `compiled` and `native`, and where the kernel loses is "keep <title>" with '
+        "its `setting`), or `[]`. Absent: `native` and `compiled`, timed. The keys plans wrote before "
+        '(`benchmark.baselines`, `vllm.kernel`, `providers`) still load, with a warning that shows this form',
         '`vllm: {role: [baseline, audited], name: rms_norm, args: [out, x, weight, eps], switch: {kind: ir, '
         'name: rms_norm, runs_for: RMSNorm}}`; `cublas: {path: kernels.int8_linear:dequantized_linear, prepare: '
         'kernels.int8_linear:dequantize_weight, setting: "serve the unquantized checkpoint"}`',

@@ -6,7 +6,10 @@ An entry is named; three names are built in and name their kind (native, compile
 record's `native` is always the op's native code); any other name is the plan's own implementation, of kind
 `import` (a Python function called like the kernel) or `torch_ops` (a library's registered torch.ops kernel, called
 with the plan arguments its `args` picks). Its roles: `baseline` (timed beside the kernel; the decision weighs it),
-`audited` (run through the numerics cells beside the kernel: what it accepts, which a replacement must accept too).
+`audited` (run through the numerics cells beside the kernel: what it accepts, which a replacement must accept too),
+`default` (one of the plan's own at most: what vLLM runs in the kernel's place in every profile, as vLLM's own
+attention backend does for an attention kernel; the decisions weigh the kernel against it instead of native and
+compiled). Its `title` is how a page and a decision name it (vLLM's TRITON_ATTN), words only.
 
 What each kind is called and how a decision names it lives in KINDS, beside the fields it takes; how it is loaded
 is harness.runtime.implementations's. Plain Python.
@@ -30,15 +33,15 @@ class Kind:
 
     required: tuple[str, ...]
     optional: tuple[str, ...]
-    title: str  # how a page and a decision name it ("{name}": the entry's name)
-    keep: str  # the decision where it beats the kernel and the profile's baseline
+    title: str  # how a page and a decision name it ("{name}": the entry's name), where the entry has no title
+    keep: str  # the decision where it beats the kernel and the profile's baseline ("{title}": how it is named)
     describes: str  # what it runs, in words, for the field table and errors
     name_form: tuple[str, str] | None = None  # its `name`: a pattern, and the pattern in words
     functional: bool = False  # called as the reference is: returns the op's outputs (else written as the kernel's)
     switched_by_vllm: bool = False  # a deployment runs it by vLLM's own setting (else by the entry's `setting`)
 
 
-COMMON = ("role", "kind", "contract", "setting", "max_step_fraction")
+COMMON = ("role", "kind", "contract", "setting", "title", "max_step_fraction")
 KINDS = {
     "native": Kind((), (), "{name}", "keep native", "op.native (else the reference), eager: what vLLM runs without "
                    "the custom op", functional=True),
@@ -47,16 +50,19 @@ KINDS = {
     "vllm": Kind(("name", "args"), ("signature", "switch"), "vLLM's kernel", "keep vLLM's kernel",
                  "vLLM's own compiled kernel for the op, torch.ops._C.<name>", switched_by_vllm=True,
                  name_form=(r"\w+", "its torch.ops._C name (rms_norm)")),
-    "import": Kind(("path",), ("prepare",), "{name}", "leave it to {name}",
+    "import": Kind(("path",), ("prepare",), "{name}", "leave it to {title}",
                    "a Python function called with the plan's arguments by name"),
-    "torch_ops": Kind(("name", "args"), ("library", "signature"), "{name}", "leave it to {name}",
+    "torch_ops": Kind(("name", "args"), ("library", "signature"), "{name}", "leave it to {title}",
                       "a library's registered torch.ops kernel, 'namespace::name', called with the plan arguments "
                       "`args` picks, after importing `library`",
                       name_form=(r"\w+::\w+", "'namespace::name', as torch.ops registers it")),
 }
 BUILTIN = ("native", "compiled", "vllm")  # named by their kind, in the order records and tables list them
 NATIVE, COMPILED, VLLM = BUILTIN
-ROLES = ("baseline", "audited")
+ROLES = ("baseline", "audited", "default")
+# The decision that keeps what vLLM runs in the kernel's place (the entry with role default): vLLM runs it already,
+# so it is kept, not left to.
+KEEP_DEFAULT = "keep {title}"
 DEFAULT = {NATIVE: {"role": ["baseline"]}, COMPILED: {"role": ["baseline"]}}  # a plan that names none: both timed
 
 
@@ -66,12 +72,17 @@ def kind_of(name: str, entry: dict | Any) -> str:
     return name if name in BUILTIN else kind or "import"
 
 
-def title(name: str, kind: str) -> str:
-    return KINDS[kind].title.format(name=name)
+def title(name: str, entry: Any = None) -> str:
+    """How a page and a decision name an implementation: its entry's `title`, else its kind's words ("vLLM's
+    kernel"), else its name. `entry` None: a built-in one by its name."""
+    return getattr(entry, "title", None) or KINDS[kind_of(name, entry)].title.format(name=name)
 
 
-def keep(name: str, kind: str) -> str:
-    return KINDS[kind].keep.format(name=name)
+def keep(name: str, entry: Any = None) -> str:
+    """The decision that leaves the layer to an implementation: "keep vLLM's TRITON_ATTN" for what vLLM runs in the
+    kernel's place (role default), else its kind's words ("leave it to cublas", "keep native")."""
+    words = KEEP_DEFAULT if "default" in (getattr(entry, "role", None) or ()) else KINDS[kind_of(name, entry)].keep
+    return words.format(title=title(name, entry))
 
 
 def call_of(entry: Any) -> str:
@@ -106,7 +117,8 @@ class Implementation(Section):
     role: Annotated[one_or_list(Literal[ROLES]), AfterValidator(many)] = Field(
         ["baseline"], validate_default=True, description=(
             "baseline (timed beside the kernel, weighed by the decision) and/or audited (run through the numerics "
-            "cells beside the kernel), or [] (described only: vLLM's kernel a fusion produces)"))
+            "cells beside the kernel), or [] (described only: vLLM's kernel a fusion produces); default beside "
+            "baseline: what vLLM runs in the kernel's place, in every profile (one entry at most)"))
     path: Optional[import_path()] = None  # import: the function, called like the kernel
     # Called once per input set before timing: the timed call gets what it returns (weights dequantized or prepacked
     # for a GEMM library), so that work stays outside the timed region.
@@ -130,6 +142,8 @@ class Implementation(Section):
     # How a vLLM deployment runs it (a checkpoint format, vLLM's own kernel choice, a flag): where the kernel loses
     # to it, the decision names it and this setting.
     setting: Optional[str] = Field(None, description="how a vLLM deployment runs this implementation")
+    # Words only, so a record does not rest on it (harness.results.fingerprints).
+    title: Optional[str] = Field(None, description="how a page and a decision name it (vLLM's TRITON_ATTN)")
 
     @property
     def call(self) -> str:

@@ -13,11 +13,14 @@ Nothing here imports the user's code: a Plan holds import paths, and the line of
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import AfterValidator, ConfigDict, Field, PrivateAttr, ValidationInfo, model_validator
 
+from harness.plan.dtypes import CELL_DTYPES
 from harness.plan.fields import PositiveInt, Section, forms, many, one_or_list
 from harness.plan.implementations import BUILTIN, DEFAULT, VLLM, Implementation, kind_of, upgrade
 from harness.plan.sections import Arg, Contract, CudaGraph, Exclude, Expect, Gather, Matrix, Numerics, Op, \
@@ -35,17 +38,22 @@ class PlanError(Exception):
         super().__init__(f"{where}: {field_name}: expected {expected}; found {found!r}")
 
 
-class Where:
-    """A plan file's path and line map: PlanErrors at the line of a location."""
+@dataclass(frozen=True)
+class Source:
+    """Where a plan came from, which its data does not say: the file, its text, the line of every field, and the old
+    keys read into the new form (`deprecated`: each location with the form to write). PlanErrors at those lines."""
 
-    def __init__(self, path: str, lines: dict[Loc, int]):
-        self.path, self.lines = path, lines
+    path: Path = Path()
+    text: str = ""
+    lines: dict[Loc, int] = field(default_factory=dict)
+    deprecated: tuple[tuple[Loc, str], ...] = ()
 
     def line(self, loc: Loc) -> int | None:
         return line_of(self.lines, loc)
 
     def fail(self, loc: Loc, expected: str, found: Any, field: str | None = None) -> PlanError:
-        return PlanError(self.path, self.line(loc), field or dotted(loc), expected, found)
+        return PlanError(str(self.path) if self.path != Path() else "(plan data)", self.line(loc),
+                         field or dotted(loc), expected, found)
 
 
 # ---------------------------------------------------------------- the model
@@ -68,19 +76,19 @@ class Benchmark(Section):
                                           "sizes come from")
     listed_sizes: list[dict[str, PositiveInt]] = Field([], alias="sizes", description="the size combinations to "
                                                        "time, each naming every size of op.sizes")
-    # Set by harness.plan.checks: the real model each size comes from, keys written alike ("hidden=4096",
-    # "Llama-3-8B"), a key may pair several symbols; the size combinations timed, each naming every size symbol in
-    # op.sizes' order ((("hidden", 4096),), ...), empty: every combination of op.sizes that meets its constraints.
-    _models: tuple[tuple[str, str], ...] = PrivateAttr(())
-    _sizes: tuple[tuple[tuple[str, int], ...], ...] = PrivateAttr(())
-
     @property
     def models(self) -> tuple[tuple[str, str], ...]:
-        return self._models
+        """The real model each size comes from, keys written alike ("hidden=4096", "Llama-3-8B"); a key may pair
+        several symbols."""
+        return tuple((",".join(f"{sym.strip()}={int(value)}" for sym, _, value in
+                               (part.partition("=") for part in key.split(","))), " ".join(model.split()))
+                     for key, model in self.listed_models.items())
 
     @property
     def sizes(self) -> tuple[tuple[tuple[str, int], ...], ...]:
-        return self._sizes
+        """The size combinations timed ((("hidden", 4096),), ...); empty: every combination of op.sizes that meets
+        its constraints."""
+        return tuple(tuple(combo.items()) for combo in self.listed_sizes)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {p: getattr(self, p) for p in PHASES if getattr(self, p)}
@@ -110,19 +118,16 @@ class TensorParallel(Section):
                              description="replicated, sum, or a mapping {gather: dim, merged: N, units: symbol}")] = {}
     # tensors with a num_tokens dim are split across ranks by tokens
     sequence_parallel: bool = Field(False, description="true or false")
-    # Set by harness.plan.checks, with each dim counted from the front: (input, dim, merged parts) for sharded
-    # inputs (absent inputs are replicated), and (output, "replicated" | "sum" | "gather", dim) for each output
-    # listed (outputs not listed are replicated).
-    _shard: tuple[tuple[str, int, int], ...] = PrivateAttr(())
-    _combine: tuple[tuple[str, str, int], ...] = PrivateAttr(())
-
     @property
     def shard(self) -> tuple[tuple[str, int, int], ...]:
-        return self._shard
+        """(input, dim, merged parts) for each sharded input (absent inputs are replicated)."""
+        return tuple((name, s.shard, s.merged) for name, s in self.inputs.items() if not isinstance(s, str))
 
     @property
     def combine(self) -> tuple[tuple[str, str, int], ...]:
-        return self._combine
+        """(output, "replicated" | "sum" | "gather", dim) for each output listed (those not listed are replicated)."""
+        return tuple((name, s, 0) if isinstance(s, str) else (name, "gather", s.gather)
+                     for name, s in self.outputs.items())
 
     @property
     def _splits(self) -> list[tuple[str, Shard | Gather]]:
@@ -162,11 +167,11 @@ class Plan(Section):
     model_config = ConfigDict(title="vllm-op-plan plan")
     op: Op
     matrix: Annotated[Matrix, AfterValidator(lambda m: {axis: many(getattr(m, axis)) for axis in AXES})]  # by axis
-    exclude: Optional[list[Exclude]] = Field(None, description="a list of rules: the cells not to run, by axis "
-                                             "values, and why")
-    expect: Optional[list[Expect]] = Field(None, description="a list of rules: the cells expected to fail, by axis "
-                                           "values, and why")
-    # held as written; the runtime reads `tolerance` (by dtype, in the file's order) and `output_tolerance`
+    exclude: Annotated[Optional[list[Exclude]], _absent_as(list)] = Field(
+        None, validate_default=True, description="a list of rules: the cells not to run, by axis values, and why")
+    expect: Annotated[Optional[list[Expect]], _absent_as(list)] = Field(
+        None, validate_default=True, description="a list of rules: the cells expected to fail, by axis values, and why")
+    # held as written; the runtime reads `tolerance` (by dtype) and `output_tolerance`
     tolerances: Optional[Tolerances] = Field(None, alias="tolerance")
     numerics: Annotated[Optional[Numerics], _absent_as(Numerics)] = Field(None, validate_default=True)
     benchmark: Annotated[Optional[Benchmark], _absent_as(Benchmark)] = Field(None, validate_default=True)
@@ -183,57 +188,42 @@ class Plan(Section):
         None, validate_default=True, description=(
             "a mapping name: {kind, role, ...}: native, compiled, vllm (vLLM's own kernel) or the plan's own "
             "implementations, timed beside the kernel (role baseline) or run through its cells (role audited)"))
-    # Set by harness.plan.checks as the plan is validated (`_complete`): where the plan came from, and what it
-    # derives from the file's forms (the arguments parsed, the dtypes' tolerances in the file's order).
-    _path: Path = PrivateAttr(Path())
-    _raw_text: str = PrivateAttr("")
-    _lines: dict[str, int] = PrivateAttr({})  # dotted field -> its line
-    _warnings: tuple[str, ...] = PrivateAttr(())  # settings that can never apply to a cell of the matrix
-    _args: tuple[Arg, ...] = PrivateAttr(())
-    _tolerance: dict[str, Tolerance] = PrivateAttr({})
+    _source: Source = PrivateAttr(default_factory=Source)  # not a key of the file: set as the plan is validated
 
     @model_validator(mode="wrap")
     @classmethod
     def _complete(cls, data: Any, handler: Callable[[Any], "Plan"], info: ValidationInfo) -> "Plan":
-        """The plan checked across its fields and completed (harness.plan.checks) as part of its validation, so that
+        """The plan checked across its fields (harness.plan.checks) as part of its validation, so that
         `Plan.model_validate(data)` gives what the runtime reads, as loading a file does. The context says where
         the data came from (`path`, its `text` and the `lines` of its fields: PlanErrors at file:line)."""
-        if not isinstance(data, dict):  # a Plan given as is: already complete
+        if not isinstance(data, dict):  # a Plan given as is: already checked
             return handler(data)
         ctx = info.context or {}
-        path, lines = ctx.get("path"), dict(ctx.get("lines", {}))
+        lines = dict(ctx.get("lines", {}))
         data, deprecated = upgrade(data, lines)  # the keys plans wrote before `implementations`
-        where = Where(str(path or "(plan data)"), lines)
         plan = handler(data)
-        return checks.build(plan, where, ctx.get("text", ""), Path(path or ""), data, deprecated)
+        plan._source = Source(Path(ctx.get("path") or ""), ctx.get("text", ""), lines, tuple(deprecated))
+        return checks.check(plan)
 
-    path = property(lambda self: self._path)
-    raw_text = property(lambda self: self._raw_text)
-    lines = property(lambda self: self._lines)
-    warnings = property(lambda self: self._warnings)
-    args = property(lambda self: self._args)
-    tolerance = property(lambda self: self._tolerance)
-    # The op's fields, read as the plan's (fake: derived from the reference when absent; native: what vLLM runs
-    # without the custom op, None where the reference is that too; generate: a custom input generator; reduction:
-    # what the accumulation check can tell, harness.runtime.accumulation).
-    name = property(lambda self: self.op.name)
-    intent = property(lambda self: self.op.intent)
-    kernel = property(lambda self: self.op.kernel)
-    reference = property(lambda self: self.op.reference)
-    fake = property(lambda self: self.op.fake)
-    description = property(lambda self: self.op.description)
-    replaces = property(lambda self: self.op.replaces)
-    outputs = property(lambda self: self.op.outputs)
-    mutates = property(lambda self: self.op.mutates)
-    generate = property(lambda self: self.op.generate)
-    accumulation = property(lambda self: self.op.accumulation)
-    reduction = property(lambda self: self.op.reduction)
-    native = property(lambda self: self.op.native)
-    paths = property(lambda self: self.op.paths)  # the kernel's size-selected code paths: (name, condition)
-    size_specs = property(lambda self: self.op.sizes)
-    excludes = property(lambda self: tuple(self.exclude or ()))
-    expects = property(lambda self: tuple(self.expect or ()))
-    capture_sizes = property(lambda self: many(self.cuda_graph.capture_sizes) or None if self.cuda_graph else None)
+    @property
+    def source(self) -> Source:
+        return self._source
+
+    @property
+    def path(self) -> Path:
+        return self._source.path
+
+    # What the checks derive from several fields, computed once (a copy or a pickle keeps it): the arguments parsed
+    # (op.sizes and the built-in symbols are what their shapes may name), and the warnings validation gives.
+    args = cached_property(lambda self: checks.parse_args(self))
+    warnings = cached_property(lambda self: checks.warnings_of(self))
+
+    @property
+    def tolerance(self) -> dict[str, Tolerance]:
+        """The plan's tolerance by dtype, in matrix.dtype's order (then any other dtype's)."""
+        t = self.tolerances
+        order = [*self.matrix["dtype"], *(dt for dt in CELL_DTYPES if dt not in self.matrix["dtype"])]
+        return {dt: getattr(t, dt) for dt in order if t is not None and getattr(t, dt, None) is not None}
 
     @property
     def baselines(self) -> tuple[str, ...]:
@@ -248,6 +238,12 @@ class Plan(Section):
 
     def implementation(self, name: str) -> Implementation | None:
         return self.implementations.get(name)
+
+    @property
+    def default_implementation(self) -> str | None:
+        """What vLLM runs in the kernel's place in every profile (the entry with role default), where the plan names
+        it: the decisions weigh the kernel against it instead of native and compiled."""
+        return next((name for name, e in self.implementations.items() if "default" in e.role), None)
 
     @property
     def vllm_kernel(self) -> Implementation | None:
@@ -272,14 +268,14 @@ class Plan(Section):
     @property
     def native_path(self) -> str:
         """The function the `native` and `compiled` baselines time: op.native, else the reference."""
-        return self.native or self.reference
+        return self.op.native or self.op.reference
 
     def where(self, field_name: str) -> int | None:
         """The line of a dotted field (`op.kernel`, `op.args.x.shape[1]`), else of the nearest field above it."""
-        name = field_name
+        name, lines = field_name, {dotted(loc): line for loc, line in self._source.lines.items() if loc}
         while name:
-            if name in self.lines:
-                return self.lines[name]
+            if name in lines:
+                return lines[name]
             name = name[:max(name.rfind("."), name.rfind("["), 0)]
         return None
 
@@ -300,12 +296,12 @@ class Plan(Section):
     @property
     def returned_outputs(self) -> tuple[str, ...]:
         """Outputs the op returns (the others are written into its arguments)."""
-        return tuple(o for o in self.outputs if not self.has_arg(o))
+        return tuple(o for o in self.op.outputs if not self.has_arg(o))
 
     @property
     def written_args(self) -> tuple[str, ...]:
         """Arguments the op writes: output buffers, then the inputs it mutates."""
-        return tuple(a.name for a in self.args if a.role == "output") + tuple(self.mutates)
+        return tuple(a.name for a in self.args if a.role == "output") + tuple(self.op.mutates)
 
     def token_dim(self, name: str) -> int | None:
         """The num_tokens dimension of an argument (None: it has none); returned outputs have tokens first."""
@@ -316,12 +312,12 @@ class Plan(Section):
     @property
     def op_namespace(self) -> str:
         """The torch.library namespace of the op: the kernel's top-level package (e.g. `kernels`)."""
-        return re.sub(r"\W", "_", self.kernel.split(":")[0].split(".")[0])
+        return re.sub(r"\W", "_", self.op.kernel.split(":")[0].split(".")[0])
 
     @property
     def op_qualname(self) -> str:
         """The one torch.library name of the op: what cells test, the report documents and the plugin ships."""
-        return f"{self.op_namespace}::{self.name}"
+        return f"{self.op_namespace}::{self.op.name}"
 
     def schema(self) -> str:
         """The torch.library schema of the kernel's call: written arguments aliased, scalars typed."""
@@ -353,7 +349,8 @@ class Plan(Section):
 
     def cuda_graph_sizes(self) -> list[int]:
         """Capture sizes: the plan's, else vLLM's defaults for numerics.max_num_seqs."""
-        return sorted(self.capture_sizes or vllm_capture_sizes(self.numerics.max_num_seqs))
+        planned = many(self.cuda_graph.capture_sizes) if self.cuda_graph else ()
+        return sorted(planned or vllm_capture_sizes(self.numerics.max_num_seqs))
 
 
 def token_probes(low: int, high: int) -> list[int]:

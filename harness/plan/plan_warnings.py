@@ -8,7 +8,8 @@ import math
 
 from harness.plan.dtypes import CELL_OF_TORCH, DTYPE, QUANTIZED_DTYPES
 from harness.plan.expressions import condition, names_in
-from harness.plan.model import Plan, PlanError, Tolerance, Where, token_probes
+from harness.plan.fields import many
+from harness.plan.model import Plan, PlanError, Tolerance, Source, token_probes
 from harness.plan.token_rows import rows_dependent
 from harness.plan.vocabulary import AXES
 from harness.plan.tolerances import DEFAULT_TOLERANCE
@@ -18,7 +19,7 @@ def _listed(values) -> str:
     return ", ".join(map(str, values))
 
 
-def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
+def _tp_sizes_drawn(w: Source, plan: Plan) -> list[PlanError]:
     """A TP size's cells draw each sharded symbol as a multiple of what its split needs (ranks x merged parts, or
     whole units per rank; harness.runtime.tp.tp_multiples): a size of the plan's that is not one is never drawn in
     those cells (2 KV heads over 4 ranks without `replicate`, merged: 200 where 2 was meant)."""
@@ -53,7 +54,7 @@ def _tp_sizes_drawn(w: Where, plan: Plan) -> list[PlanError]:
 # ---------------------------------------------------------------- settings that never apply
 
 
-def _never_applies(w: Where, plan: Plan) -> tuple[str, ...]:
+def _never_applies(w: Source, plan: Plan) -> tuple[str, ...]:
     """Settings that can never apply to any cell of the matrix, as warnings (file:line: field: ...): a narrowed
     matrix is a normal way of working, but a setting it leaves idle is said, not silently dropped."""
     m, found = plan.matrix, []
@@ -78,8 +79,8 @@ def _never_applies(w: Where, plan: Plan) -> tuple[str, ...]:
         found.append(w.fail(("numerics", "batch_invariance"), "an op whose token rows are computed independently "
                             f"for batch invariance to be checked ({rows_dependent(plan)})", "required"))
     cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
-    for i, rule in enumerate(plan.expects):
-        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.excludes)
+    for i, rule in enumerate(plan.expect):
+        if not any(rule.matches(c) and not any(x.matches(c) for x in plan.exclude)
                    and c["dtype"] in (plan.contract.dtypes or m["dtype"]) for c in cells):
             found.append(w.fail(("expect", i), "a rule matching a cell the plan does not exclude", dict(rule.match)))
     found += _unreachable_axis_values(w, plan, cells)
@@ -92,7 +93,7 @@ def _never_runs(cell: dict) -> bool:
             or DTYPE[cell["dtype"]].rocm_only and not cell["sm"].startswith("gfx"))
 
 
-def _unreachable_axis_values(w: Where, plan: Plan, cells: list[dict]) -> list[PlanError]:
+def _unreachable_axis_values(w: Source, plan: Plan, cells: list[dict]) -> list[PlanError]:
     """An axis value (graph mode, dtype, TP size, phase) the matrix names but no cell of some SM keeps, where no rule
     names it: several rules, or a rule and the contract, together remove it without a word (a contract of bf16 and
     an exclude of bf16 memcheck leave no memcheck cell). A rule naming the value, or the contract leaving its dtype
@@ -101,18 +102,18 @@ def _unreachable_axis_values(w: Where, plan: Plan, cells: list[dict]) -> list[Pl
     dtypes = plan.contract.dtypes
     outside = lambda c: bool(dtypes) and c["dtype"] not in dtypes  # noqa: E731
     kept = {tuple(c.values()) for c in cells
-            if not _never_runs(c) and not any(x.matches(c) for x in plan.excludes) and not outside(c)}
+            if not _never_runs(c) and not any(x.matches(c) for x in plan.exclude) and not outside(c)}
     for sm in m["sm"]:
         for axis in (a for a in AXES if a != "sm"):
             for value in m[axis]:
                 ours = [c for c in cells if c["sm"] == sm and c[axis] == value]
                 if any(tuple(c.values()) in kept for c in ours):
                     continue
-                if any(all(x.matches(c) for c in ours) for x in plan.excludes) or all(map(outside, ours)) \
+                if any(all(x.matches(c) for c in ours) for x in plan.exclude) or all(map(outside, ours)) \
                         or all(map(_never_runs, ours)):
                     continue  # one rule, the contract or the machine removes it alone: said where it is written
-                rules = [i for i, x in enumerate(plan.excludes) if any(x.matches(c) for c in ours)]
-                by = [f"exclude[{i}] (line {plan.excludes[i].line})" for i in rules]
+                rules = [i for i, x in enumerate(plan.exclude) if any(x.matches(c) for c in ours)]
+                by = [f"exclude[{i}] (line {w.line(('exclude', i))})" for i in rules]
                 if any(map(outside, ours)):
                     by.append(f"the kernel's contract (dtypes {_listed(dtypes)})")
                 loc = ("exclude", rules[0]) if rules else ("op", "contract")
@@ -127,18 +128,19 @@ def _unreachable_axis_values(w: Where, plan: Plan, cells: list[dict]) -> list[Pl
 LOOSE_ATOL, LOOSE_RTOL = 1.0, 0.5
 
 
-def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
+def _would_mislead(w: Source, plan: Plan) -> tuple[str, ...]:
     """Settings that validate but would make the run other than it reads: an error where the run would be wrong
     (no cell left, prefill draws that cannot exist), else a warning naming what the run does instead."""
     num, m, found = plan.numerics, plan.matrix, []
     cells = [dict(zip(AXES, v)) for v in itertools.product(*(m[a] for a in AXES))]
-    if plan.excludes and all(any(x.matches(c) for x in plan.excludes) for c in cells):
+    if plan.exclude and all(any(x.matches(c) for x in plan.exclude) for c in cells):
         raise w.fail(("exclude",), "rules that leave at least one cell of the matrix to run", "every cell excluded")
     timed = [dict(c) for c in plan.benchmark.sizes]
     if timed and plan.benchmark.shapes() and not any(
             all(plan.contract.allows_size(sym, v, plan.args) for sym, v in c.items()) for c in timed):
         raise w.fail(("benchmark", "sizes"), f"a size combination the kernel's contract (op.contract, line "
-                     f"{plan.contract.line}) allows: it takes none of these, so no GPU could time a benchmark", timed)
+                     f"{w.line(('op', 'contract'))}) allows: it takes none of these, so no GPU could time a benchmark",
+                     timed)
     if num.prefill_tokens[0] > num.max_num_batched_tokens:
         raise w.fail(("numerics", "prefill_tokens"), f"a minimum within numerics.max_num_batched_tokens "
                      f"({num.max_num_batched_tokens}): vLLM never schedules a longer chunk", list(num.prefill_tokens))
@@ -151,12 +153,12 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
                             f"({num.max_num_batched_tokens}); decode batches are drawn up to that", num.max_num_seqs))
     found += _loose_tolerances(w, plan)
     largest_decode = num.max_num_seqs
-    above = [s for s in (plan.capture_sizes or ()) if s > largest_decode]
+    above = [s for s in (many(plan.cuda_graph.capture_sizes) if plan.cuda_graph else ()) if s > largest_decode]
     if above:
         found.append(w.fail(("cuda_graph", "capture_sizes"), f"sizes up to numerics.max_num_seqs ({largest_decode}), "
                             "the largest decode batch: a larger capture is never replayed by one", above))
     for a in plan.tensor_args:
-        if a.name in plan.outputs and a.dtype in QUANTIZED_DTYPES and plan.quantization.of(a.name) is None:
+        if a.name in plan.op.outputs and a.dtype in QUANTIZED_DTYPES and plan.quantization.of(a.name) is None:
             found.append(w.fail(("op", "args", a.name, "dtype"), f"a quantized output named in quantization.outputs "
                                 f"(with its scale and granularity): {a.name} is compared as numbers with the default "
                                 f"tolerance of {a.dtype}, not in quantization steps", a.dtype))
@@ -172,8 +174,8 @@ def _would_mislead(w: Where, plan: Plan) -> tuple[str, ...]:
                                 f"max_step_fraction: {plan.quantization.max_step_fraction:g}) allowed one step off; "
                                 "set that to 0 for an exact match", dict(atol=plan.output_tolerance[name].atol,
                                                                         rtol=plan.output_tolerance[name].rtol)))
-    for i, name in enumerate(plan.mutates):
-        if name not in plan.outputs:
+    for i, name in enumerate(plan.op.mutates):
+        if name not in plan.op.outputs:
             found.append(w.fail(("op", "mutates", i), f"inputs the op writes its result into, listed in op.outputs "
                                 f"too: {name} is not compared with the reference, only let change (a scratch "
                                 "buffer)", name))
@@ -212,7 +214,7 @@ LOOSE_FACTOR, LOOSE_OF_MAX = 100, 0.1
 BY_PRECISION = ("fp32", "fp16", "bf16")
 
 
-def _loose_tolerances(w: Where, plan: Plan) -> list[PlanError]:
+def _loose_tolerances(w: Source, plan: Plan) -> list[PlanError]:
     """Tolerances that accept what is not the op's output: an error where a kernel writing zeros passes every element
     (rtol of 1 or more; with atol_of: max, atol + rtol of 1 or more), a warning where it passes most (atol above 1,
     rtol above 0.5), where a kernel LOOSE_FACTOR times further off than vLLM's own tests allow passes, and where a
@@ -281,12 +283,12 @@ def _path_points(plan: Plan, names: set[str]):
                 yield {**dict(zip(symbols, values)), "num_tokens": n, "act_bytes": b}
 
 
-def _unreachable_paths(w: Where, plan: Plan) -> list[PlanError]:
+def _unreachable_paths(w: Source, plan: Plan) -> list[PlanError]:
     """op.paths no GPU cell reaches within the plan's sizes and token ranges, or that every example takes (a
     condition that selects nothing)."""
     found = []
     fallback = {sym: max(vals) for sym, vals in plan.sizes.items()}  # symbols a condition does not name
-    for name, expr in plan.paths:
+    for name, expr in plan.op.paths:
         held = {condition(expr, {**fallback, **point}) for point in _path_points(plan, names_in(expr))}
         if True not in held:
             found.append(w.fail(("op", "paths", name), "a condition some cell reaches (within the plan's sizes "

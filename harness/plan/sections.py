@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 
 from harness.plan.expressions import evaluate, names_in, number_kind
 from harness.plan.fields import MAPPING, ONE, VALUE, Number, PositiveInt, Section, Symbol, forms, import_path, many, \
@@ -101,12 +101,6 @@ AXIS_TYPES = {"phase": Literal[PHASES], "dtype": Literal[CELL_DTYPES], "tp": Pos
 class Rule(Section):
     """An `exclude` or `expect` entry: the axis values it matches (each axis a value or a list), and why."""
 
-    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.plan.checks; not a key of the file)
-
-    @property
-    def line(self) -> int:
-        return self._line
-
     @property
     def match(self) -> tuple[tuple[str, tuple], ...]:
         """(axis, values) for each axis the rule names."""
@@ -189,12 +183,6 @@ class Contract(Section):
     # the cell dtypes it supports; None: all
     dtypes: Optional[Annotated[one_or_list(Literal[CELL_DTYPES]), AfterValidator(many)]] = None
     why: str = Field("", description="why the kernel has this contract (text)")
-    _line: int = PrivateAttr(0)  # where the plan states it (set by harness.plan.checks)
-
-    @property
-    def line(self) -> int:
-        return self._line
-
     @property
     def empty(self) -> bool:
         return not (self.contiguous or self.row_stride_multiple_of or self.multiple_of or self.at_least

@@ -29,8 +29,8 @@ def rows_dependent(plan: Plan) -> str:
     if batch:
         return (f"its inputs describe the batch's sequences ({', '.join(batch)}): a token cannot move to another "
                 "batch without them")
-    whole = [o for o in plan.outputs if plan.token_dim(o) is None]
-    whole += [m for m in plan.mutates if m not in whole and plan.token_dim(m) is None]
+    whole = [o for o in plan.op.outputs if plan.token_dim(o) is None]
+    whole += [m for m in plan.op.mutates if m not in whole and plan.token_dim(m) is None]
     if whole:
         return f"it writes {', '.join(whole)}, with no num_tokens dimension: a result of every token at once"
     return ""

@@ -17,7 +17,7 @@ from harness.vllm.engine import engine_profiles, engine_unsupported, run_engine_
 from harness.vllm.engine import item_name as engine_item_name
 from harness.vllm.fusion import FusionTask, fusion_items, run_fusion_item
 from harness.vllm.routes import LAYER_DTYPES, MAX_EXAMPLES, run_integration_item
-from harness.vllm.attention_backend import ROUTE as ATTENTION_ROUTE, run_attention_item
+from harness.vllm.attention_backend import ROUTE as ATTENTION_ROUTE, graph_phases, run_attention_item
 from harness.plugin.state import memcheck_args, session_of, take_gpu_turn, xdist_worker
 from harness.plugin.replay import keep, replayed
 from harness.results.store import BenchRecord, CellRecord, FusionOutcome, IntegrationRecord, Status, lead_reason
@@ -35,7 +35,7 @@ from harness.runtime.timing import Timing
 from harness.runtime.tp import run_cell_on_rank, tp_multiples
 from harness.runtime.vllm_compiled import vllm_missing
 from harness.runtime.workers import Fault
-from harness.plan.matrix import Cell, Decision, decide, every_cell, provider_view
+from harness.cells.matrix import Cell, Decision, decide, every_cell, provider_view
 from harness.plan.model import Plan
 from harness.vllm_facts.fusion_cases import FUSION_DTYPE, FusionProfile, fusion_case
 from harness.vllm_facts.names import integration_routes, unsupported
@@ -45,7 +45,7 @@ class PlanFile(pytest.File):
     def collect(self):
         s = session_of(self.config)
         plan, hw = s.plan, detect()
-        for cell in every_cell(plan):  # the kernel's cells, then each provider's (harness.plan.matrix)
+        for cell in every_cell(plan):  # the kernel's cells, then each provider's (harness.cells.matrix)
             decision = decide(plan, cell, hw, s.max_cpu_ranks)
             item = CellItem.from_parent(self, name=f"numerics[{cell.id}]", cell=cell, decision=decision)
             for axis, value in cell.axes().items():
@@ -64,18 +64,24 @@ class PlanFile(pytest.File):
 
     def _integration_items(self, plan: Plan, hw):
         """One per (route, phase, dtype) on this machine's SM, for plans whose `vllm:` section names a route the harness
-        drives (a kernel that is vLLM's own is in vLLM already; the page says why other routes are not proven)."""
+        drives (a kernel that is vLLM's own is in vLLM already; the page says why other routes are not proven); the
+        attention_backend route's decode and mixed items again in a full CUDA graph (`vllm-attention_backend[decode-
+        bf16-cuda_graph-sm90]`: not run on a CPU machine)."""
         if hw.sm not in plan.matrix["sm"]:
             return
         for route in integration_routes(plan):
-            for phase in plan.matrix["phase"]:
+            graphed = graph_phases(plan) if route == ATTENTION_ROUTE else []
+            modes = [(phase, mode) for phase in plan.matrix["phase"]
+                     for mode in ("eager", *(["cuda_graph"] if phase in graphed else []))]
+            for phase, mode in modes:
                 for dtype in [d for d in plan.matrix["dtype"] if d in LAYER_DTYPES]:
-                    cell = Cell(phase, dtype, 1, "eager", hw.sm)
+                    cell = Cell(phase, dtype, 1, mode, hw.sm)
                     decision = decide(plan, cell, hw, session_of(self.config).max_cpu_ranks)
-                    item = VllmItem.from_parent(self, name=f"vllm-{route}[{phase}-{dtype}-{hw.sm}]", cell=cell,
+                    shown = "" if mode == "eager" else f"-{mode}"  # eager items keep the names they were recorded by
+                    item = VllmItem.from_parent(self, name=f"vllm-{route}[{phase}-{dtype}{shown}-{hw.sm}]", cell=cell,
                                                 route=route, decision=decision)
-                    item.add_marker(phase)
-                    item.add_marker(dtype)
+                    for marker in (phase, dtype, *([mode] if shown else [])):
+                        item.add_marker(marker)
                     if decision.expects_failure:
                         item.add_marker(pytest.mark.xfail(reason=decision.reason, strict=True))
                     yield item
@@ -165,7 +171,7 @@ class CellItem(PlanItem):
         if replaying:
             s.replay_said = replayed(s.op_dir, self.cell.id, s.replay_data, value.record)
         else:
-            self.saved = keep(s.op_dir, s.plan.name, self.cell.id, value)
+            self.saved = keep(s.op_dir, s.plan.op.name, self.cell.id, value)
         if value.record.status == Status.NOT_RUN:  # a provider cannot be loaded here: not run, as memcheck cells
             pytest.skip(value.record.reason)
         self.fail_if_failed()

@@ -17,7 +17,7 @@ from statistics import fmean
 import pytest
 
 from harness.plugin.summary import SUMMARY_STATUSES
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 
 PROGRESS_EVERY_S = 30.0  # the default verbosity's progress lines: at most one per this many seconds
 

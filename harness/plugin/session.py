@@ -37,7 +37,7 @@ from harness.runtime.inputs import with_sequences
 from harness.runtime.runner import NIGHTLY_FACTOR
 from harness.runtime.vllm_compiled import LIBRARY_ENV
 from harness.plan.load import load_plan
-from harness.plan.matrix import Cell, every_cell, pairwise_sample
+from harness.cells.matrix import Cell, every_cell, pairwise_sample
 from harness.plan.model import PlanError
 
 
@@ -60,11 +60,12 @@ def pytest_configure(config):
     except PlanError as exc:
         raise pytest.UsageError(f"invalid plan: {exc}") from None
     reports = Path(config.getoption("--reports-dir") or config.rootpath / "reports")
-    others = other_plans(reports / plan.name / "results", plan.name, plan_key(config.rootpath, plan_path))
+    others = other_plans(reports / plan.op.name / "results", plan.op.name, plan_key(config.rootpath, plan_path))
     if others:
         raise pytest.UsageError(
-            f"invalid plan: {plan_path}:{plan.where('op.name')}: op.name: {plan.name!r} is already the op of "
-            f"{', '.join(others)}, whose results and page are in {reports / plan.name}: give this plan an op.name of "
+            f"invalid plan: {plan_path}:{plan.where('op.name')}: op.name: {plan.op.name!r} is already the op of "
+            f"{', '.join(others)}, whose results and page are in {reports / plan.op.name}: give this plan an op.name "
+            f"of "
             "its own (or its own --reports-dir)")
     for values in plan.matrix.values():
         for v in values:
@@ -78,7 +79,7 @@ def pytest_configure(config):
     examples = config.getoption("--examples") or \
         plan.numerics.examples * (NIGHTLY_FACTOR if profile == "nightly" else 1)
     cells = cells or ("all" if profile == "nightly" else "sampled")
-    config.stash[SESSION_KEY] = Session(plan, plan_path, profile, examples, reports / plan.name,
+    config.stash[SESSION_KEY] = Session(plan, plan_path, profile, examples, reports / plan.op.name,
                                      config.getoption("--isolation"), config.getoption("--max-cpu-ranks"),
                                      # the example database beside the results, not in the plan's folder
                                      str(reports / ".hypothesis" / "examples"), cells=cells,
@@ -175,7 +176,7 @@ def pytest_sessionstart(session):
     s = session_of(session.config)
     prov = provenance(session.config.rootpath, plan_key(session.config.rootpath, s.plan_path))
     run_id = f"{prov.date}-{socket.gethostname()}-{os.getpid()}"
-    s.recorder = Recorder(s.op_dir / "results", s.plan.name, prov, run_id, worker=xdist_worker(session.config),
+    s.recorder = Recorder(s.op_dir / "results", s.plan.op.name, prov, run_id, worker=xdist_worker(session.config),
                           stamp=lambda key, rec: stamp(s.plan, rec, Cell.from_id(key).provider
                                                        if section_of(rec) == "cells" else ""))
     if not xdist_worker(session.config):  # the process with the terminal (xdist's controller hears every report)
@@ -206,7 +207,7 @@ def pytest_collection_finish(session):
         ran = f"the {len(runnable)} runnable cells selected (-k, -m, --lf or node ids; no sampling)"
     else:  # the kernel's cells and each provider's sampled apart: each covers its own pairs
         chosen = {c for provider in ("", *s.plan.providers)
-                  for c in pairwise_sample([i.cell for i in runnable if i.cell.provider == provider], s.plan.name)}
+                  for c in pairwise_sample([i.cell for i in runnable if i.cell.provider == provider], s.plan.op.name)}
         sample = f"pairwise sample of {len(chosen)} of {len(runnable)} runnable cells"
         ran = f"a {sample}"
         for item in runnable:
@@ -255,7 +256,7 @@ def pytest_collection_modifyitems(session, config, items):
                                         f"{item.decision.reason}")
     elif s.cells == "retry":
         path = s.recorder.machine_file
-        records = load(path, s.plan.name) if path.exists() else None
+        records = load(path, s.plan.op.name) if path.exists() else None
         left = {key for section in ("cells", "integration") if records
                 for key, rec in records.section(section).items()
                 if rec.status == Status.NOT_RUN and left_for_memory(rec.reason)}
@@ -350,7 +351,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     cells = tried + s.left_out if not config.option.collectonly else []
     if cells:
         terminalreporter.ensure_newline()
-        terminalreporter.section(f"{s.plan.name}: numerics cells", sep="-")
+        terminalreporter.section(f"{s.plan.op.name}: numerics cells", sep="-")
         for line in cells_summary(s.plan, [c for c in cells if not c[0].provider]):
             terminalreporter.write_line(line)
         for provider in s.plan.providers:  # its failures are findings about it, not the kernel's (the page's)
@@ -359,7 +360,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if nothing_ran:  # one line, not a table of nothing
                 terminalreporter.write_line(nothing_ran)
             elif mine:
-                terminalreporter.section(f"{s.plan.name}: {provider} through the same cells", sep="-")
+                terminalreporter.section(f"{s.plan.op.name}: {provider} through the same cells", sep="-")
                 for line in cells_summary(s.plan, mine):
                     terminalreporter.write_line(line)
     skipped = Counter(r.plan_item_skip for r in terminalreporter.stats.get("skipped", ())

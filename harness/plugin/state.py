@@ -18,7 +18,7 @@ from harness.results.store import Recorder
 from harness.runtime.memcheck import run_memcheck, sanitizer
 from harness.runtime.runner import RunSettings
 from harness.runtime.workers import Worker, WorkerGroup
-from harness.plan.matrix import Cell, provider_view
+from harness.cells.matrix import Cell, provider_view
 from harness.plan.model import Plan
 
 

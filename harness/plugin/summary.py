@@ -7,7 +7,7 @@ from collections import Counter
 
 from tabulate import tabulate
 
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 
 SAMPLED_OUT = "sampled_out"  # a cell's status in the summary only: sampled-out cells are not recorded
@@ -58,7 +58,7 @@ def provider_summary(plan: Plan, provider: str, tried: list[tuple[Cell, str, str
     found they cannot (vLLM's kernel not installed); `cells`: all of its cells in the run."""
     if not cells or any(status in RAN for _, status, _ in cells):
         return ""
-    line = f"{plan.name}: {provider} through the same cells: none ran here"
+    line = f"{plan.op.name}: {provider} through the same cells: none ran here"
     if tried:
         why = Counter(reason for _, _, reason in tried)
         line += ": " + "; ".join(reason if len(why) == 1 else f"{n}: {reason}" for reason, n in why.most_common())

@@ -8,7 +8,7 @@ from collections import Counter
 
 from harness.decisions.open_items import OpenItem
 from harness.decisions.reasons import n_cells, n_records
-from harness.decisions.recommendations import Recommendation
+from harness.decisions.recommendations import ENABLE, Recommendation, choice_words
 from harness.decisions.tradeoffs import TradeOff
 from harness.decisions.verdicts import SmVerdict, Verdict, grouped_verdicts
 from harness.rendering.markdown import MARKS, NO_RESULT, code, md, table
@@ -17,7 +17,7 @@ from harness.rendering.plan_words import custom_op_name, describe, tp_answer, vl
 from harness.rendering.support import mark_status
 from harness.results.merge import Merged
 from harness.plan.model import Plan
-from harness.plan.status import Status
+from harness.cells.status import Status
 from harness.vllm_facts.names import ROUTE_KINDS, provider_name
 
 
@@ -148,8 +148,8 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[
         if r.setting:
             basis.append(f"setting: {setting_text(r)}")
         basis.append(md(r.why))
-        rows.append([f"{r.regime} {md(r.dtype)} on {r.sm}, {r.profile}", f"**{r.choice}**" if r.choice else "none",
-                     "; ".join(basis)])
+        rows.append([f"{r.regime} {md(r.dtype)} on {r.sm}, {r.profile}",
+                     f"**{md(choice_words(plan, r.choice))}**" if r.choice else "none", "; ".join(basis)])
     for where, sv in grouped_verdicts(per_sm):
         rows.append([f"verdict on {where}", f"**{md(sv.word)}**", md(sv.rule)])
     return "\n".join(["## Decisions and verdict", "", table(rows, ["decision", "choice", "basis"]), "",
@@ -158,5 +158,5 @@ def decisions(res: Merged, v: Verdict, recs: list[Recommendation], per_sm: list[
                       "only (a CPU machine: the kernel runs in Triton's interpreter, so no speed verdict), not run "
                       "here (no cell of that TP size could run on that SM's machines, e.g. too few GPUs), incomplete "
                       "(a cell not run, or a dtype and regime without a benchmark decision), then go or no-go per "
-                      "regime: go where a decision, with Inductor or without it, is to enable the custom op; an SM "
-                      "whose TP sizes agree gets one verdict (docs/report.md)."])
+                      f"regime: go where a decision, with Inductor or without it, is to {choice_words(plan, ENABLE)}; "
+                      "an SM whose TP sizes agree gets one verdict (docs/report.md)."])

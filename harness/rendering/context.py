@@ -13,16 +13,17 @@ from harness.rendering.markdown import code, fmt, md, table
 from harness.rendering.plan_words import INTENTS, capture_sizes, contract_text, implementation_title, \
     quantization_text, provider_words, rule_text, tp_answer, vllm_answer
 from harness.results.merge import Merged
+from harness.cells.matrix import contract_line
 from harness.plan.model import Plan
-from harness.plan.status import RAN
+from harness.cells.status import RAN
 from harness.plan.tolerances import tolerance_source
 
 
 def header(res: Merged, v: Verdict, per_sm: list[SmVerdict]) -> str:
     plan = res.plan
-    lines = [f"# Integration plan: {md(plan.name)}", ""]
-    lines.append(f"- **Op:** {code(plan.name)}, kernel {code(plan.kernel)}")
-    lines.append(f"- **Intent:** {md(INTENTS[plan.intent])}")
+    lines = [f"# Integration plan: {md(plan.op.name)}", ""]
+    lines.append(f"- **Op:** {code(plan.op.name)}, kernel {code(plan.op.kernel)}")
+    lines.append(f"- **Intent:** {md(INTENTS[plan.op.intent])}")
     lines.append(f"- **Verdict:** {md(v.word)}")
     for where, sv in grouped_verdicts(per_sm):
         lines.append(f"  - {where}: **{md(sv.word)}** ({md(sv.rule)})")
@@ -58,7 +59,7 @@ def provenance_line(res: Merged) -> str:
 
 def problem_breakdown(plan: Plan) -> str:
     phases = ", ".join(plan.matrix["phase"])
-    signature = f"{plan.kernel.split(':')[-1]}({', '.join(a.name for a in plan.args)})"
+    signature = f"{plan.op.kernel.split(':')[-1]}({', '.join(a.name for a in plan.args)})"
     writes = plan.written_args
     returns = plan.returned_outputs
     effect = []
@@ -67,15 +68,15 @@ def problem_breakdown(plan: Plan) -> str:
     if returns:
         effect.append("returns " + ", ".join(code(r) for r in returns))
     lines = ["## Problem breakdown", ""]
-    if plan.description:
-        lines += [md(plan.description), ""]
-    lines.append(f"- **Kernel:** {code(signature)} from {code(plan.kernel)}; {'; '.join(effect) or 'no outputs'}.")
-    lines.append(f"- **Reference:** {code(plan.reference)} (PyTorch eager; the numerics every cell is checked "
+    if plan.op.description:
+        lines += [md(plan.op.description), ""]
+    lines.append(f"- **Kernel:** {code(signature)} from {code(plan.op.kernel)}; {'; '.join(effect) or 'no outputs'}.")
+    lines.append(f"- **Reference:** {code(plan.op.reference)} (PyTorch eager; the numerics every cell is checked "
                  "against).")
-    if plan.replaces:
-        lines.append(f"- **Replaces:** {code(plan.replaces)} ({md(INTENTS[plan.intent])}).")
+    if plan.op.replaces:
+        lines.append(f"- **Replaces:** {code(plan.op.replaces)} ({md(INTENTS[plan.op.intent])}).")
     else:
-        lines.append(f"- **Replaces:** nothing in vLLM ({md(INTENTS[plan.intent])}).")
+        lines.append(f"- **Replaces:** nothing in vLLM ({md(INTENTS[plan.op.intent])}).")
     lines.append(f"- **Target phases:** {md(phases)}.")
     for provider in plan.providers:  # what else runs through the cells (harness.rendering.support: what it accepts)
         lines.append(f"- **Through the same cells:** {provider_words(plan, provider)}: its page section says what it "
@@ -89,26 +90,29 @@ def constraints(res: Merged) -> str:
     n = plan.numerics
     cs = capture_sizes(plan)
     tol = ", ".join(f"{dt} atol {t.atol:g} rtol {t.rtol:g}" for dt, t in plan.tolerance.items())
-    rules = [f"excluded: {md(rule_text(r))}: {md(r.why)}" for r in plan.excludes]
-    rules += [f"expected to fail: {md(rule_text(r))}: {md(r.why)}" for r in plan.expects]
+    rules = [f"excluded: {md(rule_text(r))}: {md(r.why)}" for r in plan.exclude]
+    rules += [f"expected to fail: {md(rule_text(r))}: {md(r.why)}" for r in plan.expect]
     quant = quantization_text(plan.quantization)
     answers = [
         ["Phases", md(", ".join(plan.matrix["phase"]))],
-        ["Dtypes and accumulation", md(", ".join(plan.matrix["dtype"])) + f"; accumulation in {md(plan.accumulation)}"],
+        ["Dtypes and accumulation",
+         md(", ".join(plan.matrix["dtype"])) + f"; accumulation in {md(plan.op.accumulation)}"],
         ["Quantization", md(quant)],
         ["Tensor parallelism", tp_answer(plan)],
         ["Graph modes", md(", ".join(plan.matrix["graph_mode"])) + f"; CUDA graph capture sizes "
-         f"{'from the plan' if plan.capture_sizes else 'as vLLM'}: {cs[0]} … {cs[-1]} ({len(cs)} sizes)"],
+         f"{'from the plan' if plan.cuda_graph and plan.cuda_graph.capture_sizes else 'as vLLM'}: "
+         f"{cs[0]} … {cs[-1]} ({len(cs)} sizes)"],
         ["vLLM target and route", vllm_answer(plan, res.integration)],
         ["Hardware (SMs)", md(", ".join(plan.matrix["sm"]))],
-        ["Reference", code(plan.reference)],
+        ["Reference", code(plan.op.reference)],
         ["Shapes", f"{sizes}; decode 1 … {n.max_num_seqs} tokens; prefill {n.prefill_tokens[0]} … "
                    f"{n.prefill_tokens[1]}; chunked prefill up to {n.max_num_batched_tokens}"],
         *([["Models the sizes come from", md("; ".join(f"{k}: {m}" for k, m in plan.benchmark.models))]]
           if plan.benchmark.models else []),
         # what is drawn, timed and dispatched to the kernel (and timed for each named baseline)
-        *([["Kernel contract", contract_text(plan.contract)]] if not plan.contract.empty else []),
-        *[[f"Contract of {implementation_title(name, e.kind)}", contract_text(e.contract)]
+        *([["Kernel contract", contract_text(plan.contract, contract_line(plan, ""))]]
+          if not plan.contract.empty else []),
+        *[[f"Contract of {implementation_title(name, e)}", contract_text(e.contract, contract_line(plan, name))]
           for name, e in plan.implementations.items() if e.contract is not None and not e.contract.empty],
         ["Tolerances", (md(tol) + " (plan); " if tol else "") + "other dtypes: vLLM's defaults"],
         ["Exclusions and expected failures", "; ".join(rules) or "none"],

@@ -92,7 +92,7 @@ def switch_rows(res: Merged) -> list[list[str]]:
     if not without_inductor.startswith("--"):  # a fusion pass: nothing turns it on without Inductor
         on += f" with Inductor; without it {md(without_inductor)}"
     return [[code(kernel.call), md(switch.runs_for), on, off, md(switch.note or NO_RESULT),
-             f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"]]
+             f"[{md(plan.op.name)}/PLAN.md]({plan.op.name}/PLAN.md)"]]
 
 
 def _agreement(default, decided: list[Recommendation]) -> str:

@@ -9,10 +9,10 @@ from harness.rendering.plan_words import capture_sizes, custom_op_name, layer_cl
     route_words
 from harness.vllm_facts.attention_layout import ROUTE as ATTENTION_ROUTE, cache_words
 from harness.vllm.plugin_source import ADAPTER_FUNCTIONS, render_plugin
-from harness.plan.op_source import custom_op_source
+from harness.vllm.op_source import custom_op_source
 from harness.results.store import IntegrationRecord
 from harness.plan.model import Plan
-from harness.plan.status import Status
+from harness.cells.status import Status
 from harness.vllm_facts.names import ROUTE_KINDS, adapter_module, enable_setting, in_tree_flag, oot_flag, \
     plugin_entry_point, plugin_module_name, plugin_route, plugin_routes, provider_name, route_lacking, unsupported
 
@@ -22,7 +22,7 @@ CUDA_GRAPH_BOX = "CUDA graph: captured at the capture sizes, replayed (full for 
 def design(plan: Plan, integration: dict | None = None) -> str:
     op = custom_op_name(plan)
     layer = layer_path(plan)
-    layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.name}"
+    layer_label = f"{layer_class(plan)} layer ({layer})" if layer else f"model layer calling {plan.op.name}"
     provider = provider_name(plan)
     g = ["flowchart TD", f'    caller["{mm("decoder layer in the model file")}"]',
          f'    layer["{mm(layer_label)}"]']
@@ -35,8 +35,8 @@ def design(plan: Plan, integration: dict | None = None) -> str:
               '    native["' + mm("vLLM's own path") + '"]']
         edges = ["    caller --> layer --> dispatch", "    dispatch --> customop", "    dispatch --> native"]
         g += [f'    customop[["{mm(op + ": opaque torch.library custom op + fake")}"]]',
-              f'    kernel["{mm("kernel " + plan.kernel)}"]']
-        where = (f"Where {code(plan.name)} would plug into vLLM ({md(plan.vllm.target)}, {route_words(plan)}; "
+              f'    kernel["{mm("kernel " + plan.op.kernel)}"]']
+        where = (f"Where {code(plan.op.name)} would plug into vLLM ({md(plan.vllm.target)}, {route_words(plan)}; "
                  f"{route_proof(plan, None)}):") if route else \
             "The plan names no route into vLLM (`vllm.route`), so nothing here names a vLLM symbol:"
         if lacking:
@@ -69,14 +69,14 @@ def design(plan: Plan, integration: dict | None = None) -> str:
                  f'    dispatch -->|"{mm("enabled")}"| provider --> customop',
                  f'    dispatch -->|"{mm("disabled (default)")}"| native --> inductor']
     g += [f'    customop[["{mm(op + ": opaque torch.library custom op + fake")}"]]',
-          f'    kernel["{mm("kernel " + plan.kernel)}"]',
+          f'    kernel["{mm("kernel " + plan.op.kernel)}"]',
           f'    inductor["{mm("Inductor: traces and fuses the native code")}"]',
           f'    dynamo["{mm("torch.compile (Dynamo): one opaque node, shapes from the fake")}"]',
           f'    cudagraph["{mm(CUDA_GRAPH_BOX)}"]']
     g += edges + ["    customop --> kernel", "    dynamo -.-> customop", "    dynamo -.-> inductor",
                   "    cudagraph -.-> kernel"]
     return "\n".join(["## High-level design", "",
-                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route "
+                      f"Where {code(plan.op.name)} plugs into vLLM ({md(plan.vllm.target)}, route "
                       f"{code(plan.vllm.route)}):",
                       "", "```mermaid", *g, "```"])
 
@@ -96,14 +96,14 @@ def _attention_design(plan: Plan, op: str, g: list[str]) -> str:
     g += [f'    dispatch{{"{mm("attention backend selection: --attention-backend CUSTOM (a CPU: over CPU_ATTN)")}"}}',
           f'    provider["{mm("PluginAttentionImpl.forward: vLLM KV cache views + metadata")}"]',
           f'    native["{mm("vLLM own backend (FLASH_ATTN, TRITON_ATTN, CPU_ATTN, ...)")}"]',
-          f'    kernel["{mm("kernel " + plan.kernel)}"]',
+          f'    kernel["{mm("kernel " + plan.op.kernel)}"]',
           f'    dynamo["{mm("torch.compile: vllm.unified_attention_with_output, one opaque splitting op")}"]',
           f'    cudagraph["{mm(CUDA_GRAPH_BOX)}"]']
     edges = ["    caller --> layer --> dispatch", f'    dispatch -->|"{mm("CUSTOM")}"| provider --> kernel',
              f'    dispatch -->|"{mm("another backend")}"| native', "    dynamo -.-> provider",
              "    cudagraph -.-> kernel"]
     return "\n".join(["## High-level design", "",
-                      f"Where {code(plan.name)} plugs into vLLM ({md(plan.vllm.target)}, route "
+                      f"Where {code(plan.op.name)} plugs into vLLM ({md(plan.vllm.target)}, route "
                       f"{code(plan.vllm.route)}; {md(cache_words(plan))}):", "", "```mermaid", *g, *edges, "```"])
 
 
@@ -186,7 +186,7 @@ def critical_path(plan: Plan) -> str:
         return [*collectives_before(),
                 f"    G->>L: {mm('forward(hidden states)')}",
                 f"    L->>K: {mm(how + ': ' + call)}",
-                f"    K-->>L: {mm(', '.join(plan.outputs) + ' written')}",
+                f"    K-->>L: {mm(', '.join(plan.op.outputs) + ' written')}",
                 f"    L-->>G: {mm('hidden states')}",
                 *collectives_after()]
 

@@ -10,7 +10,7 @@ from harness.decisions.reasons import n_cells
 from harness.rendering.markdown import code, md
 from harness.rendering.plan_words import describe
 from harness.results.merge import Merged
-from harness.plan.status import RAN
+from harness.cells.status import RAN
 from harness.plan.token_rows import rows_dependent, token_inputs
 
 # The record facts each check writes, under its name, in the page's order.

@@ -1,7 +1,7 @@
 """Text for the pages, escaped for the place it lands in: a table cell or a line of prose (`md`), inline code
 (`code`), a Mermaid label (`mm`); GitHub tables (`table`); numbers (`fmt`, `fmt_us`); and the marks of the
 statuses. Every piece of text from a user or an exception goes through one of these (a Python literal in generated
-source through harness.plan.op_source's)."""
+source through harness.vllm.op_source's)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from tabulate import tabulate
 
 from harness.results.store import finite_number
-from harness.plan.status import Status
+from harness.cells.status import Status
 
 MARKS = {Status.PASSED: "✅", Status.FAILED: "❌", Status.NOT_RUN: "⏭", Status.EXCLUDED: "🚫", Status.XFAIL: "⚠️",
          Status.XPASS: "❗"}

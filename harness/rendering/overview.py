@@ -16,17 +16,18 @@ import os
 from pathlib import Path
 
 from harness.decisions.reasons import by_reason, first_line
-from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, recommendations, \
+from harness.decisions.recommendations import VLLM_PROFILES, Recommendation, choice_words, recommendations, \
     vllm_kernel_recommendations
 from harness.decisions.speedups import REGIMES
 from harness.decisions.verdicts import sm_verdicts, verdict
 from harness.rendering.defaults import defaults_rows, defaults_section, has_switch, regime_summary, switch_rows
 from harness.rendering.markdown import NO_RESULT, code, md, table
 from harness.rendering.performance import setting_text
+from harness.rendering.plan_words import implementation_title
 from harness.results.merge import collect
 from harness.plan.implementations import VLLM
 from harness.plan.model import Plan
-from harness.plan.status import Status
+from harness.cells.status import Status
 
 PAGE = "README.md"
 
@@ -42,18 +43,30 @@ def _models(plan: Plan, sizes) -> str:
     return "; ".join(dict.fromkeys(names)) or NO_RESULT
 
 
-def _settings_text(recs: list[Recommendation]) -> str:
+def _settings_text(plan: Plan, recs: list[Recommendation]) -> str:
     """The settings of a row's decisions, each once; named by its choice where the row's decisions differ."""
     by_choice = {r.choice: r for r in recs if r.choice and r.setting}
     if not by_choice:
         return NO_RESULT
     if len(by_choice) == 1:
         return setting_text(next(iter(by_choice.values())))
-    return "; ".join(f"{choice}: {setting_text(r)}" for choice, r in by_choice.items())
+    return "; ".join(f"{md(choice_words(plan, choice))}: {setting_text(r)}" for choice, r in by_choice.items())
+
+
+def _in_place(plans: list[Plan]) -> str:
+    """The ops whose decisions weigh the kernel against what vLLM runs in its place in both profiles (a plan's
+    default implementation), each with it; "" where none does."""
+    named = [f"{code(p.op.name)} against {implementation_title(d, p.implementation(d))}" for p in plans
+             if (d := p.default_implementation)]
+    return (f"; except where a plan names what vLLM runs in the kernel's place whatever the profile, the kernel "
+            f"against that in both: {', '.join(named)}") if named else ""
 
 
 def _decision_rows(plan: Plan, recs: list[Recommendation]) -> list[list[str]]:
     """One row per SM × vLLM profile with decisions, the regimes side by side."""
+    def words(r: Recommendation) -> str:
+        return md(choice_words(plan, r.choice))
+
     rows = []
     for sm in plan.matrix["sm"]:
         for profile, _ in VLLM_PROFILES:
@@ -61,21 +74,21 @@ def _decision_rows(plan: Plan, recs: list[Recommendation]) -> list[list[str]]:
             if not mine:
                 continue
             gpus = ", ".join(sorted({g for r in mine for g in r.gpus})) or NO_RESULT
-            rows.append([code(plan.name), sm, md(gpus), profile, *(regime_summary(mine, reg) for reg in REGIMES),
-                         _settings_text(mine)])
+            rows.append([code(plan.op.name), sm, md(gpus), profile,
+                         *(regime_summary(mine, reg, words) for reg in REGIMES), _settings_text(plan, mine)])
     return rows
 
 
 def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str]]:
     """The page's text, and the results problems of every op (each named with its op)."""
     reports_dir = Path(reports_dir)
-    plans = sorted(plans, key=lambda p: (p.name, str(p.path)))
+    plans = sorted(plans, key=lambda p: (p.op.name, str(p.path)))
     verdict_rows, decision_rows, model_rows, problems, undecided = [], [], [], [], []
     shown_plans, vllm_rows, default_rows, switches = [], [], [], []
     for plan in plans:
-        res = collect(plan, reports_dir / plan.name)
+        res = collect(plan, reports_dir / plan.op.name)
         shown_plans.append(res.plan_display())
-        problems += [f"{plan.name}: {p}" for p in res.shown_problems()]
+        problems += [f"{plan.op.name}: {p}" for p in res.shown_problems()]
         recs = recommendations(res)
         if VLLM in plan.providers:  # vLLM's own kernel through the op's cells: what it accepts
             vllm_rows += _accepts_rows(plan, res)
@@ -83,16 +96,16 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
             default_rows += defaults_rows(res, vllm_kernel_recommendations(res))
             switches += switch_rows(res)
         per_sm = sm_verdicts(res, recs)
-        link = f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
-        verdict_rows.append([code(plan.name), md(plan.intent), md(verdict(res, recs, per_sm).word),
+        link = f"[{md(plan.op.name)}/PLAN.md]({plan.op.name}/PLAN.md)"
+        verdict_rows.append([code(plan.op.name), md(plan.op.intent), md(verdict(res, recs, per_sm).word),
                              code(res.plan_display()), link])
         rows = _decision_rows(plan, recs)
         if not rows:
-            undecided.append(plan.name)
+            undecided.append(plan.op.name)
         decision_rows += rows
         sizes = sorted({s for r in recs if r.choice for s in r.sizes}, key=str)
         if sizes:
-            model_rows.append([code(plan.name), md(_models(plan, sizes))])
+            model_rows.append([code(plan.op.name), md(_models(plan, sizes))])
     command = "python -m harness overview " + " ".join(shown_plans)
     lines = ["# Custom ops in vLLM: decisions across ops, platforms and profiles", "",
              f"Generated from the plans and the results beside each op's page by {code(command)}; do not edit by "
@@ -106,10 +119,11 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
     lines += ["## Decisions", "",
               "One row per op, SM and vLLM profile that has benchmarks; per regime, the decision per dtype. Inductor "
               "on: the kernel against the reference compiled by Inductor (vLLM's default, custom ops off); Inductor "
-              "off: against the eager reference (the startup-time profile, where vLLM runs its own kernels). In "
-              "both, against vLLM's kernel and every named baseline (after the kernel's own speedup). Speedup: the "
-              "median over the regime's shapes, with the lowest and highest bound of their intervals; the setting "
-              "applies the recommendation. The models each op's sizes come from are listed once per op below.", ""]
+              "off: against the eager reference (the startup-time profile, where vLLM runs its own kernels)"
+              f"{_in_place(plans)}. In both, against vLLM's kernel and every named baseline (after the kernel's own "
+              "speedup). Speedup: the median over the regime's shapes, with the lowest and highest bound of their "
+              "intervals; the setting applies the recommendation. The models each op's sizes come from are listed "
+              "once per op below.", ""]
     if decision_rows:
         lines.append(table(decision_rows, ["op", "SM", "GPU", "vLLM profile", *REGIMES, "vLLM setting"]))
     else:
@@ -134,7 +148,7 @@ def render_overview(plans: list[Plan], reports_dir: Path) -> tuple[str, list[str
 def _accepts_rows(plan: Plan, res) -> list[list[str]]:
     """One row per SM with results (one row saying so where none has any) for vLLM's own kernel through the op's
     cells."""
-    kernel, link = plan.vllm_kernel, f"[{md(plan.name)}/PLAN.md]({plan.name}/PLAN.md)"
+    kernel, link = plan.vllm_kernel, f"[{md(plan.op.name)}/PLAN.md]({plan.op.name}/PLAN.md)"
     rows = []
     for sm in res.provider_sms(VLLM):
         cells = [c for c in res.provider_cells(VLLM) if c.sm == sm]
@@ -143,8 +157,8 @@ def _accepts_rows(plan: Plan, res) -> list[list[str]]:
         failed = [c for c in cells if res.status(c) in (Status.FAILED, Status.XFAIL)]
         reasons = by_reason(res, failed)
         worst = f"{md(first_line(reasons[0][0], 160))} ({len(reasons[0][1])})" if reasons else NO_RESULT
-        rows.append([code(plan.name), code(kernel.call), sm, *(str(n) for n in count.values()), worst, link])
-    return rows or [[code(plan.name), code(kernel.call), NO_RESULT, "no results yet", NO_RESULT, NO_RESULT,
+        rows.append([code(plan.op.name), code(kernel.call), sm, *(str(n) for n in count.values()), worst, link])
+    return rows or [[code(plan.op.name), code(kernel.call), NO_RESULT, "no results yet", NO_RESULT, NO_RESULT,
                      NO_RESULT, link]]
 
 

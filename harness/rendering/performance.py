@@ -11,11 +11,11 @@ from pathlib import Path
 
 from harness.decisions.bounds import BOUND_SLACK, bound, throughput
 from harness.decisions.reasons import first_line
-from harness.decisions.recommendations import Recommendation
+from harness.decisions.recommendations import Recommendation, choice_words
 from harness.decisions.speedups import REGIMES, Unused, baselines, impl_order, median, not_used, regime, \
     shape_speedup, why_untimed
 from harness.rendering.markdown import NO_RESULT, code, fmt, fmt_us, md, table
-from harness.rendering.plan_words import timed_words
+from harness.rendering.plan_words import implementation_title, timed_words
 from harness.results.merge import Merged
 from harness.results.store import BenchRecord, finite_number
 from harness.plan.model import Plan
@@ -57,17 +57,28 @@ def performance(res: Merged, op_dir: Path, recs: list[Recommendation]) -> str:
             lines += [f"![GB/s against token count on {sm}]({plot_name(sm)})", ""]
     if untimed:
         lines += [*untimed, ""]
-    lines += ["Decisions per SM, dtype, regime and vLLM profile: with Inductor the kernel is compared with the "
-              "compiled reference, without it with the eager one, and in both with vLLM's kernel and every named "
-              "baseline (rules: docs/report.md). Speedup: the median over the regime's shapes, with the lowest and "
-              "highest bound of their intervals.", "", decision_table(recs)]
+    lines += [f"Decisions per SM, dtype, regime and vLLM profile: {_compared_with(plan)} (rules: docs/report.md). "
+              "Speedup: the median over the regime's shapes, with the lowest and highest bound of their intervals.",
+              "", decision_table(plan, recs)]
     return "\n".join(lines)
+
+
+def _compared_with(plan: Plan) -> str:
+    """What the kernel is compared with in each vLLM profile, in words."""
+    name = plan.default_implementation
+    if name is None:
+        return ("with Inductor the kernel is compared with the compiled reference, without it with the eager one, "
+                "and in both with vLLM's kernel and every named baseline")
+    return (f"in both profiles the kernel is compared with {implementation_title(name, plan.implementation(name))} "
+            f"({md(name)}, the plan's default: what vLLM runs in the kernel's place whatever the profile), and with "
+            "vLLM's kernel and every other named baseline")
 
 
 def baselines_text(plan: Plan) -> str:
     """Which function each of the plan's baselines times."""
     parts = [f"{md(name)}: {timed_words(plan, name)}" for name in plan.baselines]
-    accuracy = "" if plan.native else " (the numerics oracle is also the speed baseline: the plan names no op.native)"
+    accuracy = "" if plan.op.native else \
+        " (the numerics oracle is also the speed baseline: the plan names no op.native)"
     return (f"Baselines: {'; '.join(parts) or 'none'}. Every figure is checked against the reference after "
             f"timing{accuracy}.")
 
@@ -100,8 +111,9 @@ def why_text(r: Recommendation) -> str:
     return "; ".join(filter(None, [r.stale, r.why, r.check_baseline, r.far_from_limit]))
 
 
-def decision_table(recs: list[Recommendation]) -> str:
-    rows = [[r.sm, md(r.dtype), r.regime, r.profile, f"**{r.choice}**" if r.choice else "none", speedup_text(r),
+def decision_table(plan: Plan, recs: list[Recommendation]) -> str:
+    rows = [[r.sm, md(r.dtype), r.regime, r.profile, f"**{md(choice_words(plan, r.choice))}**" if r.choice else "none",
+             speedup_text(r),
              others_text(r), setting_text(r), md(why_text(r))] for r in recs]
     return table(rows, ["SM", "dtype", "regime", "vLLM profile", "recommendation", "kernel speedup",
                         "vs vLLM's kernel and named baselines", "vLLM setting", "why"])

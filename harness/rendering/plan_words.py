@@ -9,10 +9,10 @@ import json
 
 from harness.rendering.markdown import code, md
 from harness.plan.implementations import NATIVE, title
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 from harness.plan.vocabulary import AXES
-from harness.plan.status import Status
+from harness.cells.status import Status
 from harness.vllm_facts.kernels import PINNED_VLLM, SCHEMAS
 from harness.vllm_facts.names import ROUTE_KINDS, oot_flag, plugin_routes, provider_name, route_lacking, unsupported
 
@@ -25,11 +25,11 @@ INTENTS = {
 
 
 def custom_op_name(plan: Plan) -> str:
-    return f"torch.ops.{plan.op_namespace}.{plan.name}"
+    return f"torch.ops.{plan.op_namespace}.{plan.op.name}"
 
 
 def layer_path(plan: Plan) -> str | None:
-    return plan.vllm.layer or plan.replaces
+    return plan.vllm.layer or plan.op.replaces
 
 
 def layer_class(plan: Plan) -> str:
@@ -37,9 +37,10 @@ def layer_class(plan: Plan) -> str:
     return path.split(":")[-1].split(".")[-1] if path else "the model layer"
 
 
-def implementation_title(name: str, kind: str) -> str:
-    """How a page names one of the plan's implementations: by its kind's words (vLLM's kernel), else its name."""
-    return md(title(name, kind))
+def implementation_title(name: str, entry) -> str:
+    """How a page names one of the plan's implementations: by its entry's title, else its kind's words (vLLM's
+    kernel), else its name."""
+    return md(title(name, entry))
 
 
 def _vllm_words(name: str, kernel) -> str:
@@ -63,8 +64,8 @@ KIND_WORDS = {
 
 
 def _native_words(plan: Plan) -> str:
-    return f"{code(plan.native)} (op.native: what vLLM runs without the custom op)" if plan.native else \
-        f"the reference {code(plan.reference)}"
+    return f"{code(plan.op.native)} (op.native: what vLLM runs without the custom op)" if plan.op.native else \
+        f"the reference {code(plan.op.reference)}"
 
 
 def _imported_timed(plan: Plan, e) -> str:
@@ -187,10 +188,10 @@ def vllm_answer(plan: Plan, integration: dict | None = None) -> str:
     return f"{md(plan.vllm.target)}; {route_words(plan)}; {route_proof(plan, integration)}"
 
 
-def contract_text(contract) -> str:
+def contract_text(contract, line: int | None) -> str:
     """A contract in words, with its reason and where the plan states it."""
     why = f": {contract.why}" if contract.why else ""
-    return md(f"{contract.describe()}{why} (plan line {contract.line})")
+    return md(f"{contract.describe()}{why} (plan line {line})")
 
 
 def quantization_text(q) -> str:

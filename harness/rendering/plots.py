@@ -90,7 +90,7 @@ def draw_plots(plan: Plan, op_dir: Path) -> list[Path]:
         handles.append(Line2D([], [], color="black", linewidth=0.8, linestyle=(0, (1, 3)), label="copy bandwidth"))
         fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize="small", frameon=False)
         height = fig.get_figheight()
-        fig.suptitle(f"{plan.name} on {sm}: GB/s against tokens")
+        fig.suptitle(f"{plan.op.name} on {sm}: GB/s against tokens")
         fig.subplots_adjust(left=0.9 / fig.get_figwidth(), right=1 - 0.2 / fig.get_figwidth(), top=1 - 0.6 / height,
                             bottom=(legend_in + 0.55) / height, hspace=0.3, wspace=0.08)
         path = Path(op_dir) / plot_name(sm)

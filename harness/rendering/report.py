@@ -23,6 +23,7 @@ from harness.rendering.context import constraints, header, problem_breakdown
 from harness.rendering.design import critical_path, design, interfaces
 from harness.rendering.performance import performance
 from harness.rendering.support import accepted_inputs, support_matrix
+from harness.rendering.toolchains import toolchain_section
 from harness.rendering.vllm_runs import engine_section, fusion_section
 from harness.results.merge import collect
 from harness.plan.model import Plan
@@ -47,6 +48,7 @@ def render(plan: Plan, op_dir: Path) -> tuple[str, list[str]]:
         *accepted,
         *[s for s in (fusion_section(res), engine_section(res)) if s],  # vLLM's fusion pass, a running engine
         performance(res, op_dir, recs),
+        *[s for s in (toolchain_section(res),) if s],  # only where a GPU's results hold two toolchains
         tradeoffs_section(res.plan, tradeoffs(res)),
         open_items_section(res.plan, open_items(res, recs)),
         decisions(res, v, recs, per_sm),

@@ -11,8 +11,8 @@ from harness.rendering.markdown import LEGEND, MARKS, NO_RESULT, code, fmt, md, 
 from harness.rendering.plan_words import axis_value, describe, implementation_title, provider_words
 from harness.results.merge import Merged
 from harness.results.store import ALIGNMENTS, CellRecord, InputsSeen, lead_reason
-from harness.plan.matrix import Cell
-from harness.plan.status import RAN, Status
+from harness.cells.matrix import Cell
+from harness.cells.status import RAN, Status
 
 
 def mark_status(res: Merged, cell: Cell) -> Status | None:
@@ -214,7 +214,7 @@ def accepted_inputs(res: Merged, provider: str = "") -> str:
     lines = ["## Inputs seen passing", ""]
     if provider:
         words = provider_words(plan, provider)
-        title = implementation_title(provider, plan.implementation(provider).kind)
+        title = implementation_title(provider, plan.implementation(provider))
         lines = [f"## What {title} accepts", "",
                  f"Run through the plan's cells as the kernel is: {words}. Its failures are findings about it, not "
                  "the kernel's: the inputs it computed right are what a replacement must accept too; where it fails, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from harness.rendering.markdown import MARKS, NO_RESULT, code, md, table
 from harness.results.merge import Merged
 from harness.results.store import IntegrationRecord
-from harness.plan.status import Status
+from harness.cells.status import Status
 from harness.vllm_facts.fusion_cases import fusion_case, fusion_profiles
 from harness.vllm_facts.names import enable_setting, unsupported
 

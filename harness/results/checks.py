@@ -145,6 +145,11 @@ CHECKS = (
           lambda s: s.section == "integration" and s.route == "attention_backend",
           "the plugin's attention backend, selected as CUSTOM, on vLLM's own KV cache and metadata against vLLM's "
           "own backend on the same batch, and the reference"),
+    Check("attention backend cuda graph", "vllm/attention_backend.py",
+          lambda s: s.section == "integration" and s.route == "attention_backend" and s.graph_mode == "cuda_graph",
+          "the same step in a full CUDA graph, as vLLM's FULL_AND_PIECEWISE (decode) and FULL (mixed) modes replay it: "
+          "the backend's declared CUDA-graph support, capture on a dummy batch, replay with the batch padded as vLLM "
+          "pads it"),
 )
 BY_NAME = {c.name: c for c in CHECKS}
 

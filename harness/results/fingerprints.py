@@ -6,7 +6,7 @@ reformat, a description or another provider's edit.
 the parsed plan's sub-models a record depends on, per section:
 
 - "cells" (a numerics cell of `provider`; "" is the kernel under test), the plan as that provider's cells run it
-  (harness.plan.matrix.provider_view): op.args, outputs, mutates, sizes, paths, native, reference, fake, generate,
+  (harness.cells.matrix.provider_view): op.args, outputs, mutates, sizes, paths, native, reference, fake, generate,
   accumulation, reduction, the provider's contract (op.contract for the kernel; an implementation's own
   otherwise), the tolerance actually used for the cell's dtype and for each output
   (harness.plan.tolerances: the plan's, else vLLM IR's, else the table's), numerics, quantization (with vLLM's
@@ -15,7 +15,8 @@ the parsed plan's sub-models a record depends on, per section:
   torch.ops kernel's name, args, signature, dtypes and max_step_fraction (`vllm`: implementations.vllm), a Python
   function's path, prepare and contract. Not: op.kernel for another provider, op.name, intent, description, replaces,
   the matrix, exclude and expect rules (applied at render), benchmark models and sizes, other providers' entries, words
-  (a contract's or vLLM kernel's `why`, a baseline's `setting`, the switch's sentences), comments and formatting.
+  (a contract's or vLLM kernel's `why`, a baseline's `setting` and `title`, the switch's sentences), comments and
+  formatting.
 - "integration" (a vLLM item): op.name (the plugin's names), kernel, reference, replaces, native, fake, generate,
   args, outputs, mutates, sizes, contract, accumulation, the tolerances (as for cells), quantization, numerics, the
   phase's token range, matrix.dtype and matrix.sm (the plugin's supports_args is written from them) and the vllm
@@ -28,7 +29,8 @@ the parsed plan's sub-models a record depends on, per section:
   vllm baseline's call), and benchmark.bytes and benchmark.flops: a BenchRecord stores the bytes and flops its run
   computed from those models, and the report reads them from the record (harness.decisions.bounds), so a
   changed model stales the record. Not: benchmark.models (names), benchmark.sizes and the phases' token lists
-  (whether a shape is still timed is decided at render: Benchmark.times), the named baselines' `setting`.
+  (whether a shape is still timed is decided at render: Benchmark.times), the named baselines' `setting` and
+  `title`, which of them is the `default` (the decisions are made at render).
 
 `implementation_fingerprint(plan, provider)` hashes what a record's implementation is, as source: the module of the
 kernel's import path (provider ""), of a named baseline's path and prepare, of op.native or the reference
@@ -66,7 +68,7 @@ from harness.results.code_hash import normalized_source
 from harness.results.store import UNKNOWN
 from harness.plan.dtypes import CELL_OF_TORCH, DTYPE
 from harness.plan.implementations import BUILTIN, VLLM
-from harness.plan.matrix import contract_of, provider_view
+from harness.cells.matrix import contract_of, provider_view
 from harness.plan.model import Plan
 from harness.plan.sections import Contract
 from harness.plan.tolerances import DEFAULT_TOLERANCE, output_tolerance, tolerance_for
@@ -143,7 +145,7 @@ def _tolerances(plan: Plan, dtype: str | None) -> dict:
     out = {}
     for d in (dtype,) if dtype else plan.matrix["dtype"]:
         outputs = {}
-        for name in plan.outputs:
+        for name in plan.op.outputs:
             if name in plan.output_tolerance:
                 outputs[name] = plan.output_tolerance[name]
             elif plan.has_arg(name) and plan.arg(name).dtype != "act":
@@ -162,9 +164,9 @@ def _cell_dtype(arg_dtype: str) -> str | None:
 
 
 def _own(plan: Plan, name: str) -> dict | None:
-    """An implementation's entry as it runs (not its words: a contract's or its own `why`, its `setting`, its
-    switch): a Python function's path, prepare and contract; a torch.ops kernel's name, args, signature, dtypes and
-    step allowance."""
+    """An implementation's entry as it runs (not its words: a contract's or its own `why`, its `setting` and
+    `title`, its switch): a Python function's path, prepare and contract; a torch.ops kernel's name, args,
+    signature, dtypes and step allowance."""
     e = plan.implementation(name)
     if e is None:
         return None
@@ -193,7 +195,7 @@ def _phases(plan: Plan, phase: str | None) -> dict:
 def _cells(plan: Plan, provider: str, dtype: str | None, phase: str | None) -> dict:
     view = provider_view(plan, provider)
     if provider == "":
-        own: Any = {"kernel": plan.kernel}
+        own: Any = {"kernel": plan.op.kernel}
     else:  # keyed as when vLLM's kernel and the plan's own were declared apart
         own = {"vllm" if provider == VLLM else "named": _own(plan, provider)}
     return {
@@ -425,7 +427,7 @@ def implementation_fingerprint(plan: Plan, provider: str = "") -> str:
     (its name and pinned schema). "unknown" where its code is not found here, or the plan has no such provider."""
     roots = _roots(plan)
     if provider in ("", "kernel"):
-        return _modules_digest([plan.kernel], roots)
+        return _modules_digest([plan.op.kernel], roots)
     e = plan.implementation(provider)
     if e is None:
         return UNKNOWN

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.results.stamps import staleness, unchecked
-from harness.results.store import BenchRecord, CellRecord, IntegrationRecord, Provenance, merge_dir, steps_over
-from harness.plan.matrix import Cell, every_cell, excluded_by, expand, step_allowance
+from harness.results.store import BenchRecord, CellRecord, Earlier, IntegrationRecord, Provenance, merge_dir, \
+    steps_over
+from harness.cells.matrix import Cell, every_cell, excluded_by, expand, step_allowance
 from harness.plan.model import Plan
-from harness.plan.status import Status
+from harness.cells.status import Status
 from harness.vllm_facts.names import ROUTE_KINDS, integration_routes
 
 # The routes of the integration items a plan's plugin gets: the routes the harness drives, and the plugin loaded.
@@ -36,6 +37,9 @@ class Merged:
     covered: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cell results
     sources: dict = field(default_factory=dict)  # sm -> runs on a machine of that SM that gave cells or benchmarks
     integration: dict[str, IntegrationRecord] = field(default_factory=dict)
+    # The results of other toolchains or GPUs that the records above replaced, by section and key, as stored (every
+    # key: compare them with the plan's records, harness.decisions.toolchains)
+    earlier: Earlier = field(default_factory=Earlier)
     _staleness: dict = field(default_factory=dict)  # id(record) -> (record, why it is stale)
 
     def source(self, rec) -> Provenance | None:
@@ -101,7 +105,7 @@ class Merged:
                 f"pytest --plan {self.plan_display()} --cells stale")
 
     def provider_cells(self, provider: str) -> list:
-        """A provider's cells (harness.plan.matrix), in plan order."""
+        """A provider's cells (harness.cells.matrix), in plan order."""
         return expand(self.plan, provider)
 
     def provider_sms(self, provider: str) -> list[str]:
@@ -161,7 +165,7 @@ def judged(plan: Plan, rec: BenchRecord) -> BenchRecord:
 def collect(plan: Plan, op_dir: Path) -> Merged:
     """Every results file merged (per cell the latest wins), narrowed to the plan's cells and SMs."""
     results_dir = Path(op_dir) / "results"
-    merged, problems = merge_dir(results_dir, plan.name)
+    merged, problems = merge_dir(results_dir, plan.op.name)
     for path in sorted(results_dir.glob("*.unreadable")):
         problems.append(f"{path}: a results file a run could not read and set aside; inspect it, then delete it")
     cells = expand(plan)
@@ -196,7 +200,7 @@ def collect(plan: Plan, op_dir: Path) -> Merged:
                    if rec.route not in PLUGIN_ITEM_ROUTES or rec.route in taken}
     ignored += len(merged.integration) - len(integration)
     res = Merged(plan, merged.runs, records, cells, benchmarks, untimed, problems, Path(op_dir), ignored,
-                 integration=integration)
+                 integration=integration, earlier=merged.earlier)
     unknown_runs = sorted({r.run for r in records.values() if r.run not in res.runs}
                           | {r.run for _, r in benchmarks if r.run not in res.runs}, key=str)
     for run in unknown_runs:

@@ -14,7 +14,7 @@ from harness.results.checks import Subject, applicable, not_checked, version_cha
 from harness.results.fingerprints import benchmark_fingerprint, implementation_fingerprint, plan_fingerprint
 from harness.results.store import FAULT_SHRUNK, Stamp, implementation_changed
 from harness.plan.model import Plan
-from harness.plan.status import Status
+from harness.cells.status import Status
 from harness.plan.token_rows import batch_invariance_probed, token_inputs
 
 UNSTAMPED = "made before records were stamped per check"
@@ -31,7 +31,7 @@ def subject(plan: Plan, rec) -> Subject:
     """What decides which checks apply to a record."""
     return Subject(section_of(rec), rec.sm, rec.dtype, getattr(rec, "tp", 1), rec.graph_mode,
                    getattr(rec, "route", ""), quantized=bool(plan.quantization.outputs),
-                   returns=bool(plan.returned_outputs), fp32_accumulation=plan.accumulation == "fp32",
+                   returns=bool(plan.returned_outputs), fp32_accumulation=plan.op.accumulation == "fp32",
                    faulted=FAULT_SHRUNK in (getattr(rec, "facts", None) or {}),
                    failed=getattr(rec, "status", None) in (Status.FAILED, Status.XFAIL),
                    token_rows=bool(token_inputs(plan)), batch_invariance=batch_invariance_probed(plan))

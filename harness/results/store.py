@@ -6,7 +6,7 @@ field's type on reading). One file per machine kind under `reports/<op>/results/
 that atomically replaces the old one, so an interrupted run (Ctrl-C, SIGTERM, SIGKILL) leaves a valid file holding
 every finished item. xdist workers write files of their own, folded in at the end of the run (or by the next run or
 `python -m harness report`). Merging across files: per record, the latest wins, except that another SM's "not run
-here" never replaces a real result.
+here" never replaces a real result; one of another toolchain is kept beside it (`earlier`: harness.results.toolchains).
 
 Plain Python: no torch, so the report can read results anywhere.
 """
@@ -25,14 +25,15 @@ from typing import Any, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
+from harness.results.toolchains import take, toolchain_order
 from harness.plan.model import Tolerance
-from harness.plan.status import Status
+from harness.cells.status import Status
 
 FORMAT = "harness-results"
 VERSION = 2
 # Version 1 files have the same layout (records were untyped dicts); they are read as they are. Optional fields
-# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord, every record's stamp) keep the
-# version: a harness without them skips them (from_json).
+# added since (CellRecord.passing, CellRecord.more_failures, the bounds of BenchRecord, every record's stamp, the
+# file's `earlier` records) keep the version: a harness without them skips them (from_json, load).
 READABLE_VERSIONS = (1, 2)
 
 
@@ -378,6 +379,7 @@ class IntegrationRecord:
 
 SECTIONS = {"cells": CellRecord, "benchmarks": BenchRecord, "integration": IntegrationRecord}
 Record = CellRecord | BenchRecord | IntegrationRecord
+FILE_KEYS = ("runs", *SECTIONS, "earlier")  # a results file's mappings
 
 
 def finite_number(v) -> bool:
@@ -428,6 +430,19 @@ def _misfit(exc: ValidationError) -> str:
 
 
 @dataclass
+class Earlier:
+    """Per section and key, the results of other toolchains or GPUs that the latest record replaced (Results.put),
+    newest first, at most one per GPU and toolchain (harness.results.toolchains)."""
+
+    cells: dict[str, list[CellRecord]] = field(default_factory=dict)
+    benchmarks: dict[str, list[BenchRecord]] = field(default_factory=dict)
+    integration: dict[str, list[IntegrationRecord]] = field(default_factory=dict)
+
+    def section(self, name: str) -> dict[str, list]:
+        return getattr(self, name)
+
+
+@dataclass
 class Results:
     """One results file, or several merged: the runs' provenance and every record, by section and key."""
 
@@ -436,6 +451,7 @@ class Results:
     cells: dict[str, CellRecord] = field(default_factory=dict)
     benchmarks: dict[str, BenchRecord] = field(default_factory=dict)
     integration: dict[str, IntegrationRecord] = field(default_factory=dict)
+    earlier: Earlier = field(default_factory=Earlier)
 
     def section(self, name: str) -> dict:
         return getattr(self, name)
@@ -448,6 +464,12 @@ class Results:
         prov = self.provenance(rec)
         return prov is not None and prov.sm == rec.sm
 
+    def put(self, section: str, key: str, rec: Record) -> bool:
+        """Take a record: the key's latest where it wins (_replaces), else, or the latest it replaced, kept in
+        `earlier` where it is a result of another toolchain (harness.results.toolchains). Whether `rec` was kept."""
+        return take(self.section(section), self.earlier.section(section), key, rec, self.provenance,
+                    lambda new, old: _replaces(self, new, old))
+
     def to_json(self, rendered: dict | None = None) -> dict:
         """The file's JSON data. With `rendered` (id -> (record, text), kept between calls), each record is
         converted once and kept as its compact text (results_text writes it as it is)."""
@@ -458,9 +480,12 @@ class Results:
             if hit is None or hit[0] is not rec:
                 hit = rendered[id(rec)] = (rec, Rendered(_compact(to_json(rec))))
             return hit[1]
-        return {"format": FORMAT, "version": VERSION, "op": self.op,
+        data = {"format": FORMAT, "version": VERSION, "op": self.op,
                 "runs": {k: to_json(v) for k, v in self.runs.items()},
                 **{name: {k: record(v) for k, v in self.section(name).items()} for name in SECTIONS}}
+        earlier = {name: {k: [record(r) for r in recs] for k, recs in self.earlier.section(name).items()}
+                   for name in SECTIONS if self.earlier.section(name)}
+        return {**data, "earlier": earlier} if earlier else data  # none: the file reads as it always did
 
 
 def load(path: Path, op: str | None = None) -> Results:
@@ -479,11 +504,11 @@ def load(path: Path, op: str | None = None) -> Results:
                            f"{', '.join(map(str, READABLE_VERSIONS))} (a newer harness wrote it: update this one)")
     if op is not None and data.get("op") != op:
         raise ResultsError(f"{path}: results for op {data.get('op')!r}, not {op!r}")
-    for key in ("runs", *SECTIONS):
+    for key in FILE_KEYS:
         if not isinstance(data.get(key, {}), dict):
             raise ResultsError(f"{path}: missing or malformed '{key}'")
     try:  # the file as a whole through pydantic: records named by section and key where one does not fit
-        return _adapter(Results).validate_python({k: data[k] for k in ("op", "runs", *SECTIONS) if k in data})
+        return _adapter(Results).validate_python({k: data[k] for k in ("op", *FILE_KEYS) if k in data})
     except ValidationError as exc:
         raise ResultsError(f"{path}: {_misfit(exc)[1:]}") from None
 
@@ -501,7 +526,12 @@ def results_text(data: dict) -> str:
     compact within it (indented JSON made a plan's results file a third larger)."""
     parts = []
     for key, value in sorted(data.items()):
-        if isinstance(value, dict) and value and all(isinstance(v, (dict, Rendered)) for v in value.values()):
+        if key == "earlier":  # section -> key -> records: a key's records on a line, as in the sections
+            sections = ",\n".join(f"  {json.dumps(name)}: {{\n" + ",\n".join(
+                f"   {json.dumps(k)}: [{','.join(map(_compact, v))}]" for k, v in sorted(recs.items())) + "\n  }"
+                for name, recs in sorted(value.items()))
+            parts.append(f" {json.dumps(key)}: {{\n{sections}\n }}")
+        elif isinstance(value, dict) and value and all(isinstance(v, (dict, Rendered)) for v in value.values()):
             rows = ",\n".join(f"  {json.dumps(k)}: {_compact(v)}" for k, v in sorted(value.items()))
             parts.append(f" {json.dumps(key)}: {{\n{rows}\n }}")
         else:
@@ -528,14 +558,15 @@ def fold(into: Results, other: Results) -> Results:
     """Merge `other` into `into`: runs are unioned; per record the latest result wins, except that "not run here"
     never replaces a real result: not from a machine of another SM, and not from one of the same SM that could not
     run it (vLLM's kernels not installed there, memory held by another process): that is the machine's, and the
-    result another machine of the SM made stands."""
+    result another machine of the SM made stands. A result of another toolchain or GPU than the winner's is kept in
+    `earlier` (Results.put), `other`'s earlier ones too."""
     into.runs.update(other.runs)
     for name in SECTIONS:
-        ours = into.section(name)
         for key, rec in other.section(name).items():
-            old = ours.get(key)
-            if old is None or _replaces(into, rec, old):
-                ours[key] = rec
+            into.put(name, key, rec)
+        for key, recs in other.earlier.section(name).items():
+            for rec in recs:
+                into.put(name, key, rec)
     return into
 
 
@@ -569,9 +600,13 @@ def fold_files(reports: Path, source: Path) -> tuple[list[str], list[str]]:
 
 def _replaces(results: Results, new: Record, old: Record) -> bool:
     """Whether a record wins over another of the same key: made on its own SM, then a result over "not run here" (a
-    machine without vLLM does not erase what one with it found), then the latest. Both made on their own SM, one of
-    them by what has since replaced what made the other (`outdates`): that one, whatever it says (the other is
-    stale), in whichever order the files are folded."""
+    machine without vLLM does not erase what one with it found), then the latest. Both results of one GPU, one of a
+    newer toolchain: that one (a run on an older Triton, made or folded later, never stands for a newer one). Both
+    made on their own SM, one of them by what has since replaced what made the other (`outdates`): that one,
+    whatever it says (the other is stale), in whichever order the files are folded."""
+    newer = toolchain_order(results.provenance(new), new, results.provenance(old), old)
+    if newer is not None:
+        return newer
     if results.on_own_sm(new) and results.on_own_sm(old):
         if outdates(new.stamp, old.stamp):
             return True
@@ -637,10 +672,8 @@ class Recorder:
         rec.run = self.run_id
         if self.stamp is not None:
             rec.stamp = self.stamp(key, rec)
-        old = self.results.section(section).get(key)
-        if old is not None and not _replaces(self.results, rec, old):
-            return  # "not run here" where this machine made a result before: that result stands (fold's rule)
-        self.results.section(section)[key] = rec
+        if not self.results.put(section, key, rec):
+            return  # "not run here" where this machine made a result before, which stands (fold's rule)
         self.rendered.pop(id(rec), None)  # a record recorded again may have changed
         self.unwritten = defer
         if not defer:

@@ -29,7 +29,7 @@ from harness.runtime.inputs import Example, build_args, per_token_elements, toke
 from harness.runtime.numerics import Mismatch
 from harness.runtime.rows import MAX_ELEMENTS, Difference, Probes, difference, grown, shared_from, token_dim, \
     token_rows
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan, token_probes
 from harness.plan.token_rows import batch_invariance_probed, token_inputs
 
@@ -104,7 +104,7 @@ def probe(plan: Plan, call: Callable[[dict], dict], base: dict, ex: Example, row
                     token_rows(plan, values, name, at, rows).copy_(token_rows(plan, base, name, 0, rows))
         out = call(values)
         for where, at in spots:
-            for name in plan.outputs:
+            for name in plan.op.outputs:
                 dim = token_dim(plan, name, out[name], m)
                 if dim is None:  # a returned result of every token at once: nothing of the probe's to place
                     continue

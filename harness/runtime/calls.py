@@ -22,7 +22,7 @@ def kernel_outputs(plan: Plan, values: dict, returned: Any) -> dict:
     names = plan.returned_outputs
     got = returned if isinstance(returned, tuple) else (returned,)
     return {name: (got[names.index(name)] if names.index(name) < len(got) else None) if name in names
-            else values[name] for name in plan.outputs}
+            else values[name] for name in plan.op.outputs}
 
 
 def reference_inputs(plan: Plan, values: dict, copy: bool = True, fn: Callable | None = None) -> dict:
@@ -36,9 +36,9 @@ def reference_outputs(plan: Plan, reference: Callable, values: dict, copy: bool 
     """Run the functional reference (on copies of the inputs, so the kernel's inputs stay as drawn)."""
     ref = reference(**reference_inputs(plan, values, copy, reference))
     ref = ref if isinstance(ref, tuple) else (ref,)
-    if len(ref) != len(plan.outputs):
-        raise Mismatch(f"the reference returned {len(ref)} values; op.outputs names {len(plan.outputs)}")
-    return dict(zip(plan.outputs, ref))
+    if len(ref) != len(plan.op.outputs):
+        raise Mismatch(f"the reference returned {len(ref)} values; op.outputs names {len(plan.op.outputs)}")
+    return dict(zip(plan.op.outputs, ref))
 
 
 def first_line(exc: BaseException) -> str:

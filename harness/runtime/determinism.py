@@ -22,7 +22,7 @@ from harness.runtime.calls import kernel_outputs
 from harness.runtime.inputs import Example, build_args
 from harness.runtime.numerics import Mismatch
 from harness.runtime.rows import Difference, Probes, difference
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
@@ -44,7 +44,7 @@ def applies(plan: Plan, cell: Cell) -> bool:
 
 def repeat_difference(plan: Plan, first: dict, again: dict) -> tuple[str, Difference] | None:
     """The first output (in op.outputs' order) whose two results differ, and where; None: every one is the same."""
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         diff = difference(first[name], again[name])
         if diff is not None:
             return name, diff

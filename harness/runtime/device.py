@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.plan.hardware import Hardware
+from harness.cells.hardware import Hardware
 from harness.results.store import Provenance
 
 

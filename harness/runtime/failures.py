@@ -19,7 +19,7 @@ from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.inputs import TORCH_DTYPES, Example, PoisonedAllocations, batch_of, build_args
 from harness.runtime.modes import Eager
 from harness.runtime.numerics import NotFinite, finite, not_finite_reason
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 
 # A failure's input tensors are kept beside its example up to this many bytes; above it, the example alone (it

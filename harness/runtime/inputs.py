@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.runtime.batches import Batch, draw_batch
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.expressions import evaluate
 from harness.runtime.resolve import resolve
 from harness.plan.dtypes import DTYPE
@@ -172,7 +172,7 @@ def size_values(draw, choices: tuple[int, ...], multiple_of: int = 1, awkward_si
 
 def sizes_fit(plan: Plan, sizes: dict[str, int]) -> bool:
     """Whether one combination of sizes meets the constraints between them (divides, at_most)."""
-    return all(plan.size_specs[sym].allows(v, sizes) for sym, v in sizes.items())
+    return all(plan.op.sizes[sym].allows(v, sizes) for sym, v in sizes.items())
 
 
 @st.composite
@@ -183,9 +183,9 @@ def sizes_for(draw, plan: Plan, tp_multiple: dict, device: str) -> dict:
     pending = list(plan.sizes)
     while pending:
         sym = next(s for s in pending if all(o not in pending or o == s for o in
-                                             (plan.size_specs[s].divides, plan.size_specs[s].at_most)))
+                                             (plan.op.sizes[s].divides, plan.op.sizes[s].at_most)))
         pending.remove(sym)
-        spec = plan.size_specs[sym]
+        spec = plan.op.sizes[sym]
         # the kernel's contract narrows what is drawn: its multiples (row strides too) and its limits
         step = math.lcm(spec.multiple_of, 2 if spec.even else 1, tp_multiple.get(sym, 1),
                         plan.contract.size_step(sym, plan.args))
@@ -292,7 +292,7 @@ def build_args(plan: Plan, cell: Cell, ex: Example, device: str) -> dict:
         data = _structured(arg, batch, device) if arg.init in STRUCTURED_INITS else \
             _fill(arg, shape, dtype, ex.scale, gen, device, sizes)
         values[arg.name] = in_layout(data.to(dtype).reshape(shape), *ex.layout(arg.name))
-    if plan.generate:  # the plan's own generator: any input it returns replaces the built one
+    if plan.op.generate:  # the plan's own generator: any input it returns replaces the built one
         values.update(resolve(plan).generate(values, plan=plan, cell=cell, example=ex, sizes=sizes,
                                                    generator=gen, device=device))
     return values

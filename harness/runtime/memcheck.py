@@ -38,7 +38,7 @@ from types import ModuleType
 
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 from harness.results.store import CellRecord, InputsSeen, Status, from_json, to_json
 from harness.runtime.runner import CellCheck, Outcome, not_run, run_examples

@@ -63,7 +63,7 @@ def as_custom_op(plan: Plan, kernel: Callable, fake: Callable | None = None):
     returned = plan.returned_outputs
     if fake is None:
         reference = resolve(plan).reference
-        returned_idx = [i for i, o in enumerate(plan.outputs) if o in returned]
+        returned_idx = [i for i, o in enumerate(plan.op.outputs) if o in returned]
 
         def fake(*args):
             if not returned:
@@ -148,7 +148,7 @@ class TorchCompile:
         self.compiles, self.seen, self.opcheck_failure = 0, {}, None
         self.facts = {"compiles": 0, "shapes": 0, "opcheck": None}
         # A derived fake is a new function per call: the reference and outputs it is derived from identify it.
-        key = (plan.op_qualname, plan.schema(), kernel, fake or (plan.reference, tuple(plan.outputs)))
+        key = (plan.op_qualname, plan.schema(), kernel, fake or (plan.op.reference, tuple(plan.op.outputs)))
         if key not in _compiled:
             _compiled[key] = _Compiled(self.op)
         self.compiled = _compiled[key]
@@ -173,7 +173,7 @@ class TorchCompile:
                 except Exception as raised:
                     raise RaisedInEager() from raised  # opcheck not judged: the next example runs it again
                 self.opcheck_failure = f"torch.library.opcheck failed: {first_line(exc)}"
-                if not self.plan.fake and "data-dependent" in str(exc).lower():
+                if not self.plan.op.fake and "data-dependent" in str(exc).lower():
                     self.opcheck_failure += (" (the fake was derived from the reference, which reads tensor values: "
                                              "give op.fake, a function that only allocates the outputs)")
             self.facts["opcheck"] = "failed" if self.opcheck_failure else "passed"

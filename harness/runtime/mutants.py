@@ -26,7 +26,7 @@ from harness.runtime.inputs import Example, build_args, sizes_fit
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, bits_equal
 from harness.runtime.resolve import resolve
 from harness.runtime.runner import compare_judged
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 from harness.plan.tolerances import output_tolerance
 
@@ -94,7 +94,7 @@ def _mutants(plan: Plan, reference: Callable) -> list[Mutant]:
             out.append(Mutant(f"ignores {arg.name} when it is passed", f"op.args.{arg.name}.init", unused))
         if plan.token_dim(arg.name) is not None:
             out.append(Mutant(f"reads the rows of {arg.name} out of order", f"op.args.{arg.name}", rolled))
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         out.append(Mutant(f"leaves the last row of '{name}' at zero", "op.outputs",
                           lambda v, e, d, name=name: _row(plan, e, name, lambda t: torch.zeros_like(t[-1]))))
         out.append(Mutant(f"copies the last row of '{name}' from its neighbour", "op.outputs",
@@ -125,7 +125,7 @@ def _shifted(plan: Plan, expected: dict, name: str, dtype: str) -> dict | None:
 
 
 def _passes(plan: Plan, reference, dtype: str, values: dict, expected: dict, actual: dict) -> bool:
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         try:
             compare_judged(plan, reference, dtype, None, name, actual[name], expected[name], values, False)
         except Mismatch:
@@ -173,7 +173,7 @@ def judge_wrong_kernels(plan: Plan) -> tuple[int, list[str], list[str]]:
             made += 1
             if _passes(plan, reference, cell.dtype, values, expected, actual):
                 passed += 1
-                unchanged += all(bits_equal(actual[n], expected[n]) for n in plan.outputs
+                unchanged += all(bits_equal(actual[n], expected[n]) for n in plan.op.outputs
                                  if isinstance(actual[n], torch.Tensor))
         kinds += bool(made)
         if made and passed == made:

@@ -27,7 +27,7 @@ from harness.runtime.calls import kernel_outputs
 from harness.runtime.inputs import Example, build_args
 from harness.runtime.numerics import Mismatch
 from harness.runtime.rows import Probes, difference, fill_, grown, token_dim, token_rows
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 from harness.plan.token_rows import token_inputs
 
@@ -113,13 +113,13 @@ def isolation(plan: Plan, padded: Callable[[str | None], dict], plain: dict, n: 
 def _nan_from_padding(plan: Plan, plain: dict, got: dict) -> bool:
     """Whether a real row holds NaN where the unpadded call has none: what only the padding's NaN could put there."""
     return any(isinstance(got[name], torch.Tensor) and got[name].is_floating_point() and
-               bool((torch.isnan(got[name]) & ~torch.isnan(plain[name])).any()) for name in plan.outputs
+               bool((torch.isnan(got[name]) & ~torch.isnan(plain[name])).any()) for name in plan.op.outputs
                if isinstance(plain[name], torch.Tensor) and plain[name].shape == got[name].shape)
 
 
 def _first_change(plan: Plan, before: dict, after: dict, n: int):
     """(output, its token dimension or None, the Difference) of the first output whose real rows differ."""
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         diff = difference(before[name], after[name])
         if diff is not None:
             return name, token_dim(plan, name, before[name], n), diff

@@ -25,7 +25,7 @@ from harness.runtime.numerics import SHORT_NAMES, Mismatch
 from harness.runtime.resolve import resolve
 from harness.runtime.runner import compare_judged, exception_text
 from harness.runtime.tp import local_values, output_combine, recombine, tp_multiples
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan, PlanError
 
 # What a CPU machine cannot do, which the plan did not get wrong: a CUDA-only op or library, memory.
@@ -94,11 +94,11 @@ def _sizes(plan: Plan, pick, values: dict | None = None) -> dict | None:
     pending = list(plan.sizes)
     while pending:
         sym = next((s for s in pending if all(o not in pending or o == s for o in
-                                              (plan.size_specs[s].divides, plan.size_specs[s].at_most))), pending[0])
+                                              (plan.op.sizes[s].divides, plan.op.sizes[s].at_most))), pending[0])
         pending.remove(sym)
         low, high = plan.contract.bounds(sym)
         fitting = [v for v in (values or {}).get(sym, plan.sizes[sym]) if v >= low and (high is None or v <= high)
-                   and plan.size_specs[sym].allows(v, chosen) and plan.contract.allows_size(sym, v, plan.args)]
+                   and plan.op.sizes[sym].allows(v, chosen) and plan.contract.allows_size(sym, v, plan.args)]
         if not fitting:
             return None
         chosen[sym] = pick(fitting)
@@ -180,7 +180,7 @@ def _recombined(plan: Plan, reference) -> list[str]:
 
 def _shards_rebuild(plan: Plan, reference, cell: Cell, ex: Example, full: dict, whole: dict, size: int):
     """(field, words) where the recombined shards' reference is not the whole one; None where it is."""
-    pieces: dict[str, list] = {name: [] for name in plan.outputs}
+    pieces: dict[str, list] = {name: [] for name in plan.op.outputs}
     for rank in range(size):
         try:
             local = local_values(plan, ex, full, rank, size)
@@ -190,9 +190,9 @@ def _shards_rebuild(plan: Plan, reference, cell: Cell, ex: Example, full: dict, 
             return "tp.inputs", (f"the reference raised on rank {rank}'s shard: {type(exc).__name__}: "
                                  f"{exception_text(exc).splitlines()[0][:300]} ({_where(exc)}): a split the op "
                                  "cannot compute on (check each input's shard dimension)")
-        for name in plan.outputs:
+        for name in plan.op.outputs:
             pieces[name].append(outputs[name])
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         how, dim, merged = output_combine(plan, name)
         field = f"tp.outputs.{name}"
         try:

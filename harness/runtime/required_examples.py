@@ -15,7 +15,7 @@ import itertools
 from harness.runtime.inputs import Example, per_token_elements, sizes_fit, token_cap, with_sequences, within_contract
 from harness.plan.dtypes import DTYPE
 from harness.plan.expressions import condition
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan, token_probes
 
 INT32_ELEMENTS = 2**31
@@ -116,8 +116,8 @@ def required_examples(plan: Plan, cell: Cell, device: str) -> tuple[list[Example
     chosen, facts = [], {}
     if cell.graph_mode == "memcheck":  # the sanitizer's cost grows with every byte touched: the other modes check
         return chosen, {f"path {name}": "checked in the other graph modes (memcheck's cost grows with the bytes)"
-                        for name, _ in plan.paths}
-    for name, expr in plan.paths:
+                        for name, _ in plan.op.paths}
+    for name, expr in plan.op.paths:
         found = path_example(plan, cell, device, expr)
         found = found if isinstance(found, str) else with_sequences(plan, cell, found, device)
         facts[f"path {name}"] = found if isinstance(found, str) else found.describe()

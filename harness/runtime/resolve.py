@@ -127,26 +127,26 @@ class Resolved:
 
     @property
     def kernel(self) -> Callable:
-        return self._get("op.kernel", self.plan.kernel)
+        return self._get("op.kernel", self.plan.op.kernel)
 
     @property
     def reference(self) -> Callable:
-        return self._get("op.reference", self.plan.reference)
+        return self._get("op.reference", self.plan.op.reference)
 
     @property
     def native(self) -> Callable:
         """What the `native` and `compiled` baselines time: op.native, else the reference."""
-        return self._get("op.native", self.plan.native) if self.plan.native else self.reference
+        return self._get("op.native", self.plan.op.native) if self.plan.op.native else self.reference
 
     @property
     def fake(self) -> Callable | None:
         """torch.compile's fake implementation, None where the plan names none (it is derived from the reference)."""
-        return self._get("op.fake", self.plan.fake)
+        return self._get("op.fake", self.plan.op.fake)
 
     @property
     def generate(self) -> Callable | None:
         """The plan's own input generator (op.generate), None where it has none."""
-        return self._get("op.generate", self.plan.generate)
+        return self._get("op.generate", self.plan.op.generate)
 
 
 def plan_folder_on_import_path(plan: Plan) -> None:
@@ -167,9 +167,9 @@ def resolve(plan: Plan) -> Resolved:
         return hit[1]
     plan_folder_on_import_path(plan)
     resolved = Resolved(plan)
-    callables = [("op.kernel", plan.kernel), ("op.reference", plan.reference),
-                 ("op.native", plan.native), ("op.fake", plan.fake), ("op.generate", plan.generate)]
-    for field_name, path in callables + [("op.replaces", plan.replaces), ("vllm.layer", plan.vllm.layer)]:
+    callables = [("op.kernel", plan.op.kernel), ("op.reference", plan.op.reference),
+                 ("op.native", plan.op.native), ("op.fake", plan.op.fake), ("op.generate", plan.op.generate)]
+    for field_name, path in callables + [("op.replaces", plan.op.replaces), ("vllm.layer", plan.vllm.layer)]:
         if path is None or field_name in MAY_BE_VLLM and path.split(".")[0] == OPTIONAL_PACKAGE:
             continue
         try:
@@ -295,7 +295,7 @@ def _check_returns(resolved: Resolved, field_name: str) -> None:
     the kernel itself named where the reference belongs."""
     obj = resolved.objects.get(field_name)
     if obj is not None and _returns_none(obj):
-        path = getattr(resolved.plan, field_name.split(".")[1])
+        path = functools.reduce(getattr, field_name.split("."), resolved.plan)
         raise resolved.plan.error(field_name, "a function returning the op's outputs (op.outputs, in order): this one "
                                   "is annotated to return None, as an in-place kernel is", f"{path} -> None")
 
@@ -346,7 +346,7 @@ def _check_signature(resolved: Resolved, field_name: str, names: list[str], posi
     problem = _binds(obj, names, positional, keywords)
     if problem:
         how = "in order" if positional else "by name"
-        path = getattr(resolved.plan, field_name.split(".")[1])
+        path = functools.reduce(getattr, field_name.split("."), resolved.plan)
         takes = f"a function taking ({', '.join(names)}, *, {', '.join(keywords)})" if keywords else \
             f"a function taking the plan's arguments {how} ({', '.join(names)})"
         raise resolved.plan.error(field_name, f"{takes}: {problem}", f"{path}{inspect.signature(obj)}") from None

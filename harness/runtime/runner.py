@@ -25,9 +25,10 @@ from harness.runtime.failures import allocated_nan_words, saved_inputs
 from harness.runtime.calls import kernel_outputs, reference_outputs
 from harness.runtime.device import detect, free_device_memory, memory_held_elsewhere
 from harness.runtime.inputs import Example, build_args, examples, token_cap, within_contract
+from harness.interpreter.bounds import OutOfBounds
 from harness.interpreter.sites import interpreted_launch, no_variant, raise_site, shown_path
 from harness.interpreter.unfaithful import unfaithful
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.runtime.gpu_compile import COMPILE_LIMIT_S, compile_words, describe_launch, gpu_archs
 from harness.runtime.modes import RaisedInEager, make_runner
 from harness.runtime.numerics import SHORT_NAMES, Mismatch, Stats, compare, compare_quantized, in_place_reason
@@ -127,6 +128,8 @@ def raised(exc: BaseException) -> str:
     site = raise_site(exc)
     if site is not None:
         error = site.error
+        if isinstance(error, OutOfBounds):  # its words name the kernel's line already
+            return f"{type(error).__name__}: {exception_text(error)}"
         return f"at {site}: {no_variant(error) or f'{type(error).__name__}: {exception_text(error)[:500]}'}"
     frame = traceback.extract_tb(exc.__traceback__)[-1]
     return f"{type(exc).__name__}: {exception_text(exc)[:500]} ({shown_path(frame.filename)}:{frame.lineno})"
@@ -134,10 +137,12 @@ def raised(exc: BaseException) -> str:
 
 def _raised_in_source(message: str, exc: BaseException) -> KernelRaised:
     """KernelRaised with, where `exc` came from the kernel's source in Triton's interpreter, its launch described
-    for compiling it for a GPU. Not for a device assertion that fired: a GPU raises that running, not compiling."""
+    for compiling it for a GPU. Not for a device assertion that fired, nor an out-of-bounds access: a GPU meets those
+    running, not compiling."""
     site = raise_site(exc)
-    if site is None or (isinstance(site.error, AssertionError) and site.error.__traceback__ is not None and
-                        traceback.extract_tb(site.error.__traceback__)[-1].name == "create_assert"):
+    if site is None or isinstance(site.error, OutOfBounds) or (
+            isinstance(site.error, AssertionError) and site.error.__traceback__ is not None and
+            traceback.extract_tb(site.error.__traceback__)[-1].name == "create_assert"):
         return KernelRaised(message)
     launch = interpreted_launch(exc)
     return KernelRaised(message, describe_launch(*launch) if launch else None, site.source)
@@ -193,10 +198,10 @@ class CellCheck:
         self.runner = make_runner(cell.graph_mode, plan, self.kernel, device)
         self.tol = tolerance_for(plan, cell.dtype)
         self.stats = Stats()
-        self.accumulation = accumulation.Readings(plan.reduction)
-        sixteen_bit = plan.accumulation == "fp32" and cell.dtype in ("fp16", "bf16")
+        self.accumulation = accumulation.Readings(plan.op.reduction)
+        sixteen_bit = plan.op.accumulation == "fp32" and cell.dtype in ("fp16", "bf16")
         self.accumulation_note = accumulation.NOT_ON_CPU if sixteen_bit and device != "cuda" and \
-            plan.reduction != "row_scale" else None
+            plan.op.reduction != "row_scale" else None
         self.accumulation_checked = sixteen_bit and self.accumulation_note is None
         self.one_rank = cell.tp == 1  # the checks of one call's buffers (TPCheck: the ranks hold them)
         # vLLM's hazards no value comparison sees, each on the cells its registry entry names
@@ -249,8 +254,8 @@ class CellCheck:
         values = build_args(plan, self.cell, ex, self.device)
         expected = reference_outputs(plan, self.reference, values)
         untouched = {a.name: values[a.name].clone() for a in plan.tensor_args if self.one_rank and
-                     a.role == "input" and a.name not in plan.mutates and a.name not in ex.omitted}
-        inputs = {**values, **{n: values[n].clone() for n in plan.mutates}}  # as drawn, for the fp64 tie-break
+                     a.role == "input" and a.name not in plan.op.mutates and a.name not in ex.omitted}
+        inputs = {**values, **{n: values[n].clone() for n in plan.op.mutates}}  # as drawn, for the fp64 tie-break
         actual, returned = self._outputs(values, ex)
         self._values(actual, expected, inputs, returned)
         if self.accumulation_checked:
@@ -271,12 +276,12 @@ class CellCheck:
 
     def _values(self, actual: dict, expected: dict, inputs: dict, returned) -> None:
         plan = self.plan
-        for name in plan.outputs:
+        for name in plan.op.outputs:
             try:
                 self.compare(name, actual[name], expected[name], inputs,
                              self.one_rank and name in plan.returned_outputs)
             except Mismatch as exc:
-                if self.one_rank and name in plan.mutates and name not in plan.returned_outputs and \
+                if self.one_rank and name in plan.op.mutates and name not in plan.returned_outputs and \
                         isinstance(actual[name], torch.Tensor) and isinstance(expected[name], torch.Tensor):
                     tol = output_tolerance(plan, self.cell.dtype, name, SHORT_NAMES.get(expected[name].dtype))
                     exc.message += "; " + in_place_reason(name, actual[name], inputs[name], returned,
@@ -289,7 +294,7 @@ class CellCheck:
                 accumulation.MAX_ELEMENTS:
             return
         truth = exact_outputs(plan, self.reference, inputs)
-        for name in plan.outputs:
+        for name in plan.op.outputs:
             if not plan.quantization.of(name):
                 self.accumulation.check(name, actual[name], expected[name], truth[name])
 
@@ -369,7 +374,7 @@ def compare_judged(plan: Plan, reference, dtype: str, stats: Stats | None, name:
 def native_output(plan: Plan, values: dict, name: str) -> torch.Tensor | None:
     """op.native's output on the inputs as drawn, for a failure's diagnosis: None where the plan names none or it
     cannot run here (vLLM's forward_native without vLLM), and the diagnosis rests on fp64 alone."""
-    if not plan.native:
+    if not plan.op.native:
         return None
     try:
         with torch.no_grad():
@@ -436,7 +441,7 @@ def run_examples(plan: Plan, cell: Cell, check: CellCheck, run: RunSettings, tp_
         progress("finished", failed=False)
 
     # A distinct name per plan and cell gives each cell its own entry in hypothesis's example database.
-    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__{cell.id}")
+    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.op.name}__{cell.id}")
     required, required_facts = required_examples(plan, cell, device) if replay is None and not tp_multiple \
         else ([], {})
     if replay is None:
@@ -597,7 +602,7 @@ def shrink_example(plan: Plan, cell: Cell, ex: Example, reproduces, tp_multiple:
         for sym in sorted(best.sizes):
             v, m = best.sizes[sym], math.lcm(tp_multiple.get(sym, 1), plan.contract.size_step(sym, plan.args))
             drawn = {c for c in plan.sizes.get(sym, ()) if c % m == 0 and c < v}  # as inputs.size_values draws
-            spec = plan.size_specs.get(sym)
+            spec = plan.op.sizes.get(sym)
             awkward = plan.numerics.awkward_sizes if spec is None or spec.awkward is None else spec.awkward
             if awkward and not (spec and spec.divides):  # a symbol drawn without awkward sizes shrinks without them
                 drawn |= set(range(m, v, 2 * m))

@@ -18,7 +18,7 @@ import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.plan.matrix import Cell, provider_view
+from harness.cells.matrix import Cell, provider_view
 from harness.plan.load import load_plan
 from harness.plan.model import Plan
 from harness.runtime.bench.specs import BenchSpec

@@ -28,7 +28,7 @@ from harness.runtime import numerics
 from harness.runtime.calls import kernel_outputs
 from harness.runtime.device import detect
 from harness.runtime.inputs import Example, build_args, in_layout, poisoned
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.runtime.modes import make_runner
 from harness.runtime.numerics import Mismatch
 from harness.plan.model import Plan
@@ -90,7 +90,7 @@ def tp_multiples(plan: Plan, size: int) -> dict[str, int]:
     """Size symbol -> the multiple it must be drawn as, so every sharded dimension splits evenly."""
     need: dict[str, int] = {}
     split = list(plan.tp.shard)
-    for name in plan.outputs:
+    for name in plan.op.outputs:
         how, dim, merged = output_combine(plan, name)
         if how == "gather" and plan.has_arg(name):
             split.append((name, dim, merged))
@@ -195,7 +195,7 @@ class RankRun:
             full = full if full is not None else build_args(plan, self.cell, ex, self.device)
             local = local_values(plan, ex, full, self.rank, self.size)
             untouched = {a.name: local[a.name].clone() for a in plan.tensor_args
-                         if a.role == "input" and a.name not in plan.mutates and a.name not in ex.omitted}
+                         if a.role == "input" and a.name not in plan.op.mutates and a.name not in ex.omitted}
         except Exception as exc:
             return {"error": _error("raised", f"building this rank's inputs failed: {_short(exc)}")}, {}
         try:
@@ -314,7 +314,7 @@ class TPCheck(CellCheck):
             raise Mismatch(f"{where}: {err['message']}")
         if pieces is None:
             raise Mismatch(_disagreement(metas))
-        return {name: recombine(plan, name, pieces[name], ex.num_tokens, ex.sizes) for name in plan.outputs}, None
+        return {name: recombine(plan, name, pieces[name], ex.num_tokens, ex.sizes) for name in plan.op.outputs}, None
 
 
 def run_cell_on_rank(task: CellTask, progress=None) -> Outcome | None:

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from harness.runtime.calls import reference_inputs
 from harness.runtime.inputs import Example, build_args, sizes_fit
 from harness.runtime.resolve import OPTIONAL_PACKAGE, resolve
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan
 
 aten = torch.ops.aten
@@ -118,7 +118,7 @@ def upcast_warnings(plan: Plan) -> list[str]:
     """`file:line: op.reference: ...` (or `op.native`) where the function timed as `native` and `compiled` multiplies
     matrices in float32 on 16-bit activations: a speed baseline computing as an oracle does, not as vLLM does."""
     dtype = next((d for d in plan.matrix["dtype"] if d in SIXTEEN_BIT), None)
-    field_name = "op.native" if plan.native else "op.reference"
+    field_name = "op.native" if plan.op.native else "op.reference"
     if dtype is None or plan.native_path.split(".")[0] == OPTIONAL_PACKAGE:  # vLLM's forward_native is what vLLM runs
         return []
     try:
@@ -129,7 +129,7 @@ def upcast_warnings(plan: Plan) -> list[str]:
         return []
     ops = ", ".join(f"aten.{name} in {out}" for name, out in seen.items())
     where = f"{plan.path}:{plan.where(field_name)}: {field_name}"
-    if plan.native:
+    if plan.op.native:
         return [f"{where}: op.native computes in float32 on {dtype} activations ({ops}): the native and compiled "
                 "baselines must be what vLLM runs without the custom op, in the activation dtype"]
     return [f"{where}: the reference computes in float32 on {dtype} activations ({ops}), so the native and compiled "

@@ -20,6 +20,15 @@ The backend's output must match vLLM's backend's within the plan's tolerance, an
 own inputs; a mismatch names the sequences whose rows differ. The kernel's calls are counted: a backend that ran
 without calling it fails.
 
+The cuda_graph items (`vllm-attention_backend[decode-bf16-cuda_graph-sm90]`, decode and mixed batches, on a GPU) run the
+step as vLLM replays a full CUDA graph: decode batches under FULL_AND_PIECEWISE (vLLM's default), mixed ones under FULL
+(FULL_AND_PIECEWISE runs them piecewise, attention outside the graph). The backend's builder must declare the CUDA-graph
+support that mode needs (vLLM's resolve_cudagraph_mode_and_sizes: not NEVER for decode graphs, ALWAYS for mixed ones),
+else vLLM never puts its forward in a graph. Each layer's forward (its cache write and attention) is captured at vLLM's
+capture size for the batch on a dummy batch in persistent buffers, with metadata its builder built for capture; the
+step's batch is then copied into those buffers, padded as vLLM's model runner pads it (padding requests with no tokens
+and no context, padding tokens owned by no request, writing no slot), and the graph replayed. Both backends run so.
+
 vLLM is optional: imported only when an item runs.
 """
 
@@ -32,6 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -44,7 +54,7 @@ from harness.runtime.resolve import import_object, resolve
 from harness.runtime.runner import RunSettings, compare_judged
 from harness.runtime.tasks import IntegrationTask
 from harness.plan.dtypes import DTYPE
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.plan.model import Plan, Tolerance
 from harness.plan.tolerances import output_tolerance, tolerance_for
 from harness.vllm_facts.attention_layout import ROUTE, AttentionArgs, attention_args, cache_words
@@ -55,11 +65,19 @@ from harness.vllm.routes import MAX_EXAMPLES, Failure, IntegrationOutcome, Watch
 
 # The checks whose code is here, with their versions (harness.results.checks): raise one when its results may
 # differ; a refactor rewrites the manifest instead (python -m harness manifest).
-CHECK_VERSIONS = {"attention backend": 2}
+CHECK_VERSIONS = {"attention backend": 2, "attention backend cuda graph": 1}
 # v2: a backend that matches the plan's reference where vLLM's own is off it passes (it failed): failed records only
 FAILURES_ONLY = {"attention backend": [2]}
 
 PLUGIN_CLASS = "PluginAttentionBackend"  # the backend class the route's template writes
+# vLLM's CUDA-graph mode whose full graphs replay a phase's batches: decode batches under vLLM's default mode, mixed
+# ones only under FULL (FULL_AND_PIECEWISE runs them piecewise, attention outside the graph).
+GRAPH_MODES = {"decode": "FULL_AND_PIECEWISE", "chunked_prefill": "FULL"}
+
+
+def graph_phases(plan: Plan) -> list[str]:
+    """The phases whose route items also run in a full CUDA graph: the plan's, where its matrix has cuda_graph."""
+    return [p for p in plan.matrix["phase"] if p in GRAPH_MODES] if "cuda_graph" in plan.matrix["graph_mode"] else []
 
 
 def vllm_backend_name(device: str) -> str:
@@ -134,7 +152,7 @@ def plugin_backend(plan: Plan, plugin_text: str | None = None):
         stack.callback(lambda: (_ATTN_OVERRIDES.clear(), _ATTN_OVERRIDES.update(before)))
         selector._cached_get_attn_backend.cache_clear()
         module = load_with_vllm_loader(plan)
-        counter = Watched(module.kernel, f"the kernel {plan.kernel}")
+        counter = Watched(module.kernel, f"the kernel {plan.op.kernel}")
         module.kernel = counter  # the plugin's run_attention looks `kernel` up when called
         yield module, counter
 
@@ -210,17 +228,23 @@ class Configs:
     def __init__(self, root: Path, dtype: torch.dtype, max_len: int):
         self.root, self.dtype, self.max_len, self.configs, self.layers = root, dtype, max_len, {}, 0
 
-    def config(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int):
-        from vllm.config import AttentionConfig, CacheConfig, ModelConfig, VllmConfig
+    def config(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int,
+               cudagraph_mode: str | None = None):
+        """The config for these sizes; with `cudagraph_mode` (a CUDAGraphMode name), vLLM's compilation config asking
+        for it (else vLLM's own choice)."""
+        from vllm.config import AttentionConfig, CacheConfig, CompilationConfig, CUDAGraphMode, ModelConfig, VllmConfig
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-        key = (num_heads, num_kv_heads, head_size, block_size)
+        key = (num_heads, num_kv_heads, head_size, block_size, cudagraph_mode)
         if key not in self.configs:
             model = ModelConfig(model=model_dir(self.root, *key[:3], self.max_len), dtype=self.dtype,
                                 skip_tokenizer_init=True, max_model_len=self.max_len)
+            graphs = {} if cudagraph_mode is None else {
+                "compilation_config": CompilationConfig(cudagraph_mode=CUDAGraphMode[cudagraph_mode])}
             # the deployment's selection: --attention-backend CUSTOM, the plan's block size
             self.configs[key] = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=block_size),
-                                           attention_config=AttentionConfig(backend=AttentionBackendEnum.CUSTOM))
+                                           attention_config=AttentionConfig(backend=AttentionBackendEnum.CUSTOM),
+                                           **graphs)
         return self.configs[key]
 
     def name(self) -> str:
@@ -280,6 +304,24 @@ def bind(layer, cache: torch.Tensor) -> None:
         layer.kv_cache = cache
 
 
+def fresh_cache(layer, config, batch: Step, seed: int):
+    """The layer's KV cache spec, and its cache allocated as vLLM's model runner does and bound to it (slots no write
+    reaches hold values of a model's scale). Called with the config current."""
+    spec = layer.get_kv_cache_spec(config)
+    device = batch.query.device
+    cache = kv_cache(layer, spec, batch.num_blocks, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cache.copy_(torch.randn(cache.shape, generator=gen, device=device, dtype=torch.float32))
+    bind(layer, cache)
+    return spec, cache
+
+
+def write_context(layer, batch: Step, cache: torch.Tensor) -> None:
+    """The earlier steps' keys and values, by the layer's own backend's writer."""
+    if batch.context_slots.numel():
+        layer.impl.do_kv_cache_update(layer, batch.context_key, batch.context_value, cache, batch.context_slots)
+
+
 def attend(layer, config, batch: Step, seed: int) -> torch.Tensor:
     """One step through vLLM's layer: its KV cache allocated as vLLM's model runner does, the context written by the
     layer's own backend, metadata built by the backend's own builder, the forward in vLLM's forward context. Returns
@@ -292,11 +334,7 @@ def attend(layer, config, batch: Step, seed: int) -> torch.Tensor:
     # The config current throughout, as in vLLM's model runner: on CUDA, vLLM 0.26 reads it while building the
     # cache's spec and the metadata, and while writing the cache.
     with set_current_vllm_config(config):
-        spec = layer.get_kv_cache_spec(config)
-        cache = kv_cache(layer, spec, batch.num_blocks, device)
-        gen = torch.Generator(device=device).manual_seed(seed)  # slots no write reaches: values of a model's scale
-        cache.copy_(torch.randn(cache.shape, generator=gen, device=device, dtype=torch.float32))
-        bind(layer, cache)
+        spec, cache = fresh_cache(layer, config, batch, seed)
         common = CommonAttentionMetadata(
             query_start_loc=batch.query_start_loc, query_start_loc_cpu=batch.query_start_loc.cpu(),
             seq_lens=batch.seq_lens, num_reqs=len(batch.lens), num_actual_tokens=batch.query.shape[0],
@@ -304,12 +342,177 @@ def attend(layer, config, batch: Step, seed: int) -> torch.Tensor:
             slot_mapping=batch.slots, seq_lens_cpu_upper_bound=batch.seq_lens.cpu())
         builder = layer.attn_backend.get_builder_cls()(spec, [layer.layer_name], config, device)
         metadata = builder.build(0, common)
-        if batch.context_slots.numel():  # the earlier steps' writes, by the backend's own writer
-            layer.impl.do_kv_cache_update(layer, batch.context_key, batch.context_value, cache, batch.context_slots)
+        write_context(layer, batch, cache)
         n = batch.query.shape[0]
         with set_forward_context({layer.layer_name: metadata}, config, slot_mapping={layer.layer_name: batch.slots}):
             out = layer(batch.query.reshape(n, -1), batch.key.reshape(n, -1), batch.value.reshape(n, -1))
     return out.view(batch.query.shape)
+
+
+# ---------------------------------------------------------------- a step in a full CUDA graph
+
+
+def graph_lacking(cell: Cell, device: str) -> str:
+    """Why this machine, or vLLM, replays no full CUDA graph of the cell's batches ("" where it does)."""
+    if device != "cuda":
+        return "cuda_graph needs a CUDA device; this machine has none"
+    if cell.phase not in GRAPH_MODES:
+        return f"vLLM replays no full CUDA graph of {cell.phase} batches here (the route's graphs: decode and mixed)"
+    return ""
+
+
+def graph_problem(layer, config, phase: str) -> str:
+    """Why vLLM would not run the layer's attention inside a full CUDA graph for the phase's batches ("" where it
+    would), by the CUDA-graph support its backend's builder declares (`support_problem`)."""
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(config):
+        spec = layer.get_kv_cache_spec(config)
+    support = layer.attn_backend.get_builder_cls().get_cudagraph_support(config, spec)
+    return support_problem(support, config.compilation_config.cudagraph_mode, phase)
+
+
+def support_problem(support, mode, phase: str) -> str:
+    """Why vLLM runs no full CUDA graph of the phase's batches with a builder declaring `support` (an
+    AttentionCGSupport) in the resolved cudagraph `mode` ("" where it does): the mode vLLM's config resolved to has
+    none for them, or the builder declares less than the mode needs (the rules of vLLM's
+    resolve_cudagraph_mode_and_sizes: a decode graph needs any support, a mixed one ALWAYS)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    asked, decode = GRAPH_MODES[phase], phase == "decode"
+    if (mode.decode_mode() if decode else mode.mixed_mode()) != CUDAGraphMode.FULL:
+        return f"vLLM's config here turns cudagraph_mode {asked} into {mode.name}: no full graph for {phase} batches"
+    needed = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE if decode else AttentionCGSupport.ALWAYS
+    if support.value < needed.value:
+        return (f"the plugin's metadata builder declares {support.name} CUDA-graph support; cudagraph_mode {asked} "
+                f"needs {needed.name} for full graphs of {phase} batches, so vLLM runs its forward outside them")
+    return ""
+
+
+def graph_size(config, batch: Step, decode: bool) -> tuple[int, int]:
+    """The tokens and requests a full graph replays the batch at: vLLM's smallest capture size that holds its tokens
+    (one above the largest: captured at its own size here, where vLLM would run it without a full graph), and one
+    request per token for a decode graph, else as many as vLLM's dummy run of that size has (at most max_num_seqs)."""
+    n = batch.query.shape[0]
+    tokens = next((size for size in sorted(config.compilation_config.cudagraph_capture_sizes or ()) if size >= n), n)
+    requests = tokens if decode else min(tokens, config.scheduler_config.max_num_seqs)
+    return tokens, max(requests, len(batch.lens))
+
+
+@dataclass
+class StepBuffers:
+    """vLLM's persistent inputs of a captured step, for its padded tokens and requests: the model runner's buffers,
+    which a CUDA graph reads again on each replay."""
+
+    query: torch.Tensor  # [tokens, num_heads, head_size]
+    key: torch.Tensor  # [tokens, num_kv_heads, head_size]
+    value: torch.Tensor
+    query_start_loc: torch.Tensor  # int32 [requests + 1]
+    seq_lens: torch.Tensor  # int32 [requests]
+    block_table: torch.Tensor  # int32 [requests, max_blocks_per_seq]
+    slots: torch.Tensor  # int64 [tokens]
+
+    @classmethod
+    def for_batch(cls, batch: Step, tokens: int, requests: int) -> StepBuffers:
+        q, k = batch.query, batch.key
+        i32 = {"dtype": torch.int32, "device": q.device}
+        return cls(q.new_empty(tokens, *q.shape[1:]), k.new_empty(tokens, *k.shape[1:]),
+                   k.new_empty(tokens, *k.shape[1:]), torch.empty(requests + 1, **i32), torch.empty(requests, **i32),
+                   torch.empty(requests, batch.block_table.shape[1], **i32),
+                   torch.empty(tokens, dtype=torch.int64, device=q.device))
+
+    def dummy(self) -> None:
+        """The batch vLLM captures on (its model runner's dummy run): the tokens shared among the requests, one each
+        and the rest to the last, each sequence as long as its query, every block the null block 0, no slot written."""
+        tokens, requests = self.query.shape[0], self.seq_lens.shape[0]
+        q_lens = torch.full((requests,), tokens // requests, dtype=torch.int32)
+        q_lens[-1] += tokens % requests
+        self.query_start_loc.copy_(torch.cat([q_lens.new_zeros(1), q_lens.cumsum(0, dtype=torch.int32)]))
+        self.seq_lens.copy_(q_lens)
+        self.block_table.zero_()
+        self.slots.fill_(-1)
+        for t in (self.query, self.key, self.value):
+            t.zero_()
+
+    def fill(self, batch: Step) -> None:
+        """The step's batch in the buffers, padded as vLLM's model runner pads a batch for a graph: padding requests
+        have no query tokens (query_start_loc repeats its last offset) and no context, and the null block in their
+        rows; padding tokens belong to no request and write no slot (-1). They hold NaN here: no kernel may read
+        them."""
+        n, s = batch.query.shape[0], len(batch.lens)
+        for buf, real in ((self.query, batch.query), (self.key, batch.key), (self.value, batch.value)):
+            buf[:n] = real
+            buf[n:] = float("nan")
+        self.query_start_loc[:s + 1] = batch.query_start_loc
+        self.query_start_loc[s + 1:] = n
+        self.seq_lens[:s] = batch.seq_lens
+        self.seq_lens[s:] = 0
+        self.block_table.zero_()
+        self.block_table[:s] = batch.block_table
+        self.slots[:n] = batch.slots
+        self.slots[n:] = -1
+
+
+def capture(forward: Callable[[], torch.Tensor], device: torch.device) -> tuple[Callable[[], None], torch.Tensor]:
+    """`forward` captured in a CUDA graph after one warm-up run on a side stream (Triton compiles and autotunes outside
+    the capture): the graph's replay, and the output tensor each replay writes."""
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        forward()
+    torch.cuda.current_stream(device).wait_stream(side)
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # not the worker's other threads' calls
+        out = forward()
+    return graph.replay, out
+
+
+def attend_graphed(layer, config, batch: Step, seed: int, decode: bool) -> torch.Tensor:
+    """One step as vLLM replays a full CUDA graph: the layer's forward (its cache write, then attention) captured on a
+    dummy batch in persistent buffers at the batch's padded size, with metadata the backend's own builder built for a
+    capture (build_for_cudagraph_capture, as vLLM's model runner asks); then the context written, the step's batch
+    copied into the buffers, padded as vLLM pads it, and the graph replayed in the forward context, as vLLM's runner
+    replays it. Returns the output rows of the step's tokens, [num_tokens, num_heads, head_size]."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    device = batch.query.device
+    tokens, requests = graph_size(config, batch, decode)
+    buf = StepBuffers.for_batch(batch, tokens, requests)
+    buf.dummy()
+    with set_current_vllm_config(config):
+        spec, cache = fresh_cache(layer, config, batch, seed)
+        # as vLLM's dummy run builds it: a decode graph's longest query is 1, a mixed one's its tokens; the longest
+        # context max_model_len
+        common = CommonAttentionMetadata(
+            query_start_loc=buf.query_start_loc, query_start_loc_cpu=buf.query_start_loc.cpu(),
+            seq_lens=buf.seq_lens, num_reqs=requests, num_actual_tokens=tokens,
+            max_query_len=1 if decode else tokens, max_seq_len=config.model_config.max_model_len,
+            block_table_tensor=buf.block_table, slot_mapping=buf.slots, seq_lens_cpu_upper_bound=buf.seq_lens.cpu())
+        builder = layer.attn_backend.get_builder_cls()(spec, [layer.layer_name], config, device)
+        metadata = builder.build_for_cudagraph_capture(common)
+
+        def forward():
+            return layer(buf.query.view(tokens, -1), buf.key.view(tokens, -1), buf.value.view(tokens, -1))
+
+        with set_forward_context({layer.layer_name: metadata}, config, slot_mapping={layer.layer_name: buf.slots}):
+            replay, out = capture(forward, device)
+            write_context(layer, batch, cache)
+            buf.fill(batch)
+            replay()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out.view(tokens, *batch.query.shape[1:])[:batch.query.shape[0]].clone()
+
+
+def graph_step(layer, config, batch: Step, seed: int, phase: str, whose: str) -> torch.Tensor:
+    """attend_graphed, a raise said as the capture or replay of `whose` backend."""
+    try:
+        return attend_graphed(layer, config, batch, seed, phase == "decode")
+    except Exception as exc:
+        raise Failure(f"{whose} in a full CUDA graph raised {first_line(exc)[:400]} ({_origin(exc)})") from None
 
 
 # ---------------------------------------------------------------- the comparison
@@ -373,12 +576,14 @@ def judge(plan: Plan, dtype: str, stats: Stats, name: str, mine: torch.Tensor, t
 def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES, profile: str = "ci",
                             database: str | None = None, plugin_text: str | None = None) -> IntegrationRecord:
     """One attention_backend item: the plugin loaded by vLLM's loader, its backend selected as CUSTOM, on drawn
-    batches of the cell's phase, against vLLM's own backend and the plan's reference."""
+    batches of the cell's phase, against vLLM's own backend and the plan's reference; in the cell's graph mode (eager,
+    or cuda_graph: each step replayed in a full CUDA graph, GRAPH_MODES)."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     start = time.monotonic()
     device = detect().device
+    graphed = cell.graph_mode == "cuda_graph"
     act = getattr(torch, DTYPE[cell.dtype].torch)
     reference = resolve(plan).reference
     args = attention_args(plan)
@@ -386,7 +591,7 @@ def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES
     theirs_name = vllm_backend_name(device)
     rec = IntegrationRecord(route=ROUTE, **cell.axes(), status=Status.PASSED)
     with contextlib.ExitStack() as stack:
-        lacking = missing_in_vllm(plan)  # an older vLLM: this machine's, not the kernel's
+        lacking = missing_in_vllm(plan) or (graph_lacking(cell, device) if graphed else "")  # this machine's
         try:
             missing = lacking or ("" if isinstance(args, AttentionArgs) else args)
             if missing:
@@ -407,18 +612,20 @@ def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES
                                        if device == "cpu" else ""),
                 "selected_with": "attention_config.backend = CUSTOM (--attention-backend CUSTOM)",
                 "kv_cache": cache_words(plan), "compared_with": theirs_name}
+            captured: set[int] = set()  # the padded token counts the graphs were captured at
 
             def test(ex):
                 nonlocal count
                 count += 1
                 values = build_args(plan, cell, ex, device)
                 try:
-                    expected = reference_outputs(plan, reference, values)[plan.outputs[0]]
+                    expected = reference_outputs(plan, reference, values)[plan.op.outputs[0]]
                 except Exception as exc:
-                    raise Failure(f"the reference {plan.reference} raised {first_line(exc)} ({_origin(exc)})") from None
+                    raise Failure(f"the reference {plan.op.reference} raised {first_line(exc)} "
+                                  f"({_origin(exc)})") from None
                 batch = step_of(values, args)
                 config = configs.config(batch.query.shape[1], batch.key.shape[1], batch.query.shape[2],
-                                        batch.block_size)
+                                        batch.block_size, GRAPH_MODES[cell.phase] if graphed else None)
                 try:
                     mine = layer_for(configs, config, batch)
                 except Exception as exc:  # vLLM refused the selection (the backend's declared limits)
@@ -430,12 +637,20 @@ def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES
                                   f"{PLUGIN_CLASS}")
                 theirs = layer_for(configs, config, batch, theirs_class)
                 before = counter.calls
-                got = attend(mine, config, batch, ex.seed)
+                if graphed:
+                    problem = graph_problem(mine, config, cell.phase)
+                    if problem:
+                        raise Failure(problem)
+                    got = graph_step(mine, config, batch, ex.seed, cell.phase, "the plugin's attention backend")
+                    captured.add(graph_size(config, batch, cell.phase == "decode")[0])
+                else:
+                    got = attend(mine, config, batch, ex.seed)
                 if counter.calls == before:
                     raise Failure("the plugin's attention backend ran vLLM's forward without calling the kernel")
-                want = attend(theirs, config, batch, ex.seed)
-                note = judge(plan, cell.dtype, stats, plan.outputs[0], got, want, expected, values, batch, theirs_name,
-                             reference)
+                want = graph_step(theirs, config, batch, ex.seed, cell.phase, f"vLLM's own {theirs_name}") \
+                    if graphed else attend(theirs, config, batch, ex.seed)
+                note = judge(plan, cell.dtype, stats, plan.op.outputs[0], got, want, expected, values, batch,
+                             theirs_name, reference)
                 if note:
                     notes.append(note)
 
@@ -445,6 +660,13 @@ def check_attention_backend(plan: Plan, cell: Cell, examples: int = MAX_EXAMPLES
             run_drawn(test, plan, cell, device, run, ROUTE, rec,
                       lambda exc: f"the attention backend item raised {first_line(exc)[:500]} ({_origin(exc)})")
             rec.kernel_calls = counter.calls
+            if graphed:
+                sizes = ", ".join(map(str, sorted(captured))) or "none yet"
+                rec.registered_as["cuda_graph"] = (
+                    f"cudagraph_mode {GRAPH_MODES[cell.phase]}: each layer's forward captured in a "
+                    f"torch.cuda.CUDAGraph on a dummy batch at vLLM's capture size for the batch ({sizes} tokens), "
+                    "with metadata its builder built for capture, then replayed with the batch in vLLM's persistent "
+                    "buffers, padded as vLLM pads it; both backends so")
             if notes:
                 rec.registered_as["compared_with"] += f"; {notes[0]}, in {len(notes)} of {count} examples"
     rec.examples, rec.duration_s = count, round(time.monotonic() - start, 3)

@@ -316,13 +316,13 @@ def selection(plans: list[Plan]) -> tuple[dict, tuple[str, ...]]:
             continue
         if plugin_route(plan) == "ir":
             if ir_op in priority:
-                raise ValueError(f"two plans provide vllm.ir.ops.{ir_op}: {layers[ir_op]} and {plan.name}")
-            priority[ir_op], layers[ir_op] = [provider_name(plan), "native"], plan.name
+                raise ValueError(f"two plans provide vllm.ir.ops.{ir_op}: {layers[ir_op]} and {plan.op.name}")
+            priority[ir_op], layers[ir_op] = [provider_name(plan), "native"], plan.op.name
         else:
             if layer in layers:
-                raise ValueError(f"two plans replace vLLM's {layer}: {layers[layer]} and {plan.name}")
+                raise ValueError(f"two plans replace vLLM's {layer}: {layers[layer]} and {plan.op.name}")
             custom_ops.append(oot_flag(plan))
-            layers[layer] = plan.name
+            layers[layer] = plan.op.name
     return priority, tuple(custom_ops)
 
 
@@ -409,9 +409,9 @@ def run_engine(plans: list[Plan], workdir: Path, cuda_graphs: bool, timeout_s: f
         probe_dir.mkdir()
         for plan in plans:
             module = plugin_module_name(plan)
-            _write_distribution(plugin_dir, module, plan.name, f"{module}:register", render_plugin(plan))
-            plugins.append(plan.name)
-            probe_ops[module] = plan.name
+            _write_distribution(plugin_dir, module, plan.op.name, f"{module}:register", render_plugin(plan))
+            plugins.append(plan.op.name)
+            probe_ops[module] = plan.op.name
         _write_distribution(plugin_dir, "", PROBE_PLUGIN, "harness.vllm.engine_probe:register", None)
         plugins.append(PROBE_PLUGIN)
     priority, custom_ops = selection(plans)
@@ -488,19 +488,19 @@ def missing_calls(plugged: EngineRun, plans: list[Plan], anywhere: bool = False)
     problems = []
     for plan in plans:
         if anywhere:
-            total = (sum(plugged.calls.get(plan.name, {}).values()) + plugged.startup_calls.get(plan.name, 0)
-                     + plugged.calls_outside_forward.get(plan.name, 0))
+            total = (sum(plugged.calls.get(plan.op.name, {}).values()) + plugged.startup_calls.get(plan.op.name, 0)
+                     + plugged.calls_outside_forward.get(plan.op.name, 0))
             if not total:
-                problems.append(f"{plan.name}: the engine never called the kernel, not even while capturing its "
+                problems.append(f"{plan.op.name}: the engine never called the kernel, not even while capturing its "
                                 "CUDA graphs")
             continue
-        calls = plugged.calls.get(plan.name, {})
+        calls = plugged.calls.get(plan.op.name, {})
         absent = [k for k in STEP_KINDS if k in plugged.steps_seen and not calls.get(k)]
         if not calls:
-            problems.append(f"{plan.name}: the engine served the requests without calling the kernel inside the "
-                            f"model's forward ({plugged.calls_outside_forward.get(plan.name, 0)} calls elsewhere)")
+            problems.append(f"{plan.op.name}: the engine served the requests without calling the kernel inside the "
+                            f"model's forward ({plugged.calls_outside_forward.get(plan.op.name, 0)} calls elsewhere)")
         elif absent:
-            problems.append(f"{plan.name}: the kernel was not called in {' or '.join(absent)} steps")
+            problems.append(f"{plan.op.name}: the kernel was not called in {' or '.join(absent)} steps")
     return problems
 
 
@@ -566,9 +566,9 @@ def first_difference(baseline: EngineRun, plugged: EngineRun) -> str | None:
 
 def engine_outcome(plans: list[Plan], plan: Plan, baseline: EngineRun, plugged: EngineRun,
                    cuda_graphs: bool, profile: str = "") -> EngineOutcome:
-    return EngineOutcome(model=MODEL_WORDS, requests=len(PROMPT_LENGTHS), ops=[p.name for p in plans],
-                         calls=dict(plugged.calls.get(plan.name, {})),
-                         calls_outside_forward=plugged.calls_outside_forward.get(plan.name, 0),
+    return EngineOutcome(model=MODEL_WORDS, requests=len(PROMPT_LENGTHS), ops=[p.op.name for p in plans],
+                         calls=dict(plugged.calls.get(plan.op.name, {})),
+                         calls_outside_forward=plugged.calls_outside_forward.get(plan.op.name, 0),
                          cuda_graphs=cuda_graphs, tokens_compared=sum(len(t) for t in baseline.tokens),
                          first_difference=first_difference(baseline, plugged), start_s=plugged.start_s or None,
                          serve_s=plugged.serve_s or None, profile=profile or None,

@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from string import Template
 
-from harness.plan.op_source import custom_op_source, py_tuple
+from harness.vllm.op_source import custom_op_source, py_tuple
 from harness.plan.dtypes import DTYPE
 from harness.plan.model import Plan
 from harness.vllm_facts.attention_layout import ROUTE as ATTENTION_ROUTE, attention_source, cache_words
@@ -125,7 +125,7 @@ def _supports(plan: Plan) -> list[str]:
             else:
                 notes.append(f"dtypes {', '.join(contract.dtypes)}: not checked here (no activation input)")
         why = f": {' '.join(contract.why.split())}" if contract.why else ""
-        notes.insert(0, f"op.contract ({plan.path.name} line {contract.line}){why}")
+        notes.insert(0, f"op.contract ({plan.path.name} line {plan.where('op.contract')}){why}")
     params = ", ".join(a.name for a in inputs)
     body = "return (" + "\n            and ".join(checks) + ")" if checks else "return True"
     return [f"def supports({params}) -> bool:",
@@ -139,7 +139,7 @@ def _run_kernel(plan: Plan) -> list[str]:
     inputs = _inputs(plan)
     lines = [f"def run_kernel({', '.join(a.name for a in inputs)}):",
              '    """The kernel called as the plan says: output buffers allocated here and written by it, outputs it '
-             'returns\n    taken as returned; gives back ' + ", ".join(plan.outputs) + ' (op.outputs)."""']
+             'returns\n    taken as returned; gives back ' + ", ".join(plan.op.outputs) + ' (op.outputs)."""']
     device = next(a.name for a in inputs if a.is_tensor)
     for a in plan.args:
         if a.role != "output":
@@ -162,7 +162,7 @@ def _run_kernel(plan: Plan) -> list[str]:
         lines.append(f"    {', '.join(returned)} = {call}")  # one tensor, or a tuple in op.outputs order
     else:
         lines.append(f"    {call}")
-    lines.append(f"    return {', '.join(plan.outputs)}")
+    lines.append(f"    return {', '.join(plan.op.outputs)}")
     return lines
 
 
@@ -178,11 +178,11 @@ def render_plugin(plan: Plan) -> str:
     if why:
         raise ValueError(f"{plan.path}: no vLLM plugin for this plan: {why}")
     route = plugin_route(plan)
-    module, _, attr = plan.kernel.partition(":")
+    module, _, attr = plan.op.kernel.partition(":")
     layer_module = plan.vllm.layer.partition(":")[0]
     attention = route == ATTENTION_ROUTE  # no adapter: vLLM's tensors map onto the kernel's by the plan's shapes
     docstring = DOCSTRING.substitute(
-        layer_class=layer_class(plan), kernel=plan.kernel, op=plan.op_qualname, plan_file=plan.path.name,
+        layer_class=layer_class(plan), kernel=plan.op.kernel, op=plan.op_qualname, plan_file=plan.path.name,
         entry_point=plugin_entry_point(plan).strip().replace("\n", "\n    "), enable_setting=enable_setting(plan),
         adapter=textwrap.fill(cache_words(plan), 110, subsequent_indent="    ") if attention else
         f"{adapter_module(plan)} ({', '.join(ADAPTER_FUNCTIONS[r] for r in plugin_routes(plan))})")
@@ -197,7 +197,7 @@ def render_plugin(plan: Plan) -> str:
     return Template(plugin_template(route).read_text()).substitute(
         docstring=docstring, imports="\n".join(imports), generic=generic, op=plan.op_qualname,
         layer_module=layer_module, layer_class=layer_class(plan), ir_op=plan.vllm.ir_op or "",
-        inplace=bool(plan.mutates), provider=provider_name(plan), route=route, act_dtypes=", ".join(float_dtypes),
+        inplace=bool(plan.op.mutates), provider=provider_name(plan), route=route, act_dtypes=", ".join(float_dtypes),
         min_capability=min(capabilities, default=0))
 
 

@@ -40,7 +40,7 @@ from hypothesis.errors import FlakyFailure
 from harness.runtime.calls import first_line, reference_outputs
 from harness.runtime.device import detect, memory_held_elsewhere, package_version
 from harness.runtime.inputs import build_args, examples as example_strategy
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 from harness.runtime.numerics import Mismatch, Stats
 from harness.runtime.resolve import import_object, resolve
 from harness.plan.dtypes import CELL_DTYPES, DTYPE
@@ -125,7 +125,7 @@ def plugin_on_path(plan: Plan, text: str | None = None):
         dist = root / f"{name}-0.0.0.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
-        (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{plan.name} = {name}:register\n")
+        (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{plan.op.name} = {name}:register\n")
         sys.path.insert(0, tmp)
         importlib.invalidate_caches()
         sys.modules.pop(name, None)
@@ -142,7 +142,7 @@ def load_with_vllm_loader(plan: Plan):
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
 
     old = os.environ.get("VLLM_PLUGINS")
-    os.environ["VLLM_PLUGINS"] = plan.name  # only this plugin, not others installed here
+    os.environ["VLLM_PLUGINS"] = plan.op.name  # only this plugin, not others installed here
     try:
         plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
     finally:
@@ -150,14 +150,14 @@ def load_with_vllm_loader(plan: Plan):
             os.environ.pop("VLLM_PLUGINS")
         else:
             os.environ["VLLM_PLUGINS"] = old
-    if plan.name not in plugins:
+    if plan.op.name not in plugins:
         try:  # vLLM logs the failure and carries on: surface the cause
             importlib.import_module(plugin_module_name(plan))
         except Exception as exc:
             raise Failure(f"vLLM's plugin loader could not load the plugin: {type(exc).__name__}: {exc}") from None
-        raise Failure(f"vLLM's plugin loader did not find the vllm.general_plugins entry point '{plan.name}'")
-    plugins[plan.name]()
-    plugins[plan.name]()  # vLLM may call a general plugin more than once per process: it must not fail
+        raise Failure(f"vLLM's plugin loader did not find the vllm.general_plugins entry point '{plan.op.name}'")
+    plugins[plan.op.name]()
+    plugins[plan.op.name]()  # vLLM may call a general plugin more than once per process: it must not fail
     return sys.modules[plugin_module_name(plan)]
 
 
@@ -217,7 +217,7 @@ def run_drawn(test: Callable, plan: Plan, cell: Cell, device: str, run: RunSetti
     """An item's check `test(example)` over hypothesis's draws for the cell, its outcome in `rec`: a failure's words
     (once: where the same input passed on hypothesis's replay), memory other processes held as not run, and anything
     else the item's code raised as `raised(exc)` says it."""
-    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.name}__vllm_{route}_{cell.id}")
+    test.__name__ = test.__qualname__ = re.sub(r"\W", "_", f"{plan.op.name}__vllm_{route}_{cell.id}")
     drawn = hypothesis_settings(run)(given(example_strategy(plan, cell, device))(test))
     once = ""
     try:
@@ -263,7 +263,7 @@ class Route:
         self.plan, self.route, self.module = plan, route, module
         self.layer_class = layer_class(plan)
         self.kind = plugin_route(plan) if route == "plugin" else route
-        self.counter = Watched(module.kernel, f"the kernel {plan.kernel}")
+        self.counter = Watched(module.kernel, f"the kernel {plan.op.kernel}")
         module.kernel = self.counter  # the plugin's functions look `kernel` and `adapter` up when called
         module.adapter = WatchedModule(module.adapter, f"the op's adapter {adapter_module(plan)}",
                                        [a.name for a in plan.args if a.role != "output"])
@@ -318,7 +318,7 @@ class Route:
         self.stack.close()
 
     def call(self, values: dict) -> tuple:
-        """vLLM's layer on one call's inputs, outputs in plan.outputs order; Failure if it did not call the kernel,
+        """vLLM's layer on one call's inputs, outputs in plan.op.outputs order; Failure if it did not call the kernel,
         saying whose code raised where one did."""
         layer, forward_args = build_layer(self.plan, values, self.config, self.quant_config)
         before, self.seen_dispatch[:] = self.counter.calls, []
@@ -529,13 +529,14 @@ def check_route(plan: Plan, cell: Cell, route: str, examples: int = MAX_EXAMPLES
                 except Mismatch:
                     raise
                 except Exception as exc:
-                    raise Failure(f"the reference {plan.reference} raised {first_line(exc)} ({_origin(exc)})") from None
+                    raise Failure(f"the reference {plan.op.reference} raised {first_line(exc)} "
+                                  f"({_origin(exc)})") from None
                 drawn = {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in values.items()}
                 got = r.call(values)
-                if len(got) != len(plan.outputs):
+                if len(got) != len(plan.op.outputs):
                     raise Failure(f"vLLM's {r.layer_class} returned {len(got)} values; op.outputs names "
-                                  f"{len(plan.outputs)} ({', '.join(plan.outputs)})")
-                for name, actual in zip(plan.outputs, got):  # quantized outputs in their domain, as the cells
+                                  f"{len(plan.op.outputs)} ({', '.join(plan.op.outputs)})")
+                for name, actual in zip(plan.op.outputs, got):  # quantized outputs in their domain, as the cells
                     compare_judged(plan, reference, cell.dtype, stats, name, actual, expected[name], drawn, False)
 
             run = RunSettings(examples=examples, profile=profile, database=database)

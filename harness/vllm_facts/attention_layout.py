@@ -92,17 +92,17 @@ def attention_args(plan: Plan) -> AttentionArgs | str:
         found_scalars = ", ".join(a.name for a in scalars) or "none"
         return f"one number argument (the layer's softmax scale), found {found_scalars}"
     known = {*found.values(), queries[0].name, caches[0].name, caches[1].name, scalars[0].name}
-    if len(plan.outputs) != 1:
-        return f"one output (vLLM's attention output), found {', '.join(plan.outputs)}"
-    out = plan.outputs[0]
+    if len(plan.op.outputs) != 1:
+        return f"one output (vLLM's attention output), found {', '.join(plan.op.outputs)}"
+    out = plan.op.outputs[0]
     returned = not plan.has_arg(out)
     if not returned:
         if _symbols(plan.arg(out)) != TOKEN_DIMS:
             return f"op.args.{out} shaped [{', '.join(TOKEN_DIMS)}] (vLLM's attention output)"
         known.add(out)
-    if plan.mutates:
+    if plan.op.mutates:
         return (f"a kernel that writes no input (vLLM's backend owns its cache writes); op.mutates names "
-                f"{', '.join(plan.mutates)}")
+                f"{', '.join(plan.op.mutates)}")
     other = [a.name for a in plan.args if a.name not in known]
     if other:
         return (f"only vLLM's attention inputs (query, KV cache, block table, seq_lens, query_start_loc, scale, the "
@@ -143,7 +143,7 @@ def cache_words(plan: Plan) -> str:
 def _sizes_drawn(plan: Plan, symbol: str) -> list[int]:
     """The sizes the plan's cells draw for `symbol` (its values and numerics.cpu_sizes'); [] where any size may be
     drawn (awkward sizes) or the plan has no such size."""
-    spec = plan.size_specs.get(symbol)
+    spec = plan.op.sizes.get(symbol)
     if spec is None:
         return []
     awkward = plan.numerics.awkward_sizes if spec.awkward is None else spec.awkward

@@ -84,7 +84,7 @@ def fusion_case(plan: Plan) -> FusionCase | None:
     fusion, kernel = plan.vllm.fusion, plan.vllm_kernel
     if fusion is None:
         return None
-    return FusionCase(plan.name, fusion.layers, fusion.pass_path, kernel.switch.name, fusion.layer_custom_op,
+    return FusionCase(plan.op.name, fusion.layers, fusion.pass_path, kernel.switch.name, fusion.layer_custom_op,
                       tuple(fusion.ir_ops), f"_C.{kernel.name}", fusion.residual)
 
 

@@ -37,6 +37,7 @@ class RouteKind:
     words: str  # what the route is, as a page says it
     driven: bool  # the harness has a plugin template and integration items for it
     not_driven_why: str = ""  # why not, where it is not
+    enable: str = ""  # a decision to run the kernel, in words, where not "enable the custom op"
 
 
 ROUTE_KINDS = {k.name: k for k in (
@@ -46,7 +47,8 @@ ROUTE_KINDS = {k.name: k for k in (
                               "`register_quantization_config` and a `LinearMethodBase` whose `apply` calls the kernel)",
               True),
     RouteKind("attention_backend", "attention backend (`register_backend(AttentionBackendEnum.CUSTOM, ...)`, "
-                                   "selected with `--attention-backend CUSTOM`)", True),
+                                   "selected with `--attention-backend CUSTOM`)", True,
+              enable="enable the custom backend"),
     RouteKind("attention", "attention backend", False,
               "the harness drives attention backends through the attention_backend route"),
     RouteKind("fusion", "vLLM's fusion passes (a pattern that replaces the unfused ops with the kernel)", False,
@@ -71,7 +73,7 @@ def in_tree_flag(plan: Plan) -> str | None:
 
 def adapter_module(plan: Plan) -> str:
     """The module holding the op's vLLM side: the plan's `vllm.adapter`, else the kernel's own module."""
-    return plan.vllm.adapter or plan.kernel.partition(":")[0]
+    return plan.vllm.adapter or plan.op.kernel.partition(":")[0]
 
 
 def plugin_routes(plan: Plan) -> tuple[str, ...]:
@@ -130,11 +132,11 @@ def implementation_unsupported(plan: Plan, name: str = "vllm") -> str:
 def provider_name(plan: Plan) -> str:
     """The name the plugin registers the kernel under: the IR provider a deployment lists in --ir-op-priority, or
     the quantization method it passes to --quantization."""
-    return plan.vllm.provider or re.sub(r"\W", "_", plan.name.lower()) + "_kernel"
+    return plan.vllm.provider or re.sub(r"\W", "_", plan.op.name.lower()) + "_kernel"
 
 
 def plugin_module_name(plan: Plan) -> str:
-    return re.sub(r"\W", "_", plan.name.lower()) + "_vllm_plugin"
+    return re.sub(r"\W", "_", plan.op.name.lower()) + "_vllm_plugin"
 
 
 # How an integration item says the installed vLLM lacks what the plan's route needs (harness.vllm.routes
@@ -157,7 +159,7 @@ def plugin_route(plan: Plan) -> str | None:
 
 def plugin_entry_point(plan: Plan) -> str:
     """The pyproject.toml lines that make vLLM load the plugin in every process."""
-    return f'[project.entry-points."vllm.general_plugins"]\n{plan.name} = "{plugin_module_name(plan)}:register"\n'
+    return f'[project.entry-points."vllm.general_plugins"]\n{plan.op.name} = "{plugin_module_name(plan)}:register"\n'
 
 
 # How a deployment selects the plugin's attention backend (on a CPU machine loading the plugin selects it: vLLM's CPU

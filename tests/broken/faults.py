@@ -1,8 +1,8 @@
 """A kernel under development that faults in some cells only: the run must survive it.
 
 Dispatches on the activation dtype so one plan gets a healthy cell beside each fault:
-fp32 is correct, fp16 reads far out of bounds (an illegal address on a GPU, a segfault or junk
-under the interpreter), bf16 never returns.
+fp32 is correct, fp16 reads far out of bounds (an illegal address on a GPU, an out-of-bounds load
+the interpreter reports at the kernel's line), bf16 never returns.
 """
 
 import torch

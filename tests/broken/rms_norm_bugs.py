@@ -29,7 +29,7 @@ def _no_load_mask_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     # BUG: no mask / other on the loads: lanes >= hidden read the next row (or past the buffer)
-    # and their squares land in the sum.
+    # and their squares land in the sum; past the buffer, the interpreter reports the load.
     x = tl.load(x_ptr + row * x_row_stride + cols).to(tl.float32)
     w = tl.load(w_ptr + cols).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
@@ -319,7 +319,7 @@ def _reads_far_out_of_bounds_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     # BUG: x is read 2**40 elements past its start, unmasked: an illegal address on a GPU,
-    # a segfault (or junk) under the interpreter.
+    # reported as an out-of-bounds load under the interpreter (harness.interpreter.bounds).
     far = x_ptr + (1 << 40)
     x = tl.load(far + row * x_row_stride + cols).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -329,7 +329,8 @@ def _reads_far_out_of_bounds_kernel(
 
 
 def reads_far_out_of_bounds(out, x, weight, eps):
-    """Fault: unmasked load 2**40 elements beyond x (illegal memory access / segfault)."""
+    """Fault: unmasked load 2**40 elements beyond x (illegal memory access on a GPU, OutOfBounds in the
+    interpreter)."""
     n, hidden = x.shape
     if n == 0:
         return
@@ -458,13 +459,41 @@ def _unmasked_load_kernel(
 
 
 def unmasked_load(out, x, weight, eps):
-    """Bug: unmasked loads whose extra lanes are discarded: right values, out-of-bounds reads (memcheck only)."""
+    """Bug: unmasked loads whose extra lanes are discarded: right values, out-of-bounds reads (memcheck on a GPU, the
+    interpreter's bounds check on a CPU)."""
     n, hidden = x.shape
     if n == 0:
         return
     block, warps = _config(hidden)
     _unmasked_load_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block,
                                 num_warps=warps)
+
+
+@triton.jit
+def _weight_mask_off_by_one_kernel(
+    out_ptr, x_ptr, w_ptr, out_row_stride, x_row_stride, hidden, eps, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    # BUG: <= for <: where hidden is not a power of two, lane `hidden` reads one element past the end of weight.
+    # That lane's product is never stored, so every value is right.
+    w = tl.load(w_ptr + cols, mask=cols <= hidden, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    y = (x * rstd).to(x_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * out_row_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def weight_mask_off_by_one(out, x, weight, eps):
+    """Bug: the weight load's mask is off by one: right values, a read one element past weight's end (memcheck on a
+    GPU, the interpreter's bounds check on a CPU)."""
+    n, hidden = x.shape
+    if n == 0:
+        return
+    block, warps = _config(hidden)
+    _weight_mask_off_by_one_kernel[(n,)](out, x, weight, out.stride(0), x.stride(0), hidden, eps, BLOCK=block,
+                                         num_warps=warps)
 
 
 # The size from which two_pass_short_loop takes its two-pass path: small, so a CPU machine's cells can reach it.

@@ -4,8 +4,8 @@ Each carries exactly ONE bug, named in its docstring and marked BUG.
 
 Triton has no way to write a shared-memory race or a divergent barrier: it allocates shared memory and places the
 barriers itself, and a program's control flow is the same for all its threads. Those two kernels are CUDA, compiled
-with torch.utils.cpp_extension.load_inline on first call (nvcc, on a GPU machine only; tests/test_gpu_checks.py);
-the uninitialised read is Triton.
+by torch's NVRTC (torch.cuda._compile_kernel) on first call, on a GPU machine only (tests/test_gpu_checks.py); the
+uninitialised read is Triton.
 """
 
 from __future__ import annotations
@@ -16,54 +16,55 @@ import torch
 import triton
 import triton.language as tl
 
-EXTENSION = "harness_sanitizer_bugs"
 THREADS = 256  # CUDA kernels: one row per block of 8 warps
 
-CPP_SOURCE = """
-void shared_race_rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);
-void split_barrier_rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps);
-"""
+# Each dtype's element type and conversions to and from float, in PTX: NVRTC compiles the kernels without CUDA's
+# headers (the GPU machine needs torch's NVRTC only, no nvcc or toolkit).
+ELEMENT = {
+    torch.float32: "typedef float T;\n"
+                   "__device__ __forceinline__ float ld(T v) { return v; }\n"
+                   "__device__ __forceinline__ T st(float f) { return f; }\n",
+    torch.bfloat16: "typedef unsigned short T;\n"
+                    "__device__ __forceinline__ float ld(T v) { return __uint_as_float(((unsigned)v) << 16); }\n"
+                    "__device__ __forceinline__ T st(float f) {\n"
+                    "  T h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n",
+    torch.float16: "typedef unsigned short T;\n"
+                   "__device__ __forceinline__ float ld(T v) {\n"
+                   "  float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(v)); return f; }\n"
+                   "__device__ __forceinline__ T st(float f) {\n"
+                   "  T h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n",
+}
 
 CUDA_SOURCE = r"""
-#include <ATen/ATen.h>
-#include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAGuard.h>
-
-constexpr int THREADS = 256;
-constexpr int WARPS = THREADS / 32;
+#define THREADS 256
+#define WARPS (THREADS / 32)
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-template <typename T>
 __device__ __forceinline__ void write_row(T* out, const T* xr, const T* w, int hidden, float rstd) {
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float y = static_cast<float>(static_cast<T>(static_cast<float>(xr[i]) * rstd)) * static_cast<float>(w[i]);
-    out[i] = static_cast<T>(y);
-  }
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] = st(ld(st(ld(xr[i]) * rstd)) * ld(w[i]));
 }
 
 // The sum of squares about a shift c taken from the row: mean(x^2) = mean((x-c)^2) + 2c mean(x-c) + c^2, which keeps
 // the squared terms small where a row sits far from zero.
-template <typename T>
-__global__ void rms_norm_shared_race_kernel(T* out, const T* x, const T* w, int64_t out_stride, int64_t x_stride,
-                                            int hidden, float eps) {
+extern "C" __global__ void rms_norm_shared_race_kernel(T* out, const T* x, const T* w, int out_stride, int x_stride,
+                                                       int hidden, double eps) {
   __shared__ float shift;
   __shared__ float partial[2][WARPS];
-  const T* xr = x + blockIdx.x * x_stride;
+  const T* xr = x + (long long)blockIdx.x * x_stride;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // BUG: the first lane of every warp writes the shift, where warp 0's alone should: writes of different values
   // from different warps to one __shared__ word, in no order (a race). Any element of the row is a valid shift,
   // and the barrier below puts every read after all the writes, so the values are right: only racecheck sees it.
-  if (lane == 0) shift = static_cast<float>(xr[min(warp * 32, hidden - 1)]);
+  if (lane == 0) shift = ld(xr[min(warp * 32, hidden - 1)]);
   __syncthreads();
   const float c = shift;
   float s1 = 0.f, s2 = 0.f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float d = static_cast<float>(xr[i]) - c;
+    const float d = ld(xr[i]) - c;
     s1 += d;
     s2 += d * d;
   }
@@ -79,19 +80,18 @@ __global__ void rms_norm_shared_race_kernel(T* out, const T* x, const T* w, int6
     t1 += partial[0][i];
     t2 += partial[1][i];
   }
-  const float rstd = rsqrtf(t2 / hidden + 2.f * c * (t1 / hidden) + c * c + eps);
-  write_row(out + blockIdx.x * out_stride, xr, w, hidden, rstd);
+  const float rstd = rsqrtf(t2 / hidden + 2.f * c * (t1 / hidden) + c * c + (float)eps);
+  write_row(out + (long long)blockIdx.x * out_stride, xr, w, hidden, rstd);
 }
 
-template <typename T>
-__global__ void rms_norm_split_barrier_kernel(T* out, const T* x, const T* w, int64_t out_stride, int64_t x_stride,
-                                              int hidden, float eps) {
+extern "C" __global__ void rms_norm_split_barrier_kernel(T* out, const T* x, const T* w, int out_stride,
+                                                         int x_stride, int hidden, double eps) {
   __shared__ float partial[WARPS];
-  const T* xr = x + blockIdx.x * x_stride;
+  const T* xr = x + (long long)blockIdx.x * x_stride;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float ss = 0.f;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float v = static_cast<float>(xr[i]);
+    const float v = ld(xr[i]);
     ss += v * v;
   }
   ss = warp_sum(ss);
@@ -107,57 +107,38 @@ __global__ void rms_norm_split_barrier_kernel(T* out, const T* x, const T* w, in
   }
   float total = 0.f;
   for (int i = 0; i < WARPS; ++i) total += partial[i];
-  write_row(out + blockIdx.x * out_stride, xr, w, hidden, rsqrtf(total / hidden + eps));
-}
-
-static void launch(bool race, at::Tensor out, at::Tensor x, at::Tensor weight, double eps) {
-  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.stride(1) == 1 && out.stride(1) == 1 && weight.is_contiguous(),
-              "rows of contiguous elements on a CUDA device");
-  const at::cuda::OptionalCUDAGuard guard(x.device());
-  const int rows = static_cast<int>(x.size(0)), hidden = static_cast<int>(x.size(1));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::ScalarType::Half, at::ScalarType::BFloat16, x.scalar_type(), "sanitizer_bugs",
-                                  [&] {
-    auto kernel = race ? rms_norm_shared_race_kernel<scalar_t> : rms_norm_split_barrier_kernel<scalar_t>;
-    kernel<<<rows, THREADS, 0, stream>>>(out.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                                         weight.data_ptr<scalar_t>(), out.stride(0), x.stride(0), hidden,
-                                         static_cast<float>(eps));
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void shared_race_rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps) {
-  launch(true, out, x, weight, eps);
-}
-
-void split_barrier_rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps) {
-  launch(false, out, x, weight, eps);
+  write_row(out + (long long)blockIdx.x * out_stride, xr, w, hidden, rsqrtf(total / hidden + (float)eps));
 }
 """
 
 
 @functools.cache
-def _extension():
-    """The CUDA kernels, built once per machine (torch's extension cache) with line numbers for the sanitizer."""
-    from torch.utils.cpp_extension import load_inline  # nvcc and ninja: imported where a kernel is first called
+def _kernel(name: str, dtype: torch.dtype):
+    """One CUDA kernel for one dtype, compiled once per process by torch's NVRTC with line numbers for the
+    sanitizer."""
+    return torch.cuda._compile_kernel(ELEMENT[dtype] + CUDA_SOURCE, name, nvcc_options=["-lineinfo"])
 
-    return load_inline(name=EXTENSION, cpp_sources=CPP_SOURCE, cuda_sources=CUDA_SOURCE,
-                       functions=["shared_race_rms_norm", "split_barrier_rms_norm"],
-                       extra_cuda_cflags=["-O3", "-lineinfo"])
+
+def _launch(name: str, out, x, weight, eps) -> None:
+    if not (x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and out.stride(1) == 1 and weight.is_contiguous()):
+        raise ValueError("rows of contiguous elements on a CUDA device")
+    with torch.cuda.device(x.device):
+        _kernel(name, x.dtype)(grid=(x.shape[0], 1, 1), block=(THREADS, 1, 1),
+                               args=[out, x, weight, out.stride(0), x.stride(0), x.shape[1], float(eps)])
 
 
 def shared_race(out, x, weight, eps):
     """Bug (CUDA): every warp writes the row's shift into one __shared__ word, racing: right values (any row element
     is a valid shift, read after a barrier), a write-after-write hazard between warps (racecheck only)."""
     if x.shape[0]:
-        _extension().shared_race_rms_norm(out, x, weight, eps)
+        _launch("rms_norm_shared_race_kernel", out, x, weight, eps)
 
 
 def split_barrier(out, x, weight, eps):
     """Bug (CUDA): warp 0 and the other warps wait at two different __syncthreads() calls: right values on sm70 and
     later, where both are barrier 0, a barrier error (synccheck only)."""
     if x.shape[0]:
-        _extension().split_barrier_rms_norm(out, x, weight, eps)
+        _launch("rms_norm_split_barrier_kernel", out, x, weight, eps)
 
 
 # ----------------------------------------------------------------------------- Triton

@@ -23,11 +23,12 @@ from pathlib import Path
 import yaml
 from tabulate import tabulate
 
-from harness.plan.matrix import Cell
+from harness.cells.matrix import Cell
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "calibration"
 K = "tests.calibration.kernels"
+H, S = "tests.broken.hazard_kernels", "tests.broken.sanitizer_bugs"
 ACCUMULATOR = ("accumulation:", "max abs error", "max rel error", "NaN/Inf")  # its mark, its values, or fp16 overflow
 
 
@@ -48,6 +49,7 @@ class Entry:
     provider: str = ""
     # a broken kernel the check cannot tell from correct ones of its kind (its cells say "inconclusive for this op")
     inseparable: bool = False
+    numerics: tuple[tuple[str, object], ...] = ()  # the plan's numerics settings the entry sets (what it asks for)
 
 
 CORPUS = (
@@ -64,7 +66,7 @@ CORPUS = (
     Entry("rms_norm_fp16_square_sum", "row reduction", "broken", "plan.yaml",
           "tests.broken.rms_norm_bugs:fp16_square_sum", broken=ACCUMULATOR + ("inf",)),
     Entry("rms_norm_unmasked_load", "row reduction", "broken", "plan.yaml", "tests.broken.rms_norm_bugs:no_load_mask",
-          broken=("output 'out'",), dtypes=("fp32",)),
+          broken=("output 'out'", "OutOfBounds"), dtypes=("fp32",)),
     Entry("rms_norm_tail_dropped", "row reduction", "broken", "plan.yaml",
           "tests.broken.rms_norm_bugs:tail_rows_dropped", broken=("never written",), dtypes=("bf16",)),
     # element-wise with scales
@@ -82,7 +84,8 @@ CORPUS = (
     Entry("fp8_quant_wrong_scale", "element-wise", "broken", "kernels/plans/dynamic_per_token_fp8_quant.yaml",
           f"{K}:fp8_quant_wrong_scale", broken=("output 'scales'", "output 'out'")),
     Entry("silu_and_mul_unmasked_store", "element-wise", "broken", "kernels/plans/silu_and_mul.yaml",
-          f"{K}:silu_and_mul_unmasked_store", broken=("memcheck", "out of bounds", "output 'out'", "Invalid"),
+          f"{K}:silu_and_mul_unmasked_store", broken=("memcheck", "out of bounds", "OutOfBounds", "output 'out'",
+                                                       "Invalid"),
           graph_modes=("eager", "memcheck"), dtypes=("bf16",)),
     # GEMM-like K loops
     Entry("int8_linear", "GEMM", "bundled", "kernels/plans/int8_linear_row.yaml"),
@@ -107,6 +110,29 @@ CORPUS = (
           inseparable=True),
     Entry("paged_attention_whole_blocks", "attention", "broken", "kernels/plans/paged_attention.yaml",
           "tests.broken.paged_attention_bugs:attends_whole_blocks", broken=("output 'out'",)),
+    # vLLM's hazards, beside the values: padding isolation (CUDA-graph cells on a GPU, eager on a CPU machine), batch
+    # invariance and determinism (eager), and compute-sanitizer's lanes (memcheck cells: racecheck, initcheck,
+    # synccheck after memcheck). Correct kernels of several authors pass every one; each broken kernel has right
+    # values and one hazard.
+    *(Entry(f"{label}_hazards", "vLLM hazards", author, plan, dtypes=("bf16",), provider=provider,
+            graph_modes=("eager", "cuda_graph", "memcheck"), numerics=(("batch_invariance", "required"),))
+      for label, author, plan, provider in (
+          ("rms_norm", "bundled", "plan.yaml", ""),
+          ("vllm_rms_norm", "vLLM (compiled)", "plan.yaml", "vllm"),
+          ("liger_rms_norm", "Liger-Kernel", "tests/thirdparty/liger_rms_norm.yaml", ""),
+          ("fla_swiglu", "flash-linear-attention", "tests/thirdparty/fla_swiglu.yaml", ""),
+          ("silu_and_mul", "bundled", "kernels/plans/silu_and_mul.yaml", ""))),
+    Entry("hazard_reads_padding", "vLLM hazards", "broken", "plan.yaml", f"{H}:batch_absmax_scaled",
+          broken=("padding isolation",), graph_modes=("eager", "cuda_graph"), dtypes=("bf16",)),
+    Entry("hazard_split_by_batch", "vLLM hazards", "broken", "plan.yaml", f"{H}:split_by_batch",
+          broken=("batch invariance",), dtypes=("bf16",), numerics=(("batch_invariance", "required"),),
+          gpu_only=True),  # a CPU machine's widths sum alike in 4 chunks and whole
+    Entry("hazard_atomic_sum", "vLLM hazards", "broken", "plan.yaml", f"{H}:atomic_sum", broken=("determinism",),
+          dtypes=("bf16",), gpu_only=True),  # the interpreter runs a launch's programs in order: deterministic
+    *(Entry(f"hazard_{kernel}", "vLLM hazards", "broken", "plan.yaml", f"{S}:{kernel}", broken=(f"{lane}: ",),
+            graph_modes=("eager", "memcheck"), dtypes=("bf16",), gpu_only=True)
+      for kernel, lane in (("shared_race", "racecheck"), ("uninitialised_slots", "initcheck"),
+                           ("split_barrier", "synccheck"))),
 )
 
 
@@ -130,6 +156,7 @@ def entry_plan(entry: Entry) -> dict:
                 arg["layout"] = ["contiguous"]
         plan.setdefault("numerics", {})["awkward_sizes"] = False
         plan["numerics"]["int32_overflow"] = False
+    plan.setdefault("numerics", {}).update(dict(entry.numerics))
     for section in ("benchmark", "vllm") + (("exclude", "expect") if entry.kernel else ()):  # no route into vLLM
         plan.pop(section, None)
     for section in ("exclude", "expect"):  # the rules narrowed with the matrix; a rule left matching nothing goes
@@ -179,8 +206,12 @@ def rows_of(entry: Entry, cells: list[dict], reduction: str) -> tuple[list[list[
     from harness.runtime.accumulation import LIMITS  # lazily: torch
 
     failed = [c for c in cells if c["status"] == "failed"]
-    if entry.broken and entry.gpu_only and cells and all(c["sm"] == "cpu" for c in cells) and not failed:
-        ok, verdict = True, "not visible on a CPU machine: " + (cells[0]["facts"].get("accumulation") or "")[:80]
+    if entry.broken and entry.gpu_only and not cells:
+        ok, verdict = True, "not run here: the cells that show it need a GPU"
+    elif entry.broken and entry.gpu_only and cells and all(c["sm"] == "cpu" for c in cells) and not failed:
+        said = next((v for k, v in cells[0]["facts"].items() if any(w.startswith(k) for w in entry.broken)),
+                    cells[0]["facts"].get("accumulation") or "")  # what the cells said of the check it targets
+        ok, verdict = True, "not visible on a CPU machine: " + said[:80]
     elif entry.broken and entry.inseparable and not failed:
         said = {c["facts"].get("accumulation", "") for c in cells}
         ok = any(s.startswith("inconclusive") for s in said)

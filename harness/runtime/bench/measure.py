@@ -36,7 +36,7 @@ from harness.runtime.numerics import Mismatch
 from harness.runtime.resolve import resolve
 from harness.plan.model import Plan
 from harness.results.store import WRONG_AFTER_TIMING, BenchRecord, ImplFigures, steps_over
-from harness.plan.matrix import step_allowance
+from harness.cells.matrix import step_allowance
 from harness.runtime.runner import compare_judged, device_poisoned
 from harness.runtime.tasks import BenchTask
 from harness.runtime.timing import Timing, copy_bandwidth_gbps, count_launches, l2_cache_bytes, launch_floor_us, \
@@ -93,7 +93,7 @@ def check(plan: Plan, spec: BenchSpec, call: Callable[[dict], dict], inputs: Che
         update={"max_step_fraction": 1.0})}) if plan.quantization.outputs else plan
     fractions = []
     try:
-        for name in plan.outputs:
+        for name in plan.op.outputs:
             fraction = compare_judged(measuring, resolve(plan).reference, spec.dtype, None, name, actual[name],
                                       inputs.expected[name], values, False)
             fractions += [] if fraction is None else [fraction]
@@ -176,7 +176,7 @@ def run_benchmark(task: BenchTask) -> BenchOutcome:
             timed, timed_sets = call.timed(sets) if isinstance(call, Prepared) else (call, sets)
             timing = time_calls(timed, timed_sets, device, graph)
             # The reference eager on the check's inputs is what it is checked against: nothing to check there.
-            mismatch, steps = check(plan, spec, call, inputs) if name != "native" or graph or plan.native \
+            mismatch, steps = check(plan, spec, call, inputs) if name != "native" or graph or plan.op.native \
                 else (None, None)
         except Exception as exc:  # one implementation failing must not hide the others' figures
             elsewhere = memory_held_elsewhere(chain_text(exc))

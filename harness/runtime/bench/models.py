@@ -11,7 +11,7 @@ from harness.plan.model import Plan, PlanError
 
 
 def _plan_line(plan: Plan, text: str) -> int | None:
-    return next((i + 1 for i, line in enumerate(plan.raw_text.splitlines()) if text in line), None)
+    return next((i + 1 for i, line in enumerate(plan.source.text.splitlines()) if text in line), None)
 
 
 def model_names(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int]) -> dict[str, float]:
@@ -45,7 +45,7 @@ def bytes_moved(plan: Plan, dtype: str, num_tokens: int, sizes: dict[str, int], 
         if t is None:
             continue
         nbytes = t.numel() * t.element_size()
-        total += 2 * nbytes if arg.name in plan.mutates else nbytes
+        total += 2 * nbytes if arg.name in plan.op.mutates else nbytes
     return total + returned_bytes
 
 

@@ -159,7 +159,7 @@ def _compile_key(plan: Plan, shapes: list[tuple]) -> str:
     except (TypeError, OSError):  # a builtin, or no file
         source = ""
     digest = hashlib.sha256()
-    for part in (plan.raw_text, source, repr(sorted(shapes)), torch.__version__,
+    for part in (plan.source.text, source, repr(sorted(shapes)), torch.__version__,
                  package_version("triton"), detect().sm, detect().gpu, inductor_settings()):
         digest.update(f"{part}\0".encode())
     return digest.hexdigest()[:32]

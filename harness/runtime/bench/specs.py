@@ -10,10 +10,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from harness.plan.hardware import Hardware
+from harness.cells.hardware import Hardware
 from harness.plan.implementations import BUILTIN
 from harness.runtime.inputs import sizes_fit
-from harness.plan.matrix import Cell, bench_graph_modes, decide
+from harness.cells.matrix import Cell, bench_graph_modes, decide
 from harness.plan.model import Plan
 
 IMPLS = ("kernel", *BUILTIN)  # every record has these; the plan's own baselines follow them

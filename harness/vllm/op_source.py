@@ -33,8 +33,8 @@ def custom_op_source(plan: Plan, op_fn: str | None = None, kernel_fn: str | None
     """The kernel registered as `torch.ops.<namespace>.<name>` with its schema and a fake, as lines of Python: a
     function `op_fn` (default: the op's name) calling `kernel_fn` (default: `<name>_kernel`, imported first unless
     `imports` is off) by the plan's argument names, returning what the kernel returns."""
-    ns, name = plan.op_namespace, plan.name
-    module, _, attr = plan.kernel.partition(":")
+    ns, name = plan.op_namespace, plan.op.name
+    module, _, attr = plan.op.kernel.partition(":")
     kernel_fn = kernel_fn or f"{name}_kernel"
     op_fn = op_fn or name
     params = ", ".join(f"{a.name}: {_tensor_type(plan, a.name)}" for a in plan.args)
@@ -56,21 +56,21 @@ def custom_op_source(plan: Plan, op_fn: str | None = None, kernel_fn: str | None
         f"    {'return ' if returns else ''}{kernel_fn}({call})",
         "", "",
     ]
-    if plan.fake:
-        fmod, _, fattr = plan.fake.partition(":")
+    if plan.op.fake:
+        fmod, _, fattr = plan.op.fake.partition(":")
         lines += [f"from {fmod} import {fattr.split('.')[0]}", f"{op_fn}.register_fake({fattr})"]
     elif not returns:
         lines += [f"@{op_fn}.register_fake", f"def _({', '.join(names)}) -> None:",
                   "    return None  # writes its arguments only: nothing to allocate"]
     else:
-        rmod, _, rattr = plan.reference.partition(":")
+        rmod, _, rattr = plan.op.reference.partition(":")
         given = [f"{a.name}={a.name}" for a in plan.args if a.role != "output" and not a.is_null]
         nulls = [a.name for a in plan.args if a.is_null]
         if nulls:  # `name: null` reaches the reference only where its signature names it, as the harness calls it
             pairs = ", ".join(f"({py_str(n)}, {n})" for n in nulls)
             given.append(f"**{{n: v for n, v in ({pairs},) if n in inspect.signature({rattr}).parameters}}")
         ref_inputs = ", ".join(given)
-        idx = [plan.outputs.index(r) for r in returns]
+        idx = [plan.op.outputs.index(r) for r in returns]
         outs = ", ".join(f"torch.empty_like(ref[{i}])" for i in idx)
         lines += [*(["import inspect"] if nulls else []), f"from {rmod} import {rattr.split('.')[0]}", "", "",
                   f"@{op_fn}.register_fake", f"def _({', '.join(names)}):",

@@ -17,10 +17,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 from harness.plan.dtypes import DTYPE
-from harness.plan.hardware import Hardware
+from harness.cells.hardware import Hardware
 from harness.plan.model import Contract, Plan
 from harness.plan.vocabulary import AXES
-from harness.plan.status import Status
+from harness.cells.status import Status
 
 
 @dataclass(frozen=True, order=True)
@@ -93,6 +93,14 @@ def contract_of(plan: Plan, provider: str) -> Contract:
     return plan.implementation(provider).contract or Contract()
 
 
+def contract_line(plan: Plan, provider: str) -> int | None:
+    """The line that states the contract of the kernel ("") or of an implementation (0: the plan states none)."""
+    stated = plan.implementation(provider).contract if provider else plan.op.contract
+    if stated is None:
+        return 0
+    return plan.where(f"implementations.{provider}.contract" if provider else "op.contract")
+
+
 def provider_view(plan: Plan, provider: str) -> Plan:
     """The plan as an implementation's cells run it: its inputs drawn within that implementation's contract, and
     the one-fp8-step elements its rounding order gives allowed where it says (its max_step_fraction)."""
@@ -122,14 +130,14 @@ def step_allowance(plan: Plan, implementation: str) -> tuple[float, str]:
 def excluded_by(plan: Plan, cell: Cell) -> str | None:
     """The plan's reason when an exclude rule matches the cell, or its dtype is not one the contract of the cell's
     kernel or provider supports (on every machine)."""
-    rule = next((r for r in plan.excludes if r.matches(cell.axes())), None)
+    i, rule = next(((i, r) for i, r in enumerate(plan.exclude) if r.matches(cell.axes())), (0, None))
     if rule:
-        return f"excluded by the plan (line {rule.line}): {rule.why}"
+        return f"excluded by the plan (line {plan.where(f'exclude[{i}]')}): {rule.why}"
     contract = contract_of(plan, cell.provider)
     if contract.dtypes and cell.dtype not in contract.dtypes:
         why = f" ({contract.why})" if contract.why else ""
         whose = f"{cell.provider}'s contract" if cell.provider else "the kernel's contract"
-        line = f" (line {contract.line})" if contract.line else ""
+        line = f" (line {contract_line(plan, cell.provider)})" if contract_line(plan, cell.provider) else ""
         return f"outside {whose}{line}: dtypes {', '.join(contract.dtypes)}{why}"
     return None
 
@@ -141,9 +149,10 @@ def decide(plan: Plan, cell: Cell, hw: Hardware, max_cpu_ranks: int) -> Decision
     why_not = not_runnable_here(cell, hw, max_cpu_ranks)
     if why_not:
         return Decision(Status.NOT_RUN, why_not)
-    for rule in () if cell.provider else plan.expects:  # the plan's expected failures are its kernel's
+    for i, rule in enumerate(() if cell.provider else plan.expect):  # the plan's expected failures are its kernel's
         if rule.matches(cell.axes()):
-            return Decision(Status.XFAIL, f"expected to fail by the plan (line {rule.line}): {rule.why}")
+            return Decision(Status.XFAIL, f"expected to fail by the plan (line {plan.where(f'expect[{i}]')}): "
+                            f"{rule.why}")
     return Decision()
 
 
