@@ -271,7 +271,7 @@ def test_a_baseline_whose_outputs_differ_keeps_its_timing_and_says_so(tmp_path):
     ({"kernel": {"path": "a.b:c"}}, "implementations.kernel",
      "an implementation name of lowercase letters, digits and _ other than kernel"),
     ({"native": {"path": "a.b:c"}}, "implementations.native.path",
-     "a field of a native implementation (role, kind, contract, setting, max_step_fraction)"),
+     "a field of a native implementation (role, kind, contract, setting, title, max_step_fraction)"),
     ({"inductor": {}}, "implementations.inductor", "path for a import implementation"),
 ])
 def test_bad_baselines_are_plan_errors(tmp_path, entry, field, words):

@@ -501,6 +501,7 @@ ALLOWED: list[tuple[str, str, str, str]] = [
     ("implementations.<impl>.path", "import:function", "*", PREPARED),
     ("implementations.<impl>.prepare", "drop", "*", UNPREPARED),
     ("implementations.<impl>.setting", "drop", "*", WORDS),
+    ("implementations.<impl>.title", "drop", "*", WORDS),
     ("benchmark", "drop", "*", TIMED),
     ("benchmark.bytes", "drop", "*", TIMED),
     ("benchmark.flops", "drop", "*", TIMED),

@@ -301,7 +301,7 @@ def test_vllms_forward_native_matches_the_bundled_reference(plan_path):
         layer, forward_args = integration.build_layer(ours, copies, integration.vllm_config())
         got = layer.forward_native(*forward_args)
         got = got if isinstance(got, tuple) else (got,)
-        for name, value in zip(ours.outputs, got):
+        for name, value in zip(ours.op.outputs, got):
             torch.testing.assert_close(value, expected[name], atol=0, rtol=0)
 
 
